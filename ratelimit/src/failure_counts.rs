@@ -1,0 +1,241 @@
+//! Per-key failure counters, shared by the per-key limiters.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
+use parking_lot::Mutex;
+
+/// Number of shards: a power of two, enough that two to a few dozen threads rarely meet on one
+/// lock, small enough that an idle limiter costs 2 KiB.
+const SHARDS: usize = 16;
+
+/// The shard index is taken from hash bits hashbrown does not use for tables under 2^32
+/// buckets: it probes with the low bits and tags with the top seven. Taking either would leave
+/// every key of a shard with the same probe start or tag bits.
+const SHARD_SHIFT: u32 = 32;
+
+/// One shard, on its own cache lines (128 bytes: adjacent-line prefetch pairs 64-byte lines), so
+/// threads working on different shards do not share a line.
+#[repr(align(128))]
+struct Shard<K>(Mutex<HashTable<(K, u32)>>);
+
+/// Failure counts per key, for [`ExponentialFailure`](crate::ExponentialFailure) and
+/// [`FastSlow`](crate::FastSlow).
+///
+/// Invariants:
+/// - A key is stored in shard `(hash >> SHARD_SHIFT) % SHARDS` of its hash under `hasher`, at
+///   most once, with a count of at least 1 (forgetting removes the entry).
+/// - When `limit` is `Some(n)`, `tracked` equals the number of stored keys (it is only changed
+///   under the lock of the shard being changed), and a new key is only stored while it is below
+///   `n`. Unbounded counts do not maintain it: the hot path then touches no shared counter.
+pub(crate) struct FailureCounts<K, S> {
+    shards: Box<[Shard<K>; SHARDS]>,
+    hasher: S,
+    limit: Option<usize>,
+    tracked: AtomicUsize,
+}
+
+impl<K, S> FailureCounts<K, S> {
+    pub(crate) fn with_hasher(hasher: S) -> Self {
+        FailureCounts {
+            shards: Box::new(std::array::from_fn(|_| Shard(Mutex::new(HashTable::new())))),
+            hasher,
+            limit: None,
+            tracked: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bounds the number of tracked keys. Keys already tracked stay, even beyond the bound.
+    pub(crate) fn set_limit(&mut self, limit: usize) {
+        let stored = self
+            .shards
+            .iter_mut()
+            .map(|shard| shard.0.get_mut().len())
+            .sum();
+        *self.tracked.get_mut() = stored;
+        self.limit = Some(limit);
+    }
+
+    /// The number of tracked keys; exact when no other thread changes the counts meanwhile.
+    pub(crate) fn len(&self) -> usize {
+        match self.limit {
+            Some(_) => self.tracked.load(Ordering::Relaxed),
+            None => self.shards.iter().map(|shard| shard.0.lock().len()).sum(),
+        }
+    }
+
+    /// Takes a slot for a new key; `false` when the bound is reached.
+    fn admit(&self) -> bool {
+        self.limit.is_none_or(|limit| {
+            self.tracked
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < limit).then_some(n + 1)
+                })
+                .is_ok()
+        })
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<HashTable<(K, u32)>> {
+        // Truncation is the point: the low bits of the shifted hash pick the shard.
+        &self.shards[(hash >> SHARD_SHIFT) as usize % SHARDS].0
+    }
+}
+
+impl<K, S: BuildHasher> FailureCounts<K, S> {
+    /// Records one failure of `key` and returns its count, or `None` when `key` is not tracked
+    /// and cannot be because the bound is reached.
+    ///
+    /// One hash, one lock, one probe.
+    pub(crate) fn record<Q>(&self, key: &Q) -> Option<u32>
+    where
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        K: Borrow<Q>,
+    {
+        let hash = self.hasher.hash_one(key);
+        let mut table = self.shard(hash).lock();
+        let entry = table.entry(
+            hash,
+            |(k, _)| k.borrow() == key,
+            |(k, _)| self.hasher.hash_one(k.borrow()),
+        );
+        match entry {
+            Entry::Occupied(mut occupied) => {
+                let count = &mut occupied.get_mut().1;
+                *count = count.saturating_add(1);
+                Some(*count)
+            }
+            Entry::Vacant(vacant) => {
+                if !self.admit() {
+                    return None;
+                }
+                vacant.insert((key.to_owned(), 1));
+                Some(1)
+            }
+        }
+    }
+
+    /// Failures recorded for `key`; 0 when it is not tracked.
+    pub(crate) fn get<Q>(&self, key: &Q) -> u32
+    where
+        Q: ?Sized + Hash + Eq,
+        K: Borrow<Q>,
+    {
+        let hash = self.hasher.hash_one(key);
+        self.shard(hash)
+            .lock()
+            .find(hash, |(k, _)| k.borrow() == key)
+            .map_or(0, |&(_, count)| count)
+    }
+
+    /// Stops tracking `key`.
+    pub(crate) fn remove<Q>(&self, key: &Q)
+    where
+        Q: ?Sized + Hash + Eq,
+        K: Borrow<Q>,
+    {
+        let hash = self.hasher.hash_one(key);
+        let mut table = self.shard(hash).lock();
+        let removed = match table.find_entry(hash, |(k, _)| k.borrow() == key) {
+            Ok(occupied) => occupied.remove().0,
+            Err(_) => return,
+        };
+        if self.limit.is_some() {
+            self.tracked.fetch_sub(1, Ordering::Relaxed);
+        }
+        // The key's `Drop` runs after the shard is unlocked.
+        drop(table);
+        drop(removed);
+    }
+}
+
+impl<K, S> fmt::Debug for FailureCounts<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FailureCounts")
+            .field("tracked_keys", &self.len())
+            .field("max_tracked_keys", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use foldhash::fast::FixedState;
+
+    fn counts() -> FailureCounts<String, FixedState> {
+        FailureCounts::with_hasher(FixedState::with_seed(7))
+    }
+
+    #[test]
+    fn counts_per_key_and_forgets() {
+        let c = counts();
+        assert_eq!(c.record("a"), Some(1));
+        assert_eq!(c.record("a"), Some(2));
+        assert_eq!(c.record(&"b".to_owned()), Some(1));
+        assert_eq!((c.get("a"), c.get("b"), c.get("c")), (2, 1, 0));
+        assert_eq!(c.len(), 2);
+        c.remove("a");
+        c.remove("never seen");
+        assert_eq!((c.get("a"), c.len()), (0, 1));
+        assert_eq!(c.record("a"), Some(1));
+    }
+
+    #[test]
+    fn many_keys_spread_over_shards_and_survive_growth() {
+        let c = counts();
+        for i in 0..10_000 {
+            assert_eq!(c.record(&i.to_string()), Some(1));
+        }
+        assert_eq!(c.len(), 10_000);
+        assert!(c.shards.iter().all(|s| s.0.lock().len() > 400));
+        for i in 0..10_000 {
+            assert_eq!(c.get(&i.to_string()), 1);
+        }
+    }
+
+    #[test]
+    fn bound_refuses_new_keys_but_keeps_tracked_ones() {
+        let mut c = counts();
+        c.set_limit(2);
+        assert_eq!(c.record("a"), Some(1));
+        assert_eq!(c.record("b"), Some(1));
+        assert_eq!(c.record("c"), None);
+        assert_eq!(c.get("c"), 0);
+        assert_eq!(c.record("a"), Some(2));
+        assert_eq!(c.len(), 2);
+        c.remove("b");
+        c.remove("b");
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.record("c"), Some(1));
+        assert_eq!(c.record("d"), None);
+    }
+
+    #[test]
+    fn bound_set_late_counts_keys_already_tracked() {
+        let mut c = counts();
+        c.record("a");
+        c.record("b");
+        c.set_limit(1);
+        assert_eq!((c.len(), c.record("c")), (2, None));
+        assert_eq!(c.record("a"), Some(2));
+        c.remove("a");
+        assert_eq!(c.record("c"), None);
+        c.remove("b");
+        assert_eq!(c.record("c"), Some(1));
+    }
+
+    #[test]
+    fn count_saturates() {
+        let c = counts();
+        c.record("a");
+        c.shards
+            .iter()
+            .for_each(|s| s.0.lock().iter_mut().for_each(|(_, n)| *n = u32::MAX - 1));
+        assert_eq!(c.record("a"), Some(u32::MAX));
+        assert_eq!(c.record("a"), Some(u32::MAX));
+    }
+}
