@@ -1,0 +1,434 @@
+//! Soak test: many threads hammer one blocking `WorkQueue` with random operations.
+//!
+//! ```text
+//! cargo run --release -p workqueue-core --example soak -- --seconds 20 --threads 4
+//! ```
+//!
+//! Options: `--seconds N` (default 10), `--threads T` (default 4), `--keys K` (default 256),
+//! `--rounds R` (default 4), `--seed S`, `--named` (a named queue: keeps per-key timing for
+//! metrics as well).
+//!
+//! Each round, `T` threads run random operations for `N / R` seconds: `add`, `add_ref`,
+//! `add_after` (up to 500 µs), `add_rate_limited`, `add_batch` (including bursts of fresh keys that
+//! grow the queue's buffers), `get_timeout`/`try_get`/`try_get_batch`, and every way to finish a
+//! lease (`done`, `forget`, `retry`, `retry_after`, `requeue_after`, `finish`, drop). Then the
+//! round drains the queue. Checked:
+//!
+//! - no key is ever held by two leases at once (a per-key flag, swapped on every lease);
+//! - counts stay consistent (`tracked <= ready + processing + waiting`, processing bounded by the
+//!   leases the threads can hold);
+//! - every key added is processed at least once after its last add (per key: the stamp of its
+//!   last lease is later than the stamp of its last add, once drained);
+//! - memory stays flat: `allocated_bytes()` after each drain is the same small number as after
+//!   the first one, however large the bursts made the queue in between.
+//!
+//! It exits non-zero on any violation and prints operation counts and throughput.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::thread;
+use std::time::{Duration, Instant as StdInstant};
+
+use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
+use workqueue_core::{Lease, Outcome, WorkQueue};
+
+/// Keys per burst of fresh keys (from a range of their own).
+const BURST: usize = 4096;
+/// Most leases one thread holds at once (`try_get_batch` takes up to this many).
+const MAX_BATCH: usize = 8;
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    seconds: f64,
+    threads: usize,
+    keys: usize,
+    rounds: usize,
+    seed: u64,
+    named: bool,
+}
+
+fn parse_args() -> Result<Config, String> {
+    let mut c = Config {
+        seconds: 10.0,
+        threads: 4,
+        keys: 256,
+        rounds: 4,
+        seed: 0x5eed,
+        named: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--seconds" => c.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?,
+            "--threads" => c.threads = value("--threads")?.parse().map_err(|e| format!("{e}"))?,
+            "--keys" => c.keys = value("--keys")?.parse().map_err(|e| format!("{e}"))?,
+            "--rounds" => c.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
+            "--seed" => c.seed = value("--seed")?.parse().map_err(|e| format!("{e}"))?,
+            "--named" => c.named = true,
+            "--bench" => {} // passed by `cargo bench`-style runners; ignored
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    c.threads = c.threads.max(1);
+    c.keys = c.keys.max(1);
+    c.rounds = c.rounds.max(1);
+    Ok(c)
+}
+
+/// splitmix64: a tiny deterministic generator (no dependency needed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+type Key = Arc<str>;
+
+/// Shared bookkeeping for the checks.
+struct Book {
+    names: Vec<Key>,
+    held: Vec<AtomicBool>,
+    last_add: Vec<AtomicU64>,
+    last_lease: Vec<AtomicU64>,
+    clock: AtomicU64,
+    violations: AtomicU64,
+}
+
+impl Book {
+    fn new(keys: usize) -> Self {
+        let n = keys + BURST;
+        Book {
+            names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
+            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            last_add: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            last_lease: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            clock: AtomicU64::new(1),
+            violations: AtomicU64::new(0),
+        }
+    }
+
+    fn index(key: &str) -> usize {
+        key.rsplit('-').next().unwrap().parse().unwrap()
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, SeqCst)
+    }
+
+    /// Call before an add of `i`: the add happens after this stamp.
+    fn adding(&self, i: usize) {
+        self.last_add[i].fetch_max(self.tick(), SeqCst);
+    }
+
+    fn violation(&self, what: std::fmt::Arguments<'_>) {
+        if self.violations.fetch_add(1, SeqCst) < 10 {
+            eprintln!("soak: VIOLATION: {what}");
+        }
+    }
+
+    /// A lease was handed out: take the key's flag and stamp it.
+    fn leased(&self, lease: &Lease<Key>) -> usize {
+        let i = Book::index(lease);
+        if self.held[i].swap(true, SeqCst) {
+            self.violation(format_args!("{} held by two leases", &**lease));
+        }
+        self.last_lease[i].fetch_max(self.tick(), SeqCst);
+        i
+    }
+
+    /// About to finish the lease of key `i`.
+    fn releasing(&self, i: usize) {
+        if !self.held[i].swap(false, SeqCst) {
+            self.violation(format_args!("key {i} released but not held"));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    gets: u64,
+    adds: u64,
+}
+
+fn finish(book: &Book, rng: &mut Rng, lease: Lease<Key>) {
+    let i = book.leased(&lease);
+    // A little "work".
+    for _ in 0..rng.below(64) {
+        std::hint::spin_loop();
+    }
+    book.releasing(i);
+    let us = |n| Duration::from_micros(n);
+    match rng.below(100) {
+        0..40 => lease.done(),
+        40..55 => lease.forget(),
+        55..65 => lease.retry(),
+        65..75 => lease.retry_after(us(rng.below(300))),
+        75..80 => lease.requeue_after(us(rng.below(300))),
+        80..85 => lease.finish(Outcome::RetryAfter(Duration::ZERO)),
+        _ => drop(lease),
+    }
+}
+
+fn worker(
+    q: WorkQueue<Key>,
+    book: Arc<Book>,
+    stop: Arc<AtomicBool>,
+    cfg: Config,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let mut t = Tally::default();
+    let keys = cfg.keys as u64;
+    while !stop.load(Relaxed) {
+        t.ops += 1;
+        let k = rng.below(keys) as usize;
+        match rng.below(1000) {
+            0..250 => {
+                book.adding(k);
+                q.add(book.names[k].clone());
+                t.adds += 1;
+            }
+            250..330 => {
+                book.adding(k);
+                q.add_ref(&*book.names[k]);
+                t.adds += 1;
+            }
+            330..420 => {
+                book.adding(k);
+                q.add_after(book.names[k].clone(), Duration::from_micros(rng.below(500)));
+                t.adds += 1;
+            }
+            420..460 => {
+                book.adding(k);
+                q.add_rate_limited(book.names[k].clone());
+                t.adds += 1;
+            }
+            460..490 => {
+                let n = 1 + rng.below(16) as usize;
+                let batch: Vec<Key> = (0..n)
+                    .map(|_| {
+                        let k = rng.below(keys) as usize;
+                        book.adding(k);
+                        book.names[k].clone()
+                    })
+                    .collect();
+                t.adds += n as u64;
+                q.add_batch(batch);
+            }
+            490..492 => {
+                // A burst of fresh keys: grows every buffer of the queue.
+                let base = cfg.keys;
+                let batch: Vec<Key> = (base..base + BURST)
+                    .map(|k| {
+                        book.adding(k);
+                        book.names[k].clone()
+                    })
+                    .collect();
+                t.adds += BURST as u64;
+                q.add_batch(batch);
+            }
+            492..800 => {
+                if let Some(lease) = q.get_timeout(Duration::from_millis(1)) {
+                    t.gets += 1;
+                    finish(&book, &mut rng, lease);
+                }
+            }
+            800..880 => {
+                if let Some(lease) = q.try_get() {
+                    t.gets += 1;
+                    finish(&book, &mut rng, lease);
+                }
+            }
+            880..940 => {
+                let leases = q.try_get_batch(1 + rng.below(MAX_BATCH as u64) as usize);
+                t.gets += leases.len() as u64;
+                for lease in leases {
+                    finish(&book, &mut rng, lease);
+                }
+            }
+            940..960 => q.forget(&book.names[k]),
+            _ => {
+                let c = q.counts();
+                if c.tracked > c.ready + c.processing + c.waiting {
+                    book.violation(format_args!("counts inconsistent: {c:?}"));
+                }
+                if c.processing > cfg.threads * MAX_BATCH {
+                    book.violation(format_args!("{} processing, too many: {c:?}", c.processing));
+                }
+                let _ = q.len();
+            }
+        }
+    }
+    t
+}
+
+/// Processes everything left (waiting keys included) until the queue tracks nothing.
+fn drain(q: &WorkQueue<Key>, book: &Book, limit: Duration) -> Result<u64, String> {
+    let start = StdInstant::now();
+    let mut gets = 0;
+    loop {
+        let c = q.counts();
+        if c.tracked == 0 {
+            return Ok(gets);
+        }
+        if start.elapsed() > limit {
+            return Err(format!("not drained after {limit:?}: {c:?}"));
+        }
+        if let Some(lease) = q.get_timeout(Duration::from_millis(20)) {
+            gets += 1;
+            let i = book.leased(&lease);
+            book.releasing(i);
+            lease.forget();
+        }
+    }
+}
+
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn main() -> ExitCode {
+    let cfg = match parse_args() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "soak: {e}\nusage: soak [--seconds N] [--threads T] [--keys K] [--rounds R] [--seed S] [--named]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let limiter = MaxPair::new(
+        ExponentialFailure::new(Duration::from_micros(50), Duration::from_millis(5)),
+        TokenBucket::new(200_000.0, 1_000).expect("valid bucket"),
+    );
+    let builder = WorkQueue::builder().rate_limiter(limiter);
+    let q: WorkQueue<Key> = if cfg.named {
+        builder.name("soak").build()
+    } else {
+        builder.build()
+    };
+    let book = Arc::new(Book::new(cfg.keys));
+    let per_round = Duration::from_secs_f64(cfg.seconds / cfg.rounds as f64);
+    println!(
+        "soak: {} threads, {} keys (+{BURST} burst keys), {} rounds of {per_round:?}, {} queue",
+        cfg.threads,
+        cfg.keys,
+        cfg.rounds,
+        if cfg.named { "named" } else { "unnamed" }
+    );
+
+    let idle_bytes = q.allocated_bytes();
+    let rss_start = rss_kib();
+    let started = StdInstant::now();
+    let mut total = Tally::default();
+    let mut peak_bytes = idle_bytes;
+    let mut after_drain = Vec::new();
+    for round in 0..cfg.rounds {
+        let stop = Arc::new(AtomicBool::new(false));
+        let round_start = StdInstant::now();
+        let handles: Vec<_> = (0..cfg.threads)
+            .map(|t| {
+                let (q, book, stop) = (q.clone(), book.clone(), stop.clone());
+                let seed = cfg.seed ^ ((round as u64) << 32) ^ (t as u64 + 1);
+                thread::spawn(move || worker(q, book, stop, cfg, seed))
+            })
+            .collect();
+        while round_start.elapsed() < per_round {
+            thread::sleep(Duration::from_millis(10));
+            peak_bytes = peak_bytes.max(q.allocated_bytes());
+        }
+        stop.store(true, Relaxed);
+        let mut round_tally = Tally::default();
+        for h in handles {
+            let t = h.join().expect("worker panicked");
+            round_tally.ops += t.ops;
+            round_tally.gets += t.gets;
+            round_tally.adds += t.adds;
+        }
+        let drained = match drain(&q, &book, Duration::from_secs(30)) {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("soak: round {round}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        round_tally.gets += drained;
+        // Every key was processed after its last add.
+        for i in 0..book.names.len() {
+            let (a, l) = (
+                book.last_add[i].load(SeqCst),
+                book.last_lease[i].load(SeqCst),
+            );
+            if a != 0 && l < a {
+                book.violation(format_args!(
+                    "key {i}: last added at stamp {a}, last processed at {l}"
+                ));
+            }
+        }
+        let bytes = q.allocated_bytes();
+        after_drain.push(bytes);
+        let secs = round_start.elapsed().as_secs_f64();
+        println!(
+            "soak: round {round}: {} ops ({:.0} ops/s), {} adds, {} gets ({drained} in the drain), allocated_bytes after drain {bytes}",
+            round_tally.ops,
+            round_tally.ops as f64 / secs,
+            round_tally.adds,
+            round_tally.gets,
+        );
+        total.ops += round_tally.ops;
+        total.gets += round_tally.gets;
+        total.adds += round_tally.adds;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let rss_end = rss_kib();
+
+    // Memory is flat: every drain leaves the same small footprint, whatever the bursts did.
+    let first = after_drain[0];
+    if after_drain.iter().any(|&b| b > first.max(16 * 1024)) {
+        book.violation(format_args!(
+            "allocated_bytes after drains grows: {after_drain:?}"
+        ));
+    }
+    if first > 64 * 1024 {
+        println!("soak: note: the drained queue keeps {first} bytes of buffers");
+    }
+    q.shut_down_with_drain();
+    let violations = book.violations.load(SeqCst);
+    println!(
+        "soak: {} ops in {secs:.1} s ({:.0} ops/s) on {} threads: {} adds, {} gets",
+        total.ops,
+        total.ops as f64 / secs,
+        cfg.threads,
+        total.adds,
+        total.gets
+    );
+    println!(
+        "soak: allocated_bytes idle {idle_bytes}, peak {peak_bytes}, after each drain {after_drain:?}; RSS {} KiB -> {} KiB",
+        rss_start.map_or("?".into(), |v| v.to_string()),
+        rss_end.map_or("?".into(), |v| v.to_string()),
+    );
+    if violations > 0 {
+        eprintln!("soak: FAILED with {violations} violation(s)");
+        ExitCode::FAILURE
+    } else {
+        println!(
+            "soak: OK (no key held twice, counts consistent, every add processed, memory flat)"
+        );
+        ExitCode::SUCCESS
+    }
+}

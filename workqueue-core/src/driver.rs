@@ -1,0 +1,574 @@
+//! The part of a queue driver that does not depend on how it waits.
+//!
+//! A driver puts [`QueueState`] behind a lock, reads a clock, calls the rate limiter outside the
+//! lock, and wakes waiters. Only the waiting differs between the blocking queue (condition
+//! variables) and the tokio queue (`Notify` and timers), so everything else lives here, once:
+//! [`QueueCore`] implements every non-waiting operation and [`LeaseOwner`], and a driver supplies
+//! a [`Notifier`] and its own `get`/drain loops around [`QueueCore::lock`].
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use workqueue_ratelimit::{Instant, RateLimiter};
+
+use crate::clock::Clock;
+use crate::lease::{Lease, LeaseOwner};
+use crate::outcome::Outcome;
+use crate::state::{AddStatus, Counts, Get, QueueState, Ticket};
+use crate::sync::{AtomicBool, Mutex, MutexGuard};
+
+/// How a driver wakes the tasks or threads that wait on its queue.
+///
+/// Every method is called with the queue's lock held (`locked` is the locked data), so a
+/// notification cannot slip between a waiter's check and its wait, provided the waiter
+/// registers for wake-ups before it releases the lock (a condition variable does; a tokio
+/// `Notified` must be enabled before the lock is taken).
+pub trait Notifier<T, S>: Send + Sync + 'static {
+    /// A key became ready or the earliest deadline moved earlier: wake one getter so it takes the
+    /// key or re-computes its sleep. (It passes the wake-up on if more keys are ready.)
+    fn wake_getter(&self, locked: &Locked<T, S>);
+    /// The queue shut down: wake every getter and every drain.
+    fn wake_all(&self, locked: &Locked<T, S>);
+    /// A drain may be complete: wake every drain.
+    fn wake_drainers(&self, locked: &Locked<T, S>);
+}
+
+/// The data under a queue's lock.
+#[derive(Debug)]
+pub struct Locked<T, S> {
+    /// The queue's semantics.
+    pub state: QueueState<T, S>,
+    /// Getters waiting for a key (maintained by drivers that can count them; the blocking queue
+    /// skips notifications when it is zero).
+    pub idle_getters: usize,
+    /// The deadline the one getter that times the queue sleeps until, if one does. Other idle
+    /// getters wait only for notifications, so a deadline wakes one getter, not all of them.
+    pub timer: Option<Instant>,
+    /// Drains waiting for the queue to drain.
+    pub drains: usize,
+    /// How many times `shut_down()` released the drains waiting at the time. A drain remembers
+    /// the count when it starts and stops waiting once it changes; a later drain cannot re-arm it.
+    pub releases: u64,
+}
+
+/// Configuration shared by the drivers' builders.
+pub struct CoreConfig<T, S> {
+    /// The queue's name (metrics and diagnostics).
+    pub name: Option<Arc<str>>,
+    /// The rate limiter; `None` for the default controller limiter.
+    pub limiter: Option<Arc<dyn RateLimiter<T>>>,
+    /// The clock the queue reads.
+    pub clock: Arc<dyn Clock>,
+    /// The hasher for keys.
+    pub hasher: S,
+    /// Initial capacity in keys.
+    pub capacity: usize,
+    /// Whether drains also wait for the ready FIFO to empty.
+    pub drain_includes_queued: bool,
+}
+
+impl<T, S> fmt::Debug for CoreConfig<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoreConfig")
+            .field("name", &self.name)
+            .field("clock", &self.clock)
+            .field("capacity", &self.capacity)
+            .field("drain_includes_queued", &self.drain_includes_queued)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A queue minus its waiting: the state under a lock, the clock, the limiter and a [`Notifier`].
+///
+/// Invariants: `shutting_down` mirrors `state.is_shutting_down()` (stored under the lock, read
+/// without it only where a stale `false` is harmless); whoever changes the state so that a key
+/// becomes ready, or the earliest deadline moves earlier, calls `wake_getter` before unlocking.
+pub struct QueueCore<T, S, N> {
+    locked: Mutex<Locked<T, S>>,
+    limiter: Arc<dyn RateLimiter<T>>,
+    clock: Arc<dyn Clock>,
+    shutting_down: AtomicBool,
+    drain_includes_queued: bool,
+    name: Option<Arc<str>>,
+    notifier: N,
+    /// Metrics of a named queue; `None` (and no per-key timing) for an unnamed one.
+    #[cfg(feature = "metrics")]
+    metrics: Option<Box<crate::metrics::QueueMetrics>>,
+}
+
+impl<T, S, N> QueueCore<T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    /// A core configured by `config`, waking waiters through `notifier`.
+    pub fn new(config: CoreConfig<T, S>, notifier: N) -> Self {
+        let limiter = config
+            .limiter
+            .unwrap_or_else(|| Arc::new(workqueue_ratelimit::default_controller_rate_limiter()));
+        #[allow(unused_mut)]
+        let mut state = QueueState::with_capacity_and_hasher(config.capacity, config.hasher);
+        #[cfg(feature = "metrics")]
+        let metrics = config.name.clone().map(|name| {
+            state.enable_timing();
+            Box::new(crate::metrics::QueueMetrics::new(name))
+        });
+        QueueCore {
+            locked: Mutex::new(Locked {
+                state,
+                idle_getters: 0,
+                timer: None,
+                drains: 0,
+                releases: 0,
+            }),
+            limiter,
+            clock: config.clock,
+            shutting_down: AtomicBool::new(false),
+            drain_includes_queued: config.drain_includes_queued,
+            name: config.name,
+            notifier,
+            #[cfg(feature = "metrics")]
+            metrics,
+        }
+    }
+
+    /// The driver's notifier.
+    pub fn notifier(&self) -> &N {
+        &self.notifier
+    }
+
+    /// The queue's clock.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The queue's rate limiter.
+    pub fn limiter(&self) -> &dyn RateLimiter<T> {
+        &*self.limiter
+    }
+
+    /// Locks the queue's data. Drivers hold it only to check the state and start waiting.
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, Locked<T, S>> {
+        self.locked.lock()
+    }
+
+    /// `now` for an operation under the lock: the clock is read only when a waiting key could be
+    /// due, since nothing else in the state depends on time.
+    #[inline]
+    pub fn now_for(&self, state: &QueueState<T, S>) -> Instant {
+        if state.has_waiting() || self.has_metrics() {
+            self.clock.now()
+        } else {
+            state.now()
+        }
+    }
+
+    /// Whether the queue is shutting down.
+    #[inline]
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Whether a drain is complete (see [`QueueState::is_drained`]).
+    pub fn is_drained(&self, locked: &Locked<T, S>) -> bool {
+        locked.state.is_drained(self.drain_includes_queued)
+    }
+
+    /// Runs `op` on the locked data, then wakes a getter if it made a key ready or moved the
+    /// earliest deadline earlier.
+    #[inline]
+    fn mutate<R>(&self, op: impl FnOnce(&mut Locked<T, S>) -> R) -> R {
+        let mut g = self.lock();
+        let ready_before = g.state.ready_len();
+        let deadline_before = g.state.next_deadline();
+        let r = op(&mut g);
+        self.emit(&mut g.state);
+        let earlier_deadline = match (g.state.next_deadline(), deadline_before) {
+            (Some(now), Some(before)) => now < before,
+            (now, before) => now.is_some() && before.is_none(),
+        };
+        if g.state.ready_len() > ready_before || earlier_deadline {
+            self.notifier.wake_getter(&g);
+        }
+        if g.drains > 0 && self.is_drained(&g) {
+            self.notifier.wake_drainers(&g);
+        }
+        r
+    }
+
+    /// See `WorkQueue::add`.
+    pub fn add(&self, key: T) -> AddStatus {
+        let (status, unused) = self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            g.state.add_or_return(key, now)
+        });
+        drop(unused);
+        status
+    }
+
+    /// See `WorkQueue::add_ref`.
+    pub fn add_ref<Q>(&self, key: &Q) -> AddStatus
+    where
+        T: Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            g.state.add_ref(key, now)
+        })
+    }
+
+    /// See `WorkQueue::add_batch`.
+    pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
+        let unused: Vec<T> = self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            keys.into_iter()
+                .filter_map(|k| g.state.add_or_return(k, now).1)
+                .collect()
+        });
+        drop(unused);
+    }
+
+    /// See `WorkQueue::add_after`.
+    pub fn add_after(&self, key: T, delay: Duration) -> AddStatus {
+        let now = self.clock.now();
+        let status = self.add_after_at(key, delay, now);
+        self.count_retry(status != AddStatus::ShutDown);
+        status
+    }
+
+    /// See `WorkQueue::add_rate_limited`.
+    pub fn add_rate_limited(&self, key: T) -> AddStatus {
+        if self.is_shutting_down() {
+            return AddStatus::ShutDown;
+        }
+        let now = self.clock.now();
+        let delay = self.limiter.when(&key, now);
+        self.observe_limiter_delay(Some(delay));
+        let status = self.add_after_at(key, delay, now);
+        self.count_retry(status != AddStatus::ShutDown);
+        status
+    }
+
+    fn add_after_at(&self, key: T, delay: Duration, now: Instant) -> AddStatus {
+        let (status, unused) = self.mutate(|g| g.state.add_after_or_return(key, delay, now));
+        drop(unused);
+        status
+    }
+
+    /// See `WorkQueue::forget`.
+    pub fn forget(&self, key: &T) {
+        self.limiter.forget(key)
+    }
+
+    /// See `WorkQueue::num_requeues`.
+    pub fn num_requeues(&self, key: &T) -> u32 {
+        self.limiter.num_requeues(key)
+    }
+
+    /// See `WorkQueue::len`.
+    pub fn len(&self) -> usize {
+        self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            g.state.len(now)
+        })
+    }
+
+    /// See `WorkQueue::is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters of the queue's state, after promoting the keys due now.
+    pub fn counts(&self) -> Counts {
+        self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            g.state.len(now);
+            g.state.counts()
+        })
+    }
+
+    /// Heap bytes held by the queue's own structures.
+    pub fn allocated_bytes(&self) -> usize {
+        self.lock().state.allocated_bytes()
+    }
+
+    /// Takes a ready key under the lock, as a lease. `Err` carries why none was taken.
+    ///
+    /// Passes the wake-up on when more keys are ready, so one notification per ready key suffices.
+    pub fn take(self: &Arc<Self>, g: &mut Locked<T, S>, now: Instant) -> Result<Lease<T>, Get<T>> {
+        let got = g.state.get(now);
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.emit(&mut g.state);
+            m.register(|| {
+                let weak: std::sync::Weak<Self> = Arc::downgrade(self);
+                weak as std::sync::Weak<dyn crate::metrics::RefreshMetrics>
+            });
+        }
+        match got {
+            Get::Ready(ticket, key) => {
+                if g.state.ready_len() > 0 {
+                    self.notifier.wake_getter(g);
+                } else {
+                    self.hand_off_timer(g);
+                }
+                Ok(Lease::new(key, ticket, self.clone()))
+            }
+            other => Err(other),
+        }
+    }
+
+    /// For a getter about to wait while keys wait for `next_deadline`: whether it should sleep until
+    /// that deadline. Only one getter times the queue (the one with the earliest deadline); the
+    /// others wait for a notification. A getter that claims the timer must call
+    /// [`QueueCore::release_timer`] when it wakes or gives up.
+    pub fn claim_timer(
+        &self,
+        g: &mut Locked<T, S>,
+        next_deadline: Option<Instant>,
+    ) -> Option<Instant> {
+        let deadline = next_deadline?;
+        match g.timer {
+            Some(t) if t <= deadline => None,
+            _ => {
+                g.timer = Some(deadline);
+                Some(deadline)
+            }
+        }
+    }
+
+    /// Gives up the timer claimed for `deadline` (a getter that woke, and will look at the state
+    /// again before it waits or leaves).
+    pub fn release_timer(&self, g: &mut Locked<T, S>, deadline: Instant) {
+        if g.timer == Some(deadline) {
+            g.timer = None;
+        }
+    }
+
+    /// For a getter that leaves (with a key, empty-handed, or cancelled): if keys wait and no
+    /// getter times them, wake one to take the timer over.
+    pub fn hand_off_timer(&self, g: &Locked<T, S>) {
+        if g.timer.is_none() && g.state.has_waiting() {
+            self.notifier.wake_getter(g);
+        }
+    }
+
+    /// Takes up to `max` ready keys without waiting.
+    pub fn take_batch(self: &Arc<Self>, max: usize) -> Vec<Lease<T>> {
+        let mut out = Vec::new();
+        let mut g = self.lock();
+        let now = self.now_for(&g.state);
+        while out.len() < max {
+            match self.take(&mut g, now) {
+                Ok(lease) => out.push(lease),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// Stops intake and wakes everyone (see `WorkQueue::shut_down`); releases the drains waiting.
+    pub fn shut_down(&self) {
+        let released = {
+            let mut g = self.lock();
+            g.releases += 1;
+            self.shut_down_locked(&mut g)
+        };
+        drop(released);
+    }
+
+    fn shut_down_locked(&self, g: &mut Locked<T, S>) -> Vec<T> {
+        let released = g.state.shut_down();
+        self.shutting_down.store(true, Ordering::Release);
+        self.notifier.wake_all(g);
+        self.emit(&mut g.state);
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.deregister();
+        }
+        released
+    }
+
+    /// Shuts down and registers a drain, in one lock hold (so a concurrent `shut_down()` either
+    /// precedes the drain or releases it). The drain is deregistered when the guard drops.
+    pub fn begin_drain(&self) -> Drain<'_, T, S, N> {
+        let (released, releases) = {
+            let mut g = self.lock();
+            g.drains += 1;
+            (self.shut_down_locked(&mut g), g.releases)
+        };
+        drop(released);
+        Drain {
+            core: self,
+            releases,
+        }
+    }
+
+    // ---- metrics (see the `metrics` module) ------------------------------------------------------
+
+    /// Whether this queue emits metrics (it is named, and the `metrics` feature is on).
+    #[inline]
+    pub fn has_metrics(&self) -> bool {
+        #[cfg(feature = "metrics")]
+        return self.metrics.is_some();
+        #[cfg(not(feature = "metrics"))]
+        false
+    }
+
+    /// Sets `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`
+    /// from the keys in flight, at the queue clock's `now`. The process-wide refresher calls it
+    /// every 500 ms; a no-op for an unnamed queue or without the `metrics` feature.
+    pub fn refresh_metrics(&self) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.in_context(&|| {
+                // The clock is read before the lock: a manual clock wakes queues (taking their
+                // locks) while it holds its own.
+                let now = self.clock.now();
+                let g = self.lock();
+                if let Some(t) = g.state.timing() {
+                    let (total, longest) = t.unfinished_work(now);
+                    drop(g);
+                    m.unfinished(total, longest);
+                }
+            });
+        }
+    }
+
+    /// Runs every [`refresh_metrics`](QueueCore::refresh_metrics) inside `context` (which calls the
+    /// function it is given): the tokio driver enters its runtime there, so that the refresher
+    /// thread reads the runtime's clock. Only the first call takes effect.
+    pub fn set_refresh_context(&self, context: impl Fn(&dyn Fn()) + Send + Sync + 'static) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.set_context(Box::new(context));
+        }
+        #[cfg(not(feature = "metrics"))]
+        drop(context);
+    }
+
+    #[inline]
+    fn emit(&self, state: &mut QueueState<T, S>) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.emit(state);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = state;
+    }
+
+    #[inline]
+    fn count_retry(&self, counted: bool) {
+        #[cfg(feature = "metrics")]
+        if counted && let Some(m) = &self.metrics {
+            m.retry();
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = counted;
+    }
+
+    #[inline]
+    fn observe_limiter_delay(&self, delay: Option<Duration>) {
+        #[cfg(feature = "metrics")]
+        if let (Some(m), Some(d)) = (&self.metrics, delay) {
+            m.limiter_delay(d);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = delay;
+    }
+}
+
+/// A registered drain (see [`QueueCore::begin_drain`]).
+#[derive(Debug)]
+pub struct Drain<'a, T, S, N: Notifier<T, S>> {
+    core: &'a QueueCore<T, S, N>,
+    releases: u64,
+}
+
+impl<T, S, N: Notifier<T, S>> Drain<'_, T, S, N> {
+    /// Whether `shut_down()` was called since this drain started.
+    pub fn is_released(&self, locked: &Locked<T, S>) -> bool {
+        locked.releases != self.releases
+    }
+}
+
+impl<T, S, N: Notifier<T, S>> Drop for Drain<'_, T, S, N> {
+    fn drop(&mut self) {
+        self.core.locked.lock().drains -= 1;
+    }
+}
+
+impl<T, S, N> LeaseOwner<T> for QueueCore<T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
+        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
+        let now = needs_time.then(|| self.clock.now());
+        // The limiter is user code: if it panics, the key is still finished (never leaked), and
+        // the panic continues once the queue is consistent.
+        let limiter = catch_unwind(AssertUnwindSafe(|| {
+            outcome.consult_limiter(
+                &*self.limiter,
+                key,
+                now.unwrap_or_default(),
+                self.is_shutting_down(),
+            )
+        }));
+        let delay = limiter.as_ref().ok().copied().flatten();
+        self.observe_limiter_delay(delay);
+        let readd = match outcome {
+            Outcome::Retry => delay.is_some(),
+            Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
+            _ => false,
+        };
+        let (finished, rejected) = self.mutate(|g| {
+            let now = now.unwrap_or_else(|| self.now_for(&g.state));
+            let rejected = g.state.is_shutting_down();
+            (g.state.finish(ticket, outcome, delay, now), rejected)
+        });
+        self.count_retry(readd && !rejected);
+        drop(finished.released);
+        if let Err(panic) = limiter
+            && !std::thread::panicking()
+        {
+            resume_unwind(panic);
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl<T, S, N> crate::metrics::RefreshMetrics for QueueCore<T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    fn refresh_metrics(&self) {
+        QueueCore::refresh_metrics(self)
+    }
+}
+
+impl<T, S, N> fmt::Debug for QueueCore<T, S, N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueCore")
+            .field("name", &self.name)
+            .field("shutting_down", &self.shutting_down.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,136 @@
+//! Leases: a handed-out key that cannot be forgotten.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Outcome;
+use crate::state::Ticket;
+
+/// The queue side of a [`Lease`]: what finishing a lease does.
+///
+/// Implemented by the blocking [`WorkQueue`](crate::WorkQueue) and by the tokio queue; a driver
+/// for another runtime implements it to hand out the same `Lease` type. An implementation must
+/// not panic: it runs in `Drop`, possibly while the thread is already panicking.
+pub trait LeaseOwner<T>: Send + Sync {
+    /// Finishes the key `ticket` was issued for, as `outcome` says.
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome);
+}
+
+/// A key handed out by a queue, held until processing ends.
+///
+/// While a lease exists, no other lease for the same key does: the queue holds back a key that is
+/// re-added meanwhile and hands it out again once this lease is finished. A lease derefs to its key
+/// and is finished exactly once, by one of its consuming methods or by being dropped:
+///
+/// | how it ends | queue operation |
+/// |---|---|
+/// | [`done`](Lease::done), or drop | done |
+/// | [`forget`](Lease::forget) | limiter forgets the key, done |
+/// | [`retry`](Lease::retry) | re-add after the rate limiter's delay, done |
+/// | [`retry_after(d)`](Lease::retry_after) | re-add after `d`, done |
+/// | [`requeue_after(d)`](Lease::requeue_after) | limiter forgets the key, re-add after `d`, done |
+/// | dropped while the thread panics | as `retry`: a panic is a failure |
+///
+/// Traps, all documented rather than silent:
+/// - `queue.get();` discards the lease at once, finishing a key nobody processed (hence
+///   `#[must_use]`).
+/// - `std::mem::forget(lease)` keeps its key in flight forever: the key is never handed out again
+///   and a drain waits for it (the timed drain reports it). Other keys are unaffected.
+/// - Draining the queue from a thread that holds a lease waits for that lease: finish it first,
+///   or use the timed drain.
+///
+/// ```
+/// use workqueue_core::WorkQueue;
+///
+/// let queue: WorkQueue<String> = WorkQueue::new();
+/// queue.add("default/web".to_string());
+/// let lease = queue.get().expect("a key is queued");
+/// assert_eq!(lease.as_str(), "default/web");
+/// lease.forget(); // processed successfully: reset its backoff
+/// ```
+#[must_use = "dropping a lease at once finishes a key that was never processed"]
+pub struct Lease<T> {
+    key: T,
+    ticket: Option<Ticket>,
+    owner: Arc<dyn LeaseOwner<T>>,
+}
+
+impl<T> Lease<T> {
+    /// A lease for `key`, finished through `owner` with `ticket`. For queue drivers.
+    pub fn new(key: T, ticket: Ticket, owner: Arc<dyn LeaseOwner<T>>) -> Self {
+        Lease {
+            key,
+            ticket: Some(ticket),
+            owner,
+        }
+    }
+
+    /// The leased key.
+    pub fn key(&self) -> &T {
+        &self.key
+    }
+
+    /// Finishes processing: the key is done. It is queued again if it was re-added meanwhile.
+    pub fn done(self) {
+        self.finish(Outcome::Done)
+    }
+
+    /// Finishes successfully: the rate limiter forgets the key's failures, then done.
+    pub fn forget(self) {
+        self.finish(Outcome::Forget)
+    }
+
+    /// Finishes with a failure: the key is re-added after the rate limiter's delay.
+    pub fn retry(self) {
+        self.finish(Outcome::Retry)
+    }
+
+    /// Finishes with a failure: the key is re-added after `delay`, without consulting the limiter.
+    pub fn retry_after(self, delay: Duration) {
+        self.finish(Outcome::RetryAfter(delay))
+    }
+
+    /// Finishes successfully and asks to run again after `delay` (polling): the limiter forgets
+    /// the key, and it is re-added after `delay`.
+    pub fn requeue_after(self, delay: Duration) {
+        self.finish(Outcome::RequeueAfter(delay))
+    }
+
+    /// Finishes as `outcome` says.
+    pub fn finish(mut self, outcome: Outcome) {
+        self.finish_with(outcome);
+    }
+
+    fn finish_with(&mut self, outcome: Outcome) {
+        if let Some(ticket) = self.ticket.take() {
+            self.owner.finish(ticket, &self.key, outcome);
+        }
+    }
+}
+
+impl<T> Drop for Lease<T> {
+    fn drop(&mut self) {
+        let outcome = if std::thread::panicking() {
+            Outcome::Retry
+        } else {
+            Outcome::Done
+        };
+        self.finish_with(outcome);
+    }
+}
+
+impl<T> Deref for Lease<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.key
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Lease<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Lease").field(&self.key).finish()
+    }
+}

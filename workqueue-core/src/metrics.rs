@@ -1,0 +1,291 @@
+//! Queue metrics: client-go's names, labels and buckets, through the `metrics` facade.
+//!
+//! With the `metrics` feature (on by default), a *named* queue emits, labelled `name`:
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | [`DEPTH`] | gauge | keys that are dirty: queued, or re-added while processing |
+//! | [`ADDS_TOTAL`] | counter | adds that made a key newly dirty (incl. due delayed keys) |
+//! | [`QUEUE_DURATION_SECONDS`] | histogram | first add since the last get, to get |
+//! | [`WORK_DURATION_SECONDS`] | histogram | get to finish |
+//! | [`UNFINISHED_WORK_SECONDS`] | gauge | sum of the ages of the keys being processed |
+//! | [`LONGEST_RUNNING_PROCESSOR_SECONDS`] | gauge | the oldest of those ages |
+//! | [`RETRIES_TOTAL`] | counter | delayed and rate-limited adds (incl. delay 0) not rejected by shutdown |
+//! | [`WAITING_DEPTH`] | gauge | keys waiting for their delay (not in client-go) |
+//! | [`RATE_LIMITER_DELAY_SECONDS`] | histogram | delays the rate limiter chose (not in client-go) |
+//!
+//! The two "unfinished" gauges are refreshed every [`REFRESH_PERIOD`] by one process-wide thread,
+//! started on the first get of a named queue and holding only weak references to queues (a queue
+//! leaves it when it shuts down), so they stay fresh even when every worker is stuck; call the
+//! queue's `refresh_metrics()` to refresh them at once (tests on a `ManualClock` do).
+//!
+//! Handles are resolved at every emission, so a recorder installed after a queue was built
+//! still receives its metrics. An unnamed queue, or the feature off, emits nothing and keeps no
+//! per-key timing. The library installs no exporter: the binary does (see the `prometheus`
+//! example of `workqueue-tokio`, which sets [`QUEUE_DURATION_BUCKETS`] for the histograms).
+
+use std::time::Duration;
+
+/// The label that carries the queue's name.
+pub const NAME_LABEL: &str = "name";
+/// Gauge: current depth of the queue (client-go).
+pub const DEPTH: &str = "workqueue_depth";
+/// Counter: adds handled by the queue (client-go).
+pub const ADDS_TOTAL: &str = "workqueue_adds_total";
+/// Histogram: seconds a key stays in the queue before it is requested (client-go).
+pub const QUEUE_DURATION_SECONDS: &str = "workqueue_queue_duration_seconds";
+/// Histogram: seconds processing a key takes (client-go).
+pub const WORK_DURATION_SECONDS: &str = "workqueue_work_duration_seconds";
+/// Gauge: seconds of work in progress not yet observed by the work duration (client-go).
+pub const UNFINISHED_WORK_SECONDS: &str = "workqueue_unfinished_work_seconds";
+/// Gauge: seconds the longest-running processor has been running (client-go).
+pub const LONGEST_RUNNING_PROCESSOR_SECONDS: &str = "workqueue_longest_running_processor_seconds";
+/// Counter: retries handled by the queue (client-go).
+pub const RETRIES_TOTAL: &str = "workqueue_retries_total";
+/// Gauge: keys waiting for their delay (this crate).
+pub const WAITING_DEPTH: &str = "workqueue_waiting_depth";
+/// Histogram: delays chosen by the rate limiter, in seconds (this crate).
+pub const RATE_LIMITER_DELAY_SECONDS: &str = "workqueue_rate_limiter_delay_seconds";
+
+/// client-go's (component-base) buckets for the queue and work durations:
+/// `ExponentialBuckets(10e-9, 10, 10)`, 10 ns to 10 s.
+pub const QUEUE_DURATION_BUCKETS: [f64; 10] =
+    [1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
+/// Buckets for [`WORK_DURATION_SECONDS`]: the same as [`QUEUE_DURATION_BUCKETS`].
+pub const WORK_DURATION_BUCKETS: [f64; 10] = QUEUE_DURATION_BUCKETS;
+/// Buckets for [`RATE_LIMITER_DELAY_SECONDS`]: 1 ms to the default limiter's 1000 s cap.
+pub const RATE_LIMITER_DELAY_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1000.0,
+];
+
+/// How often the process-wide refresher updates the "unfinished work" gauges.
+pub const REFRESH_PERIOD: Duration = Duration::from_millis(500);
+
+#[cfg(feature = "metrics")]
+pub(crate) use emit::{QueueMetrics, RefreshMetrics};
+
+#[cfg(feature = "metrics")]
+mod emit {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
+    use std::time::Duration;
+
+    use metrics::{
+        SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+        histogram,
+    };
+
+    use super::*;
+    use crate::state::QueueState;
+
+    /// Something the refresher thread refreshes.
+    pub(crate) trait RefreshMetrics: Send + Sync {
+        fn refresh_metrics(&self);
+    }
+
+    /// A context the refresh runs in (a tokio queue enters its runtime to read its clock).
+    type Context = Box<dyn Fn(&dyn Fn()) + Send + Sync>;
+
+    /// The metrics of one named queue.
+    pub(crate) struct QueueMetrics {
+        name: Arc<str>,
+        id: u64,
+        registered: AtomicBool,
+        context: OnceLock<Context>,
+    }
+
+    fn describe() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            describe_gauge!(DEPTH, Unit::Count, "Current depth of workqueue");
+            describe_counter!(
+                ADDS_TOTAL,
+                Unit::Count,
+                "Total number of adds handled by workqueue"
+            );
+            describe_histogram!(
+                QUEUE_DURATION_SECONDS,
+                Unit::Seconds,
+                "How long in seconds an item stays in workqueue before being requested"
+            );
+            describe_histogram!(
+                WORK_DURATION_SECONDS,
+                Unit::Seconds,
+                "How long in seconds processing an item from workqueue takes"
+            );
+            describe_gauge!(
+                UNFINISHED_WORK_SECONDS,
+                Unit::Seconds,
+                "How many seconds of work has been done that is in progress and hasn't been \
+                 observed by work_duration. Large values indicate stuck threads. One can deduce \
+                 the number of stuck threads by observing the rate at which this increases."
+            );
+            describe_gauge!(
+                LONGEST_RUNNING_PROCESSOR_SECONDS,
+                Unit::Seconds,
+                "How many seconds has the longest running processor for workqueue been running"
+            );
+            describe_counter!(
+                RETRIES_TOTAL,
+                Unit::Count,
+                "Total number of retries handled by workqueue"
+            );
+            describe_gauge!(
+                WAITING_DEPTH,
+                Unit::Count,
+                "Current number of keys waiting for their delay in workqueue"
+            );
+            describe_histogram!(
+                RATE_LIMITER_DELAY_SECONDS,
+                Unit::Seconds,
+                "Delays in seconds chosen by the workqueue's rate limiter"
+            );
+        });
+    }
+
+    impl QueueMetrics {
+        pub(crate) fn new(name: Arc<str>) -> Self {
+            static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+            QueueMetrics {
+                name,
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                registered: AtomicBool::new(false),
+                context: OnceLock::new(),
+            }
+        }
+
+        fn label(&self) -> SharedString {
+            SharedString::from(Arc::clone(&self.name))
+        }
+
+        /// Emits what changed in `state` since the last emission (called under the queue's lock).
+        pub(crate) fn emit<T, S>(&self, state: &mut QueueState<T, S>) {
+            let waiting = state.counts().waiting;
+            let Some(t) = state.timing_mut() else { return };
+            describe();
+            let adds = t.take_adds();
+            if adds > 0 {
+                counter!(ADDS_TOTAL, NAME_LABEL => self.label()).increment(adds);
+            }
+            gauge!(DEPTH, NAME_LABEL => self.label()).set(t.depth() as f64);
+            for d in t.drain_queue_latencies() {
+                histogram!(QUEUE_DURATION_SECONDS, NAME_LABEL => self.label())
+                    .record(d.as_secs_f64());
+            }
+            for d in t.drain_work_durations() {
+                histogram!(WORK_DURATION_SECONDS, NAME_LABEL => self.label())
+                    .record(d.as_secs_f64());
+            }
+            gauge!(WAITING_DEPTH, NAME_LABEL => self.label()).set(waiting as f64);
+        }
+
+        pub(crate) fn retry(&self) {
+            describe();
+            counter!(RETRIES_TOTAL, NAME_LABEL => self.label()).increment(1);
+        }
+
+        pub(crate) fn limiter_delay(&self, delay: Duration) {
+            describe();
+            histogram!(RATE_LIMITER_DELAY_SECONDS, NAME_LABEL => self.label())
+                .record(delay.as_secs_f64());
+        }
+
+        pub(crate) fn unfinished(&self, total: Duration, longest: Duration) {
+            describe();
+            gauge!(UNFINISHED_WORK_SECONDS, NAME_LABEL => self.label()).set(total.as_secs_f64());
+            gauge!(LONGEST_RUNNING_PROCESSOR_SECONDS, NAME_LABEL => self.label())
+                .set(longest.as_secs_f64());
+        }
+
+        /// Runs `refresh` in the queue's refresh context, if it set one.
+        pub(crate) fn in_context(&self, refresh: &dyn Fn()) {
+            match self.context.get() {
+                Some(ctx) => ctx(refresh),
+                None => refresh(),
+            }
+        }
+
+        pub(crate) fn set_context(&self, ctx: Context) {
+            let _ = self.context.set(ctx);
+        }
+
+        /// Registers the queue with the refresher, once (never again after `deregister`).
+        #[inline]
+        pub(crate) fn register(&self, queue: impl FnOnce() -> Weak<dyn RefreshMetrics>) {
+            if !self.registered.load(Ordering::Relaxed)
+                && !self.registered.swap(true, Ordering::AcqRel)
+            {
+                registry::register(self.id, queue());
+            }
+        }
+
+        pub(crate) fn deregister(&self) {
+            self.registered.store(true, Ordering::Release);
+            registry::deregister(self.id);
+        }
+    }
+
+    impl std::fmt::Debug for QueueMetrics {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("QueueMetrics")
+                .field("name", &self.name)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// The process-wide refresher: a weak registry of named queues and the thread that refreshes
+    /// them every [`REFRESH_PERIOD`]. The thread starts with the first registration and exits
+    /// when no queue is left (the next registration starts a new one).
+    mod registry {
+        use super::*;
+
+        struct Registry {
+            queues: Vec<(u64, Weak<dyn RefreshMetrics>)>,
+            running: bool,
+        }
+
+        static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+            queues: Vec::new(),
+            running: false,
+        });
+
+        fn lock() -> std::sync::MutexGuard<'static, Registry> {
+            REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(super) fn register(id: u64, queue: Weak<dyn RefreshMetrics>) {
+            let mut r = lock();
+            r.queues.push((id, queue));
+            if !r.running {
+                r.running = std::thread::Builder::new()
+                    .name("workqueue-metrics".into())
+                    .spawn(run)
+                    .is_ok();
+            }
+        }
+
+        pub(super) fn deregister(id: u64) {
+            lock().queues.retain(|(i, _)| *i != id);
+        }
+
+        fn run() {
+            loop {
+                std::thread::sleep(REFRESH_PERIOD);
+                let live: Vec<Arc<dyn RefreshMetrics>> = {
+                    let mut r = lock();
+                    r.queues.retain(|(_, q)| q.strong_count() > 0);
+                    if r.queues.is_empty() {
+                        r.running = false;
+                        return;
+                    }
+                    r.queues.iter().filter_map(|(_, q)| q.upgrade()).collect()
+                };
+                for queue in live {
+                    // A queue's clock is user code: a panic must not stop the refresher.
+                    let _ = catch_unwind(AssertUnwindSafe(|| queue.refresh_metrics()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use workqueue_ratelimit::RateLimiter;
+
+use super::WorkQueue;
+use crate::clock::{Clock, SystemClock};
+use crate::driver::CoreConfig;
+use crate::state::DefaultHashBuilder;
+
+/// Configures a [`WorkQueue`]: name, rate limiter, clock, hasher and drain behaviour.
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_core::{ManualClock, WorkQueue};
+/// use workqueue_ratelimit::ExponentialFailure;
+///
+/// let clock = ManualClock::new();
+/// let queue: WorkQueue<String> = WorkQueue::builder()
+///     .name("deployments")
+///     .rate_limiter(ExponentialFailure::new(Duration::from_millis(5), Duration::from_secs(60)))
+///     .clock(clock)
+///     .build();
+/// assert_eq!(queue.name(), Some("deployments"));
+/// ```
+///
+/// The same builder configures other drivers' queues (the tokio queue's `builder()` returns a
+/// `Builder<T, S, D>` whose `D` builds that queue); options that only make sense for one driver,
+/// such as [`clock`](Builder::clock), exist only for it.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct Builder<T, S = DefaultHashBuilder, D = Blocking> {
+    pub(super) config: CoreConfig<T, S>,
+    driver: PhantomData<fn() -> D>,
+}
+
+/// Builds a driver's queue from a [`Builder`]'s configuration.
+pub trait BuildQueue<T, S> {
+    /// The queue this driver builds.
+    type Queue;
+    /// Builds the queue.
+    fn build(config: CoreConfig<T, S>) -> Self::Queue;
+}
+
+/// Marks a [`Builder`] for the blocking [`WorkQueue`].
+#[derive(Debug, Clone, Copy)]
+pub struct Blocking;
+
+impl<T, S> BuildQueue<T, S> for Blocking
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    type Queue = WorkQueue<T, S>;
+
+    fn build(config: CoreConfig<T, S>) -> WorkQueue<T, S> {
+        WorkQueue::from_config(config)
+    }
+}
+
+impl<T, D> Builder<T, DefaultHashBuilder, D> {
+    /// A builder with the defaults: unnamed, default controller rate limiter, system clock,
+    /// randomly seeded fast hasher.
+    pub fn new() -> Self {
+        Builder {
+            driver: PhantomData,
+            config: CoreConfig {
+                name: None,
+                limiter: None,
+                clock: Arc::new(SystemClock),
+                hasher: DefaultHashBuilder::default(),
+                capacity: 0,
+                drain_includes_queued: false,
+            },
+        }
+    }
+}
+
+impl<T, D> Default for Builder<T, DefaultHashBuilder, D> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T, S> Builder<T, S, Blocking> {
+    /// The clock the queue reads. Default: [`SystemClock`]. Tests use
+    /// [`ManualClock`](crate::ManualClock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = Arc::new(clock);
+        self
+    }
+}
+
+impl<T, S, D> Builder<T, S, D> {
+    /// Names the queue (metrics and diagnostics use the name; an unnamed queue emits no metrics).
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
+    /// The rate limiter behind `add_rate_limited`, `retry`, `forget` and `num_requeues`.
+    /// Default: [`workqueue_ratelimit::default_controller_rate_limiter`].
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter<T> + 'static) -> Self {
+        self.config.limiter = Some(Arc::new(limiter));
+        self
+    }
+
+    /// A rate limiter shared with other queues or chosen at run time.
+    pub fn shared_rate_limiter(mut self, limiter: Arc<dyn RateLimiter<T>>) -> Self {
+        self.config.limiter = Some(limiter);
+        self
+    }
+
+    /// Room for `capacity` keys before the queue reallocates.
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.config.capacity = capacity;
+        self
+    }
+
+    /// Whether a drain also waits until the ready FIFO is empty, not only until no lease is
+    /// outstanding (client-go waits only for leases; see kubernetes#141079). Default: `false`.
+    pub fn drain_includes_queued(mut self, yes: bool) -> Self {
+        self.config.drain_includes_queued = yes;
+        self
+    }
+
+    /// The hasher for keys. The default is fast and randomly seeded; use
+    /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
+    pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
+        let c = self.config;
+        Builder {
+            driver: PhantomData,
+            config: CoreConfig {
+                name: c.name,
+                limiter: c.limiter,
+                clock: c.clock,
+                hasher,
+                capacity: c.capacity,
+                drain_includes_queued: c.drain_includes_queued,
+            },
+        }
+    }
+}
+
+impl<T, S, D: BuildQueue<T, S>> Builder<T, S, D> {
+    /// Builds the queue.
+    pub fn build(self) -> D::Queue {
+        D::build(self.config)
+    }
+
+    /// The configuration, for drivers that need more than [`BuildQueue`] gives them.
+    pub fn into_config(self) -> CoreConfig<T, S> {
+        self.config
+    }
+}
+
+impl<T, S, D> fmt::Debug for Builder<T, S, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Builder").field(&self.config).finish()
+    }
+}

@@ -1,0 +1,394 @@
+//! The blocking, thread-safe work queue: [`QueueCore`] with condition variables.
+
+mod builder;
+mod drain;
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use workqueue_ratelimit::Instant;
+
+pub use builder::{Blocking, BuildQueue, Builder};
+pub use drain::{DrainIncomplete, DrainStop};
+
+use crate::clock::ClockWaker;
+use crate::driver::{CoreConfig, Locked, Notifier, QueueCore};
+use crate::lease::Lease;
+use crate::state::{AddStatus, Counts, DefaultHashBuilder, Get};
+use crate::sync::{Condvar, MutexGuard};
+
+/// A Kubernetes-style work queue for threads: de-duplicating, delaying, rate-limited.
+///
+/// A cheap handle (`Clone` shares the queue). Producers [`add`](WorkQueue::add) keys; workers
+/// [`get`](WorkQueue::get) a [`Lease`] for one key at a time, process it, and finish the lease.
+/// A key is never held by two leases at once; a key added while it is processed runs again after.
+/// The semantics are client-go's (see the README's table); they live in
+/// [`QueueState`](crate::state::QueueState), which this type drives under one mutex.
+///
+/// ```
+/// use std::thread;
+/// use workqueue_core::WorkQueue;
+///
+/// let queue: WorkQueue<String> = WorkQueue::new();
+/// let worker = {
+///     let queue = queue.clone();
+///     thread::spawn(move || {
+///         let mut seen = Vec::new();
+///         while let Some(lease) = queue.get() {
+///             seen.push(lease.clone());
+///             lease.forget(); // success
+///         }
+///         seen
+///     })
+/// };
+/// for name in ["a", "b", "a"] {
+///     queue.add(format!("default/{name}"));
+/// }
+/// queue.shut_down_with_drain(); // get() drains what is queued, then returns None
+/// let seen = worker.join().unwrap();
+/// assert!(seen.contains(&"default/a".to_string()) && seen.contains(&"default/b".to_string()));
+/// ```
+///
+/// Waiting: a blocked [`get`](WorkQueue::get) sleeps exactly until a key is added or the earliest
+/// delayed key is due (no polling); on a [`ManualClock`](crate::ManualClock) it sleeps until the
+/// clock is advanced.
+pub struct WorkQueue<T, S = DefaultHashBuilder> {
+    core: Arc<QueueCore<T, S, Condvars>>,
+}
+
+/// The blocking driver's [`Notifier`]: one condition variable for getters, one for drains.
+///
+/// Waits on a virtual clock are untimed; the clock wakes the queue when it moves
+/// (see [`ClockWaker`]).
+#[derive(Debug, Default)]
+pub struct Condvars {
+    getters: Condvar,
+    drainers: Condvar,
+}
+
+impl<T, S> Notifier<T, S> for Condvars
+where
+    T: Send + Sync + 'static,
+    S: Send + Sync + 'static,
+{
+    #[inline]
+    fn wake_getter(&self, locked: &Locked<T, S>) {
+        if locked.idle_getters > 0 {
+            self.getters.notify_one();
+        }
+    }
+
+    fn wake_all(&self, _: &Locked<T, S>) {
+        self.getters.notify_all();
+        self.drainers.notify_all();
+    }
+
+    fn wake_drainers(&self, _: &Locked<T, S>) {
+        self.drainers.notify_all();
+    }
+}
+
+impl<T, S> ClockWaker for QueueCore<T, S, Condvars>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn wake(&self) {
+        // Taking the lock orders this wake-up after any waiter's check of the clock: a waiter
+        // reads the time and starts waiting without releasing the lock in between.
+        let g = self.lock();
+        Notifier::wake_all(self.notifier(), &*g);
+    }
+}
+
+impl<T> WorkQueue<T>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// An unnamed queue with the default controller rate limiter and the system clock.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder for a queue with a name, rate limiter, clock or hasher of your choice.
+    pub fn builder() -> Builder<T> {
+        Builder::new()
+    }
+}
+
+impl<T> Default for WorkQueue<T>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T, S> Clone for WorkQueue<T, S> {
+    fn clone(&self) -> Self {
+        WorkQueue {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<T, S> WorkQueue<T, S>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+{
+    fn from_config(config: CoreConfig<T, S>) -> Self {
+        let virtual_clock = config.clock.is_virtual();
+        let core = Arc::new(QueueCore::new(config, Condvars::default()));
+        if virtual_clock {
+            let weak: Weak<QueueCore<T, S, Condvars>> = Arc::downgrade(&core);
+            core.clock().register(weak);
+        }
+        WorkQueue { core }
+    }
+
+    /// The queue's name, if it has one.
+    pub fn name(&self) -> Option<&str> {
+        self.core.name()
+    }
+
+    /// The current time on the queue's clock.
+    pub fn now(&self) -> Instant {
+        self.core.clock().now()
+    }
+
+    // ---- adds ----------------------------------------------------------------------------------
+
+    /// Queues `key`, unless it is already queued; a key being processed is queued again when its
+    /// lease finishes. Ignored after shutdown.
+    pub fn add(&self, key: T) -> AddStatus {
+        self.core.add(key)
+    }
+
+    /// [`add`](WorkQueue::add) from a borrowed key, cloning it only if the queue does not track it
+    /// yet (so duplicate adds neither allocate nor touch a reference count).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use workqueue_core::WorkQueue;
+    ///
+    /// let queue: WorkQueue<Arc<str>> = WorkQueue::new();
+    /// queue.add_ref("default/web");
+    /// queue.add_ref("default/web");
+    /// assert_eq!(queue.len(), 1);
+    /// ```
+    pub fn add_ref<Q>(&self, key: &Q) -> AddStatus
+    where
+        T: Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.core.add_ref(key)
+    }
+
+    /// Adds every key under one lock acquisition.
+    pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
+        self.core.add_batch(keys)
+    }
+
+    /// Adds `key` once `delay` has passed (`Duration::ZERO` adds it now). A key already waiting
+    /// keeps the earlier deadline. Ignored after shutdown.
+    pub fn add_after(&self, key: T, delay: Duration) -> AddStatus {
+        self.core.add_after(key, delay)
+    }
+
+    /// Adds `key` after the delay the rate limiter chooses for it (recording one failure).
+    ///
+    /// Unlike client-go, the limiter is not consulted after shutdown. Like client-go, a token
+    /// bucket is charged even when the key turns out to be waiting already (de-duplicated).
+    pub fn add_rate_limited(&self, key: T) -> AddStatus {
+        self.core.add_rate_limited(key)
+    }
+
+    /// Clears the rate limiter's failures for `key`. Does not cancel a waiting re-add.
+    pub fn forget(&self, key: &T) {
+        self.core.forget(key)
+    }
+
+    /// How many failures the rate limiter has recorded for `key`.
+    pub fn num_requeues(&self, key: &T) -> u32 {
+        self.core.num_requeues(key)
+    }
+
+    // ---- gets ----------------------------------------------------------------------------------
+
+    /// Blocks until a key is ready and leases it; `None` once the queue is shut down and empty.
+    ///
+    /// After [`shut_down`](WorkQueue::shut_down) it still hands out the keys already queued.
+    pub fn get(&self) -> Option<Lease<T>> {
+        self.get_until(None)
+    }
+
+    /// Leases a ready key without blocking.
+    pub fn try_get(&self) -> Option<Lease<T>> {
+        let mut g = self.core.lock();
+        let now = self.core.now_for(&g.state);
+        self.core.take(&mut g, now).ok()
+    }
+
+    /// [`get`](WorkQueue::get) that gives up after `timeout` on the queue's clock.
+    pub fn get_timeout(&self, timeout: Duration) -> Option<Lease<T>> {
+        let deadline = self.now().saturating_add(timeout);
+        self.get_until(Some(deadline))
+    }
+
+    /// Leases up to `max` ready keys without blocking.
+    pub fn try_get_batch(&self, max: usize) -> Vec<Lease<T>> {
+        self.core.take_batch(max)
+    }
+
+    fn get_until(&self, give_up: Option<Instant>) -> Option<Lease<T>> {
+        let core = &self.core;
+        let mut g = core.lock();
+        loop {
+            let now = core.now_for(&g.state);
+            let next_deadline = match core.take(&mut g, now) {
+                Ok(lease) => return Some(lease),
+                Err(Get::Empty { next_deadline }) => next_deadline,
+                Err(_) => return None,
+            };
+            let now = if next_deadline.is_some() || give_up.is_some() {
+                core.clock().now()
+            } else {
+                now
+            };
+            if give_up.is_some_and(|t| now >= t) {
+                core.hand_off_timer(&g);
+                return None;
+            }
+            let timer = core.claim_timer(&mut g, next_deadline);
+            let wake_at = match (timer, give_up) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            g.idle_getters += 1;
+            self.wait(&core.notifier().getters, &mut g, now, wake_at);
+            g.idle_getters -= 1;
+            if let Some(deadline) = timer {
+                core.release_timer(&mut g, deadline);
+            }
+        }
+    }
+
+    /// Waits on `cv` until notified, or until `until` on the queue's clock. On a virtual clock the
+    /// wait is untimed: the clock wakes the queue whenever it moves.
+    fn wait(
+        &self,
+        cv: &Condvar,
+        g: &mut MutexGuard<'_, Locked<T, S>>,
+        now: Instant,
+        until: Option<Instant>,
+    ) {
+        match until {
+            Some(t) if !self.core.clock().is_virtual() => {
+                let _ = cv.wait_for(g, t.saturating_duration_since(now));
+            }
+            _ => cv.wait(g),
+        }
+    }
+
+    // ---- observation ---------------------------------------------------------------------------
+
+    /// Number of keys ready to be handed out (not processing, not waiting for a delay).
+    pub fn len(&self) -> usize {
+        self.core.len()
+    }
+
+    /// Whether no key is ready.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters of the queue's state (ready, processing, waiting, tracked).
+    pub fn counts(&self) -> Counts {
+        self.core.counts()
+    }
+
+    /// Heap bytes held by the queue's own structures (keys' own allocations excluded).
+    pub fn allocated_bytes(&self) -> usize {
+        self.core.allocated_bytes()
+    }
+
+    /// Refreshes the queue's "unfinished work" gauges now, on the queue's clock (see
+    /// [`metrics`](crate::metrics)). A background thread does this every 500 ms for named queues;
+    /// a no-op for an unnamed queue or without the `metrics` feature.
+    pub fn refresh_metrics(&self) {
+        self.core.refresh_metrics()
+    }
+
+    // ---- shutdown ------------------------------------------------------------------------------
+
+    /// Stops intake: adds are ignored from now on, delayed keys are dropped, and blocked getters
+    /// wake. Getters still receive the keys already queued, then `None`. Does not wait for leases;
+    /// releases any drain in progress. Idempotent.
+    pub fn shut_down(&self) {
+        self.core.shut_down()
+    }
+
+    /// [`shut_down`](WorkQueue::shut_down), then waits until no lease is outstanding (and, with
+    /// [`Builder::drain_includes_queued`], until nothing is queued). A later `shut_down()` releases
+    /// it early. Idempotent and safe from several threads.
+    ///
+    /// Waits forever for a lease that is never finished (one held by this thread, or passed to
+    /// `mem::forget`): use [`shut_down_with_drain_timeout`](WorkQueue::shut_down_with_drain_timeout)
+    /// to bound the wait.
+    pub fn shut_down_with_drain(&self) {
+        let _ = self.drain(None);
+    }
+
+    /// [`shut_down_with_drain`](WorkQueue::shut_down_with_drain) that waits at most `timeout` on
+    /// the queue's clock, and reports the keys still in flight if the drain did not complete.
+    pub fn shut_down_with_drain_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<(), DrainIncomplete<T>> {
+        let deadline = self.now().saturating_add(timeout);
+        self.drain(Some(deadline))
+    }
+
+    /// Whether the queue is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.core.is_shutting_down()
+    }
+
+    fn drain(&self, deadline: Option<Instant>) -> Result<(), DrainIncomplete<T>> {
+        let core = &self.core;
+        let drain = core.begin_drain();
+        let mut g = core.lock();
+        loop {
+            if core.is_drained(&g) {
+                return Ok(());
+            }
+            let now = core.clock().now();
+            let stop = if drain.is_released(&g) {
+                Some(DrainStop::Released)
+            } else if deadline.is_some_and(|d| now >= d) {
+                Some(DrainStop::TimedOut)
+            } else {
+                None
+            };
+            if let Some(stop) = stop {
+                return Err(DrainIncomplete {
+                    stop,
+                    in_flight: g.state.processing_keys(),
+                    queued: g.state.ready_len(),
+                });
+            }
+            self.wait(&core.notifier().drainers, &mut g, now, deadline);
+        }
+    }
+}
+
+impl<T, S> fmt::Debug for WorkQueue<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WorkQueue").field(&self.core).finish()
+    }
+}

@@ -1,0 +1,782 @@
+//! The queue's semantics as a plain, single-threaded state machine.
+//!
+//! [`QueueState`] holds everything a work queue knows: the ready FIFO, which keys are being
+//! processed and which were re-added meanwhile (dirty), the waiting heap of delayed keys, and the
+//! shutdown bookkeeping. It takes no locks, starts no threads and reads no clock: every operation
+//! that depends on time takes `now`. The blocking [`WorkQueue`](crate::WorkQueue) and the tokio
+//! queue are thin drivers around it, and any other runtime can drive it the same way.
+//!
+//! ```
+//! use std::time::Duration;
+//! use workqueue_core::state::{Get, QueueState};
+//! use workqueue_core::{Instant, Outcome};
+//!
+//! let mut q: QueueState<&str> = QueueState::new();
+//! let t0 = Instant::ZERO;
+//! q.add("a", t0);
+//! q.add("a", t0); // de-duplicated
+//! q.add_after("b", Duration::from_secs(1), t0);
+//! assert_eq!(q.len(t0), 1);
+//! assert_eq!(q.next_deadline(), Some(Instant::from_nanos(1_000_000_000)));
+//!
+//! let Get::Ready(ticket, key) = q.get(t0) else { panic!() };
+//! assert_eq!(key, "a");
+//! q.add("a", t0); // re-added while processing: runs again after it finishes
+//! assert_eq!(q.len(t0), 0);
+//! q.finish(ticket, Outcome::Done, None, t0);
+//! assert_eq!(q.len(t0), 1);
+//!
+//! // One second later "b" is due, behind "a".
+//! let t1 = Instant::from_nanos(1_000_000_000);
+//! assert_eq!(q.len(t1), 2);
+//! ```
+
+mod ready;
+mod slots;
+mod timing;
+mod waiting;
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use workqueue_ratelimit::{Instant, duration_to_nanos};
+
+use crate::Outcome;
+use ready::ReadyQueue;
+pub(crate) use slots::SlotId;
+use slots::{MAX_SLOTS, Slots};
+pub use timing::Timing;
+use waiting::{Waiting, WaitingHeap};
+
+/// The default hasher: foldhash, randomly seeded per queue.
+///
+/// Fast, with minimal resistance to hash flooding. Keys that tenants control (object names) can be
+/// chosen to collide for a known hasher, but not for a random seed they cannot observe; where that
+/// is not enough, use `std::hash::RandomState` (SipHash) as the hasher type parameter.
+pub type DefaultHashBuilder = foldhash::fast::RandomState;
+
+/// What [`QueueState::add`] and its relatives did with a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AddStatus {
+    /// The key was pushed to the tail of the ready FIFO.
+    Queued,
+    /// The key was already in the ready FIFO: nothing changed.
+    AlreadyQueued,
+    /// The key is being processed: it was marked dirty and is queued again when its lease finishes.
+    Dirty,
+    /// The key is being processed and was already marked dirty: nothing changed.
+    AlreadyDirty,
+    /// The key now waits for its deadline (a new waiting entry, or an earlier deadline for an
+    /// existing one).
+    Waiting,
+    /// The key already waits for an earlier (or equal) deadline: nothing changed.
+    AlreadyWaiting,
+    /// The deadline is never reached (a delay of about 584 years or more): nothing was stored.
+    Never,
+    /// The queue is shutting down: the add was ignored.
+    ShutDown,
+}
+
+impl AddStatus {
+    /// Whether the add counts as an add in client-go's metrics: the key became newly dirty
+    /// (queued, or marked to be queued again after processing).
+    pub fn is_new_add(self) -> bool {
+        matches!(self, AddStatus::Queued | AddStatus::Dirty)
+    }
+}
+
+/// The result of [`QueueState::get`].
+#[derive(Debug)]
+pub enum Get<T> {
+    /// A key was handed out; finish it with its ticket.
+    Ready(Ticket, T),
+    /// Nothing is ready. A key becomes due at `next_deadline`, if it is `Some`.
+    Empty {
+        /// When the earliest waiting key becomes due.
+        next_deadline: Option<Instant>,
+    },
+    /// The queue is shutting down and nothing is ready: the getter should stop.
+    ShutDown,
+}
+
+/// Proof that a key was handed out: finishing it requires giving the ticket back.
+///
+/// A ticket is neither `Copy` nor `Clone`, so a key cannot be finished twice (client-go's
+/// "spurious Done" that let two workers hold one key). It only fits the state that issued it.
+#[must_use = "a ticket that is never finished keeps its key in flight forever"]
+pub struct Ticket {
+    slot: SlotId,
+    state: u32,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket").field("slot", &self.slot).finish()
+    }
+}
+
+/// A [`Ticket`] was given to a state that did not issue it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this ticket was issued by another queue state; finish each ticket on the state it came from"
+)]
+pub struct ForeignTicket;
+
+/// What [`QueueState::finish`] did.
+#[derive(Debug)]
+#[must_use = "the freed key should be dropped outside any lock"]
+pub struct Finished<T> {
+    /// Whether the key went back to the ready FIFO (it was dirty, or re-added without delay).
+    pub requeued: bool,
+    /// Whether the key now waits for a deadline.
+    pub waiting: bool,
+    /// The key, when the state no longer tracks it. Drivers drop it after releasing their lock,
+    /// so user `Drop` code does not run under it.
+    pub released: Option<T>,
+}
+
+/// Counters that describe the state at a glance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Keys in the ready FIFO.
+    pub ready: usize,
+    /// Keys handed out and not finished.
+    pub processing: usize,
+    /// Keys waiting for a deadline.
+    pub waiting: usize,
+    /// Keys the state tracks (each counted once, whatever it is doing).
+    pub tracked: usize,
+}
+
+/// The work queue's semantics, with no locks, threads or clock reads.
+///
+/// See the [module documentation](self) for an example and the crate's README for the semantics
+/// table, which this type implements row by row.
+///
+/// Invariants (checked by [`QueueState::check_invariants`] in tests):
+/// - the hash index holds exactly the live slots, each under its key's hash;
+/// - a slot in the ready FIFO is queued, not processing, and appears once;
+/// - a dirty slot is processing; `processing` counts processing slots;
+/// - the waiting heap holds at most one entry per slot, and none after shutdown;
+/// - every live slot is queued, processing or waiting, and is freed when it is none of these.
+///
+/// Time: `now` values that go backwards are clamped to the latest one seen; deadlines are
+/// saturating nanoseconds, and [`Instant::NEVER`] is never reached.
+pub struct QueueState<T, S = DefaultHashBuilder> {
+    index: HashTable<SlotId>,
+    hasher: S,
+    slots: Slots<T>,
+    ready: ReadyQueue,
+    waiting: WaitingHeap,
+    processing: usize,
+    shutting_down: bool,
+    now: u64,
+    seq: u64,
+    id: u32,
+    /// Per-key timing for metrics; `None` (no per-key bytes) unless a driver enables it.
+    timing: Option<Box<Timing>>,
+}
+
+/// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
+/// an idle queue that sees one key at a time does not allocate on every add.
+const SHRINK_ABOVE: usize = 1024;
+
+fn next_state_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+impl<T: Hash + Eq + Clone> QueueState<T> {
+    /// An empty state with a randomly seeded default hasher.
+    pub fn new() -> Self {
+        Self::with_hasher(DefaultHashBuilder::default())
+    }
+}
+
+impl<T: Hash + Eq + Clone> Default for QueueState<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T, S> fmt::Debug for QueueState<T, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueState")
+            .field("counts", &self.counts())
+            .field("shutting_down", &self.shutting_down)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, S> QueueState<T, S> {
+    /// Whether [`QueueState::shut_down`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    /// Whether a drain is complete: no key is processing, and, with `include_queued`, none is
+    /// ready either.
+    pub fn is_drained(&self, include_queued: bool) -> bool {
+        self.processing == 0 && (!include_queued || self.ready.len() == 0)
+    }
+
+    /// Number of keys ready as of the last operation, without promoting due keys.
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// When the earliest waiting key becomes due, if any key waits.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.waiting.peek().map(|w| Instant::from_nanos(w.deadline))
+    }
+
+    /// Whether an operation at `now` would promote a waiting key.
+    ///
+    /// Drivers use it to skip reading the clock while nothing waits.
+    pub fn has_waiting(&self) -> bool {
+        self.waiting.len() != 0
+    }
+
+    /// The latest `now` the state has seen.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(self.now)
+    }
+
+    /// Starts keeping per-key timing for metrics (see [`Timing`]). Idempotent.
+    pub fn enable_timing(&mut self) {
+        self.timing.get_or_insert_with(Box::default);
+    }
+
+    /// The timing data, if [`QueueState::enable_timing`] was called.
+    pub fn timing(&self) -> Option<&Timing> {
+        self.timing.as_deref()
+    }
+
+    /// The timing data, mutably (drivers drain its observations).
+    pub fn timing_mut(&mut self) -> Option<&mut Timing> {
+        self.timing.as_deref_mut()
+    }
+
+    /// Counters for the current state.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            ready: self.ready.len(),
+            processing: self.processing,
+            waiting: self.waiting.len(),
+            tracked: self.slots.live(),
+        }
+    }
+}
+
+impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
+    /// An empty state that hashes keys with `hasher`.
+    pub fn with_hasher(hasher: S) -> Self {
+        Self::with_capacity_and_hasher(0, hasher)
+    }
+
+    /// An empty state with room for `capacity` keys before it reallocates.
+    pub fn with_capacity_and_hasher(capacity: usize, hasher: S) -> Self {
+        let capacity = capacity.min(MAX_SLOTS);
+        QueueState {
+            index: HashTable::with_capacity(capacity),
+            hasher,
+            slots: Slots::with_capacity(capacity),
+            ready: ReadyQueue::with_capacity(capacity),
+            waiting: WaitingHeap::new(),
+            processing: 0,
+            shutting_down: false,
+            now: 0,
+            seq: 0,
+            id: next_state_id(),
+            timing: None,
+        }
+    }
+
+    /// The hasher keys are hashed with.
+    pub fn hasher(&self) -> &S {
+        &self.hasher
+    }
+
+    // ---- adds ----------------------------------------------------------------------------------
+
+    /// Adds `key`: queues it, or de-duplicates it (see [`AddStatus`]).
+    ///
+    /// The key is dropped when it is not stored (a duplicate, or after shutdown); drivers that want
+    /// to drop it elsewhere use [`QueueState::add_or_return`].
+    pub fn add(&mut self, key: T, now: Instant) -> AddStatus {
+        self.add_or_return(key, now).0
+    }
+
+    /// [`QueueState::add`] that hands an unstored key back instead of dropping it.
+    pub fn add_or_return(&mut self, key: T, now: Instant) -> (AddStatus, Option<T>) {
+        self.promote(now);
+        if self.shutting_down {
+            return (AddStatus::ShutDown, Some(key));
+        }
+        let hash = self.hasher.hash_one(&key);
+        match self.find(hash, &key) {
+            Some(slot) => (self.enqueue(slot), Some(key)),
+            None => {
+                let slot = self.insert_new(hash, key);
+                (self.enqueue(slot), None)
+            }
+        }
+    }
+
+    /// Adds the key `key` borrows, cloning it only when the state does not track it yet.
+    ///
+    /// Informers deliver many updates per object: most adds are duplicates, and this one costs no
+    /// allocation or reference count for them.
+    pub fn add_ref<Q>(&mut self, key: &Q, now: Instant) -> AddStatus
+    where
+        T: Borrow<Q> + for<'a> From<&'a Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.promote(now);
+        if self.shutting_down {
+            return AddStatus::ShutDown;
+        }
+        let hash = self.hasher.hash_one(key);
+        let slot = match self.find(hash, key) {
+            Some(slot) => slot,
+            None => self.insert_new(hash, T::from(key)),
+        };
+        self.enqueue(slot)
+    }
+
+    /// Adds `key` once `delay` has passed: `add_after(k, 0)` is `add(k)`.
+    ///
+    /// A key already waiting keeps the earlier of its two deadlines. A waiting key is independent
+    /// of the FIFO (client-go's "reminder" semantics): adding a waiting key queues it now and its
+    /// waiting entry stays. Ignored after shutdown; a delay that saturates to [`Instant::NEVER`]
+    /// stores nothing.
+    pub fn add_after(&mut self, key: T, delay: Duration, now: Instant) -> AddStatus {
+        self.add_after_or_return(key, delay, now).0
+    }
+
+    /// [`QueueState::add_after`] that hands an unstored key back instead of dropping it.
+    pub fn add_after_or_return(
+        &mut self,
+        key: T,
+        delay: Duration,
+        now: Instant,
+    ) -> (AddStatus, Option<T>) {
+        if delay.is_zero() {
+            return self.add_or_return(key, now);
+        }
+        self.promote(now);
+        if self.shutting_down {
+            return (AddStatus::ShutDown, Some(key));
+        }
+        let deadline = self.now.saturating_add(duration_to_nanos(delay));
+        if deadline == u64::MAX {
+            return (AddStatus::Never, Some(key));
+        }
+        let hash = self.hasher.hash_one(&key);
+        match self.find(hash, &key) {
+            Some(slot) => (self.schedule(slot, deadline), Some(key)),
+            None => {
+                let slot = self.insert_new(hash, key);
+                (self.schedule(slot, deadline), None)
+            }
+        }
+    }
+
+    // ---- gets ----------------------------------------------------------------------------------
+
+    /// Hands out the key at the head of the ready FIFO and marks it processing.
+    ///
+    /// After shutdown it keeps handing out queued keys, and returns [`Get::ShutDown`] once the FIFO
+    /// is empty: it never waits for a deadline then.
+    pub fn get(&mut self, now: Instant) -> Get<T> {
+        self.promote(now);
+        match self.ready.pop() {
+            Some(slot) => {
+                self.slots.start_processing(slot);
+                self.processing += 1;
+                if let Some(t) = &mut self.timing {
+                    t.on_get(slot, self.now);
+                }
+                let ticket = Ticket {
+                    slot,
+                    state: self.id,
+                };
+                Get::Ready(ticket, self.slots.key(slot).clone())
+            }
+            None if self.shutting_down => Get::ShutDown,
+            None => Get::Empty {
+                next_deadline: self.next_deadline(),
+            },
+        }
+    }
+
+    /// The key a ticket was issued for, without finishing it.
+    pub fn ticket_key(&self, ticket: &Ticket) -> Option<&T> {
+        (ticket.state == self.id && self.slots.is_live(ticket.slot))
+            .then(|| self.slots.key(ticket.slot))
+    }
+
+    /// Finishes a handed-out key: the one place where an [`Outcome`] becomes queue operations.
+    ///
+    /// `limiter_delay` is what [`Outcome::consult_limiter`] returned for this outcome (the driver
+    /// calls the limiter outside its lock): the delay of a [`Outcome::Retry`]. Processing is
+    /// cleared; a key re-added while processing goes to the FIFO tail; the re-add the outcome asks
+    /// for is applied as `add_after`, and dropped after shutdown.
+    pub fn finish(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Finished<T> {
+        match self.try_finish(ticket, outcome, limiter_delay, now) {
+            Ok(f) => f,
+            Err(ForeignTicket) => Finished {
+                requeued: false,
+                waiting: false,
+                released: None,
+            },
+        }
+    }
+
+    /// [`QueueState::finish`] that reports a ticket from another state instead of ignoring it.
+    pub fn try_finish(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Result<Finished<T>, ForeignTicket> {
+        let slot = ticket.slot;
+        if ticket.state != self.id || !self.slots.is_live(slot) || !self.slots.is_processing(slot) {
+            return Err(ForeignTicket);
+        }
+        self.promote(now);
+        if let Some(t) = &mut self.timing {
+            t.on_finish(slot, self.now);
+        }
+        self.processing -= 1;
+        let mut requeued = false;
+        if self.slots.stop_processing(slot) {
+            self.push_ready(slot);
+            requeued = true;
+        }
+        let readd = match outcome {
+            Outcome::Done | Outcome::Forget => None,
+            Outcome::Retry => limiter_delay,
+            Outcome::RetryAfter(d) | Outcome::RequeueAfter(d) => Some(d),
+        };
+        if let Some(delay) = readd
+            && !self.shutting_down
+        {
+            if delay.is_zero() {
+                requeued |= self.enqueue(slot) == AddStatus::Queued;
+            } else {
+                let deadline = self.now.saturating_add(duration_to_nanos(delay));
+                if deadline != u64::MAX {
+                    self.schedule(slot, deadline);
+                }
+            }
+        }
+        let waiting = self.slots.heap_pos(slot).is_some();
+        let released = self.release_if_unreferenced(slot);
+        Ok(Finished {
+            requeued,
+            waiting,
+            released,
+        })
+    }
+
+    // ---- shutdown ------------------------------------------------------------------------------
+
+    /// Stops intake: later adds are ignored and waiting keys are dropped (returned, so the driver can
+    /// drop them outside its lock). Queued keys stay to be drained by `get`. Idempotent.
+    pub fn shut_down(&mut self) -> Vec<T> {
+        self.shutting_down = true;
+        let slots = self.waiting.clear(&mut self.slots);
+        let released: Vec<T> = slots
+            .into_iter()
+            .filter_map(|s| self.release_if_unreferenced(s))
+            .collect();
+        self.waiting.shrink();
+        released
+    }
+
+    // ---- observation ---------------------------------------------------------------------------
+
+    /// Number of keys ready to be handed out (not processing, not waiting), after promoting the
+    /// keys due at `now`.
+    pub fn len(&mut self, now: Instant) -> usize {
+        self.promote(now);
+        self.ready.len()
+    }
+
+    /// Whether no key is ready at `now`.
+    pub fn is_empty(&mut self, now: Instant) -> bool {
+        self.len(now) == 0
+    }
+
+    /// The deadline `key` waits for, if it waits.
+    pub fn waiting_deadline<Q>(&self, key: &Q) -> Option<Instant>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = self.find(self.hasher.hash_one(key), key)?;
+        let pos = self.slots.heap_pos(slot)?;
+        Some(Instant::from_nanos(self.waiting.get(pos).deadline))
+    }
+
+    /// Whether `key` is in the ready FIFO.
+    pub fn is_queued<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(self.hasher.hash_one(key), key)
+            .is_some_and(|s| self.slots.is_queued(s))
+    }
+
+    /// Whether a lease for `key` is outstanding.
+    pub fn is_processing<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(self.hasher.hash_one(key), key)
+            .is_some_and(|s| self.slots.is_processing(s))
+    }
+
+    /// The keys being processed, in no particular order (cloned; for diagnostics such as a drain
+    /// that timed out).
+    pub fn processing_keys(&self) -> Vec<T> {
+        self.index
+            .iter()
+            .filter(|&&s| self.slots.is_processing(s))
+            .map(|&s| self.slots.key(s).clone())
+            .collect()
+    }
+
+    /// The ready keys in FIFO order (cloned; for diagnostics and tests).
+    pub fn ready_keys(&self) -> Vec<T> {
+        self.ready
+            .iter()
+            .map(|s| self.slots.key(s).clone())
+            .collect()
+    }
+
+    /// Heap bytes held by the state's own structures (keys' own allocations excluded).
+    pub fn allocated_bytes(&self) -> usize {
+        self.index.allocation_size()
+            + self.slots.allocated_bytes()
+            + self.ready.allocated_bytes()
+            + self.waiting.allocated_bytes()
+            + self.timing.as_ref().map_or(0, |t| t.allocated_bytes())
+    }
+
+    /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
+    /// every slot.
+    pub fn check_invariants(&self) {
+        let mut queued = 0;
+        let mut processing = 0;
+        let mut waiting = 0;
+        assert_eq!(
+            self.index.len(),
+            self.slots.live(),
+            "index and slots disagree"
+        );
+        for &slot in self.index.iter() {
+            assert!(self.slots.is_live(slot), "index points at a free slot");
+            let key = self.slots.key(slot);
+            let hash = self.hasher.hash_one(key);
+            assert_eq!(
+                self.find(hash, key),
+                Some(slot),
+                "key not found under its hash"
+            );
+            let q = self.slots.is_queued(slot);
+            let p = self.slots.is_processing(slot);
+            let w = self.slots.heap_pos(slot).is_some();
+            assert!(!(q && p), "a slot is both queued and processing");
+            assert!(
+                !self.slots.is_dirty(slot) || p,
+                "a dirty slot is not processing"
+            );
+            assert!(q || p || w, "a live slot is referenced by nothing");
+            queued += q as usize;
+            processing += p as usize;
+            waiting += w as usize;
+        }
+        assert_eq!(
+            queued,
+            self.ready.len(),
+            "FIFO length and queued slots disagree"
+        );
+        let mut seen = std::collections::HashSet::new();
+        for slot in self.ready.iter() {
+            assert!(
+                self.slots.is_queued(slot),
+                "FIFO holds a slot that is not queued"
+            );
+            assert!(seen.insert(slot), "FIFO holds a slot twice");
+        }
+        assert_eq!(processing, self.processing, "processing count is off");
+        assert_eq!(
+            waiting,
+            self.waiting.len(),
+            "waiting heap and slots disagree"
+        );
+        assert!(
+            !self.shutting_down || waiting == 0,
+            "waiting keys after shutdown"
+        );
+        if let Some(w) = self.waiting.peek() {
+            assert!(w.deadline > self.now, "a due key was not promoted");
+        }
+        self.waiting_heap_check();
+    }
+
+    #[cfg(test)]
+    fn waiting_heap_check(&self) {
+        self.waiting.check(&self.slots);
+    }
+
+    #[cfg(not(test))]
+    fn waiting_heap_check(&self) {}
+
+    // ---- internals -----------------------------------------------------------------------------
+
+    /// Clamps `now` to the latest seen and moves every waiting key due at `now` to the ready FIFO,
+    /// in (deadline, sequence) order.
+    #[inline]
+    fn promote(&mut self, now: Instant) {
+        self.now = self.now.max(now.as_nanos());
+        while let Some(w) = self.waiting.peek() {
+            if w.deadline > self.now {
+                break;
+            }
+            let w = self.waiting.pop(&mut self.slots).expect("peeked");
+            self.enqueue(w.slot);
+        }
+    }
+
+    #[inline]
+    fn find<Q>(&self, hash: u64, key: &Q) -> Option<SlotId>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&s| slots.key(s).borrow() == key)
+            .copied()
+    }
+
+    #[inline]
+    fn insert_new(&mut self, hash: u64, key: T) -> SlotId {
+        let slot = self.slots.insert(key);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index
+            .insert_unique(hash, slot, |&s| hasher.hash_one(slots.key(s)));
+        slot
+    }
+
+    /// The add rule for a tracked slot (`add`, promotion, re-add without delay).
+    #[inline]
+    fn enqueue(&mut self, slot: SlotId) -> AddStatus {
+        if self.slots.is_queued(slot) {
+            AddStatus::AlreadyQueued
+        } else if self.slots.is_processing(slot) {
+            if self.slots.is_dirty(slot) {
+                AddStatus::AlreadyDirty
+            } else {
+                self.slots.set_dirty(slot);
+                self.timing_add(slot);
+                AddStatus::Dirty
+            }
+        } else {
+            self.push_ready(slot);
+            self.timing_add(slot);
+            AddStatus::Queued
+        }
+    }
+
+    #[inline]
+    fn timing_add(&mut self, slot: SlotId) {
+        if let Some(t) = &mut self.timing {
+            t.on_add(slot, self.now);
+        }
+    }
+
+    #[inline]
+    fn push_ready(&mut self, slot: SlotId) {
+        self.slots.set_queued(slot);
+        self.ready.push(slot);
+    }
+
+    /// The delayed-add rule: earliest deadline wins.
+    fn schedule(&mut self, slot: SlotId, deadline: u64) -> AddStatus {
+        let seq = self.seq;
+        self.seq += 1;
+        match self.slots.heap_pos(slot) {
+            Some(pos) if deadline < self.waiting.get(pos).deadline => {
+                self.waiting.decrease(pos, deadline, seq, &mut self.slots);
+                AddStatus::Waiting
+            }
+            Some(_) => AddStatus::AlreadyWaiting,
+            None => {
+                self.waiting.push(
+                    Waiting {
+                        deadline,
+                        seq,
+                        slot,
+                    },
+                    &mut self.slots,
+                );
+                AddStatus::Waiting
+            }
+        }
+    }
+
+    /// Frees `slot` if nothing refers to it, returning its key.
+    #[inline]
+    fn release_if_unreferenced(&mut self, slot: SlotId) -> Option<T> {
+        if !self.slots.is_unreferenced(slot) {
+            return None;
+        }
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        let hash = hasher.hash_one(slots.key(slot));
+        if let Ok(entry) = self.index.find_entry(hash, |&s| s == slot) {
+            entry.remove();
+        }
+        let key = self.slots.remove(slot);
+        if self.slots.live() == 0 {
+            self.shrink_if_large();
+        }
+        Some(key)
+    }
+
+    /// Gives a burst's memory back once the state is empty.
+    fn shrink_if_large(&mut self) {
+        if self.index.capacity() > SHRINK_ABOVE {
+            self.index = HashTable::new();
+        }
+        if self.slots.allocated_bytes() > SHRINK_ABOVE * size_of::<T>() {
+            self.slots.reset();
+        }
+        if self.ready.allocated_bytes() > SHRINK_ABOVE * size_of::<SlotId>() {
+            self.ready.shrink();
+        }
+        if self.waiting.len() == 0 && self.waiting.allocated_bytes() > SHRINK_ABOVE * 24 {
+            self.waiting.shrink();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! Slot storage: one slot per key the queue tracks.
+
+/// Index of a slot. Slots are addressed by `u32` to keep the FIFO, the heap and the hash index small.
+pub(crate) type SlotId = u32;
+
+/// The slot is in the ready FIFO. Implies neither `PROCESSING` nor `DIRTY`.
+const QUEUED: u32 = 1 << 31;
+/// A lease for the slot's key is outstanding.
+const PROCESSING: u32 = 1 << 30;
+/// The key was added while processing: it goes to the FIFO tail when its lease finishes.
+/// Only set together with `PROCESSING`.
+const DIRTY: u32 = 1 << 29;
+/// Low bits: the slot's position in the waiting heap, or, for a free slot, the next free slot.
+const POS_MASK: u32 = (1 << 29) - 1;
+/// "No position": not waiting, or the end of the free list.
+pub(crate) const NO_POS: u32 = POS_MASK;
+
+/// The most slots a state can hold at once (and the most waiting entries).
+pub(crate) const MAX_SLOTS: usize = NO_POS as usize;
+
+/// Keys and a packed state word per slot, in two parallel vectors (struct of arrays).
+///
+/// Invariants:
+/// - `keys[i].is_none()` exactly when slot `i` is free; a free slot's `meta` has no flags and its
+///   position bits link the free list (`free_head` is its start, `NO_POS` its end).
+/// - A live slot is referenced: it is queued, processing, or waiting (has a heap position).
+///   The state frees a slot as soon as it stops being referenced.
+/// - `live` counts live slots.
+///
+/// Keeping the state word apart from the key keeps it at four bytes a slot: with an `Arc<str>` key
+/// a slot costs 20 bytes, where a struct would be padded to 24.
+#[derive(Debug)]
+pub(crate) struct Slots<T> {
+    keys: Vec<Option<T>>,
+    meta: Vec<u32>,
+    free_head: u32,
+    live: usize,
+}
+
+impl<T> Slots<T> {
+    #[cfg(test)]
+    pub(crate) const fn new() -> Self {
+        Slots {
+            keys: Vec::new(),
+            meta: Vec::new(),
+            free_head: NO_POS,
+            live: 0,
+        }
+    }
+
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Slots {
+            keys: Vec::with_capacity(n),
+            meta: Vec::with_capacity(n),
+            free_head: NO_POS,
+            live: 0,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Stores `key` in a free slot (reusing the most recently freed one) with no flags set.
+    ///
+    /// # Panics
+    /// When `MAX_SLOTS` keys are tracked at once.
+    #[inline]
+    pub(crate) fn insert(&mut self, key: T) -> SlotId {
+        self.live += 1;
+        if self.free_head != NO_POS {
+            let id = self.free_head;
+            let i = id as usize;
+            self.free_head = self.meta[i] & POS_MASK;
+            self.meta[i] = NO_POS;
+            self.keys[i] = Some(key);
+            id
+        } else {
+            let i = self.keys.len();
+            assert!(
+                i < MAX_SLOTS,
+                "work queue capacity exceeded: at most {MAX_SLOTS} keys can be queued, processing or waiting at once"
+            );
+            self.keys.push(Some(key));
+            self.meta.push(NO_POS);
+            i as SlotId
+        }
+    }
+
+    /// Frees a slot and hands its key back, so the caller can drop it where it chooses.
+    #[inline]
+    pub(crate) fn remove(&mut self, id: SlotId) -> T {
+        let i = id as usize;
+        debug_assert_eq!(self.meta[i], NO_POS, "freeing a referenced slot");
+        self.live -= 1;
+        self.meta[i] = self.free_head;
+        self.free_head = id;
+        self.keys[i].take().expect("freeing a free slot")
+    }
+
+    /// Drops all storage once no slot is live, giving a burst's memory back.
+    pub(crate) fn reset(&mut self) {
+        debug_assert_eq!(self.live, 0);
+        self.keys = Vec::new();
+        self.meta = Vec::new();
+        self.free_head = NO_POS;
+    }
+
+    #[inline]
+    pub(crate) fn key(&self, id: SlotId) -> &T {
+        self.keys[id as usize]
+            .as_ref()
+            .expect("slot id refers to a free slot")
+    }
+
+    /// Whether `id` names a live slot (for validating ids that come from outside).
+    #[inline]
+    pub(crate) fn is_live(&self, id: SlotId) -> bool {
+        self.keys.get(id as usize).is_some_and(Option::is_some)
+    }
+
+    #[inline]
+    pub(crate) fn is_queued(&self, id: SlotId) -> bool {
+        self.meta[id as usize] & QUEUED != 0
+    }
+
+    #[inline]
+    pub(crate) fn is_processing(&self, id: SlotId) -> bool {
+        self.meta[id as usize] & PROCESSING != 0
+    }
+
+    #[inline]
+    pub(crate) fn is_dirty(&self, id: SlotId) -> bool {
+        self.meta[id as usize] & DIRTY != 0
+    }
+
+    #[inline]
+    pub(crate) fn heap_pos(&self, id: SlotId) -> Option<u32> {
+        let p = self.meta[id as usize] & POS_MASK;
+        (p != NO_POS).then_some(p)
+    }
+
+    /// Whether nothing refers to the slot any more, so it must be freed.
+    #[inline]
+    pub(crate) fn is_unreferenced(&self, id: SlotId) -> bool {
+        self.meta[id as usize] == NO_POS
+    }
+
+    #[inline]
+    pub(crate) fn set_heap_pos(&mut self, id: SlotId, pos: u32) {
+        debug_assert!(pos <= NO_POS);
+        let m = &mut self.meta[id as usize];
+        *m = (*m & !POS_MASK) | pos;
+    }
+
+    #[inline]
+    pub(crate) fn clear_heap_pos(&mut self, id: SlotId) {
+        self.meta[id as usize] |= NO_POS;
+    }
+
+    #[inline]
+    pub(crate) fn set_queued(&mut self, id: SlotId) {
+        self.meta[id as usize] |= QUEUED;
+    }
+
+    /// Queued -> processing (a `get`).
+    #[inline]
+    pub(crate) fn start_processing(&mut self, id: SlotId) {
+        let m = &mut self.meta[id as usize];
+        debug_assert!(*m & QUEUED != 0);
+        *m = (*m & !QUEUED) | PROCESSING;
+    }
+
+    #[inline]
+    pub(crate) fn set_dirty(&mut self, id: SlotId) {
+        self.meta[id as usize] |= DIRTY;
+    }
+
+    /// Clears processing and dirty; returns whether the slot was dirty.
+    #[inline]
+    pub(crate) fn stop_processing(&mut self, id: SlotId) -> bool {
+        let m = &mut self.meta[id as usize];
+        let dirty = *m & DIRTY != 0;
+        *m &= !(PROCESSING | DIRTY);
+        dirty
+    }
+
+    /// Heap bytes held, for memory accounting.
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        self.keys.capacity() * size_of::<Option<T>>() + self.meta.capacity() * size_of::<u32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_slots_are_reused_most_recent_first() {
+        let mut s = Slots::new();
+        let a = s.insert("a");
+        let b = s.insert("b");
+        assert_eq!(s.remove(a), "a");
+        assert_eq!(s.remove(b), "b");
+        assert_eq!(s.insert("c"), b);
+        assert_eq!(s.insert("d"), a);
+        assert_eq!(s.live(), 2);
+    }
+
+    #[test]
+    fn flags_and_position_are_independent() {
+        let mut s = Slots::new();
+        let a = s.insert(1);
+        s.set_heap_pos(a, 7);
+        s.set_queued(a);
+        assert!(s.is_queued(a));
+        assert_eq!(s.heap_pos(a), Some(7));
+        s.start_processing(a);
+        s.set_dirty(a);
+        assert!(s.is_processing(a) && s.is_dirty(a) && !s.is_queued(a));
+        assert!(s.stop_processing(a));
+        s.clear_heap_pos(a);
+        assert!(s.is_unreferenced(a));
+    }
+}

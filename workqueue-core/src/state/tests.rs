@@ -1,0 +1,357 @@
+//! One test per row of the semantics table (README / DESIGN.md section 4), on the bare state.
+
+use std::time::Duration;
+
+use super::*;
+
+const T0: Instant = Instant::ZERO;
+
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos(ms * 1_000_000)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn take(q: &mut QueueState<&'static str>, now: Instant) -> (Ticket, &'static str) {
+    match q.get(now) {
+        Get::Ready(t, k) => (t, k),
+        other => panic!("expected a key, got {other:?}"),
+    }
+}
+
+fn drain_keys(q: &mut QueueState<&'static str>, now: Instant) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    while let Get::Ready(t, k) = q.get(now) {
+        out.push(k);
+        let _ = q.finish(t, Outcome::Done, None, now);
+        q.check_invariants();
+    }
+    out
+}
+
+#[test]
+fn add_pushes_to_tail_and_dedups_queued_keys() {
+    let mut q = QueueState::new();
+    assert_eq!(q.add("a", T0), AddStatus::Queued);
+    assert_eq!(q.add("b", T0), AddStatus::Queued);
+    assert_eq!(q.add("a", T0), AddStatus::AlreadyQueued);
+    q.check_invariants();
+    assert_eq!(q.ready_keys(), ["a", "b"]);
+}
+
+#[test]
+fn add_while_processing_marks_dirty_and_requeues_at_tail_on_finish() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    let (t, _) = take(&mut q, T0);
+    q.add("b", T0);
+    assert_eq!(q.add("a", T0), AddStatus::Dirty);
+    assert_eq!(q.add("a", T0), AddStatus::AlreadyDirty);
+    assert_eq!(
+        q.len(T0),
+        1,
+        "a dirty key is not counted until it is requeued"
+    );
+    q.check_invariants();
+    let f = q.finish(t, Outcome::Done, None, T0);
+    assert!(f.requeued && f.released.is_none());
+    assert_eq!(q.ready_keys(), ["b", "a"]);
+    q.check_invariants();
+}
+
+#[test]
+fn a_key_is_never_handed_out_twice_at_once() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    let (t, _) = take(&mut q, T0);
+    q.add("a", T0);
+    assert!(matches!(q.get(T0), Get::Empty { .. }));
+    let _ = q.finish(t, Outcome::Done, None, T0);
+    let (t, k) = take(&mut q, T0);
+    assert_eq!(k, "a");
+    let f = q.finish(t, Outcome::Done, None, T0);
+    assert_eq!(f.released, Some("a"), "an idle key is no longer tracked");
+    assert_eq!(q.counts(), Counts::default());
+}
+
+#[test]
+fn get_after_shutdown_drains_queued_keys_then_reports_shutdown() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    q.add("b", T0);
+    q.add_after("c", ms(1), T0);
+    let dropped = q.shut_down();
+    assert_eq!(dropped, ["c"], "waiting keys are dropped at shutdown");
+    assert_eq!(q.add("d", T0), AddStatus::ShutDown);
+    assert_eq!(q.add_after("d", ms(1), T0), AddStatus::ShutDown);
+    assert_eq!(drain_keys(&mut q, at(5)), ["a", "b"]);
+    assert!(matches!(q.get(at(5)), Get::ShutDown));
+    q.check_invariants();
+}
+
+#[test]
+fn finish_after_shutdown_still_requeues_a_dirty_key_but_drops_retries() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    q.add("b", T0);
+    let (ta, _) = take(&mut q, T0);
+    let (tb, _) = take(&mut q, T0);
+    q.add("a", T0);
+    let _ = q.shut_down();
+    assert!(!q.is_drained(false));
+    let f = q.finish(ta, Outcome::Done, None, T0);
+    assert!(f.requeued);
+    let f = q.finish(tb, Outcome::RetryAfter(ms(1)), None, T0);
+    assert!(!f.requeued && !f.waiting);
+    assert_eq!(f.released, Some("b"));
+    assert!(q.is_drained(false));
+    assert!(!q.is_drained(true), "a is still queued");
+    assert_eq!(drain_keys(&mut q, T0), ["a"]);
+    assert!(q.is_drained(true));
+}
+
+#[test]
+fn add_after_zero_is_add() {
+    let mut q = QueueState::new();
+    assert_eq!(q.add_after("a", Duration::ZERO, T0), AddStatus::Queued);
+    assert_eq!(q.len(T0), 1);
+    assert!(!q.has_waiting());
+}
+
+#[test]
+fn add_after_waits_until_its_deadline() {
+    let mut q = QueueState::new();
+    assert_eq!(q.add_after("a", ms(50), T0), AddStatus::Waiting);
+    assert_eq!(q.next_deadline(), Some(at(50)));
+    assert_eq!(q.len(at(49)), 0);
+    assert_eq!(q.len(at(50)), 1);
+    assert_eq!(q.next_deadline(), None);
+    q.check_invariants();
+}
+
+#[test]
+fn add_after_earliest_deadline_wins() {
+    let mut q = QueueState::new();
+    q.add_after("a", ms(50), T0);
+    assert_eq!(q.add_after("a", ms(70), T0), AddStatus::AlreadyWaiting);
+    assert_eq!(q.waiting_deadline("a"), Some(at(50)));
+    assert_eq!(q.add_after("a", ms(30), T0), AddStatus::Waiting);
+    assert_eq!(q.waiting_deadline("a"), Some(at(30)));
+    assert_eq!(q.len(at(30)), 1);
+    assert_eq!(drain_keys(&mut q, at(30)), ["a"]);
+    assert_eq!(
+        q.len(at(100)),
+        0,
+        "the later request does not fire separately"
+    );
+}
+
+#[test]
+fn keys_due_together_come_out_in_ready_time_order_fifo_among_equal_times() {
+    let mut q = QueueState::new();
+    q.add_after("foo", ms(1000), T0);
+    q.add_after("bar", ms(500), T0);
+    q.add_after("baz", ms(250), T0);
+    q.add_after("x", ms(500), T0);
+    q.add_after("y", ms(500), T0);
+    assert_eq!(
+        drain_keys(&mut q, at(2000)),
+        ["baz", "bar", "x", "y", "foo"]
+    );
+}
+
+#[test]
+fn decreased_deadline_takes_a_new_sequence_number() {
+    let mut q = QueueState::new();
+    q.add_after("a", ms(20), T0);
+    q.add_after("b", ms(10), T0);
+    q.add_after("a", ms(10), T0);
+    assert_eq!(drain_keys(&mut q, at(10)), ["b", "a"]);
+}
+
+#[test]
+fn add_while_waiting_queues_now_and_keeps_the_reminder() {
+    let mut q = QueueState::new();
+    q.add_after("a", ms(10), T0);
+    assert_eq!(q.add("a", T0), AddStatus::Queued);
+    assert_eq!(q.waiting_deadline("a"), Some(at(10)));
+    q.check_invariants();
+    assert_eq!(drain_keys(&mut q, T0), ["a"]);
+    assert_eq!(q.len(at(10)), 1, "the reminder fires");
+    // A reminder that fires while the key is still queued is de-duplicated.
+    let mut q = QueueState::new();
+    q.add_after("a", ms(10), T0);
+    q.add("a", T0);
+    assert_eq!(q.len(at(10)), 1);
+    q.check_invariants();
+}
+
+#[test]
+fn a_reminder_that_fires_while_processing_marks_the_key_dirty() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    let (t, _) = take(&mut q, T0);
+    q.add_after("a", ms(10), T0);
+    assert_eq!(q.len(at(10)), 0);
+    assert!(q.is_processing("a"));
+    let f = q.finish(t, Outcome::Done, None, at(10));
+    assert!(f.requeued);
+}
+
+#[test]
+fn every_operation_promotes_due_keys_first() {
+    let mut q = QueueState::new();
+    q.add_after("late", ms(10), T0);
+    q.add("now", at(10));
+    assert_eq!(
+        q.ready_keys(),
+        ["late", "now"],
+        "promotion runs before the add"
+    );
+}
+
+#[test]
+fn len_counts_only_ready_keys() {
+    let mut q = QueueState::new();
+    q.add("a", T0);
+    q.add("b", T0);
+    q.add_after("c", ms(5), T0);
+    let (_t, _) = take(&mut q, T0);
+    assert_eq!(q.len(T0), 1);
+    assert_eq!(
+        q.counts(),
+        Counts {
+            ready: 1,
+            processing: 1,
+            waiting: 1,
+            tracked: 3
+        }
+    );
+}
+
+#[test]
+fn finish_outcomes_map_to_queue_operations() {
+    let mut q = QueueState::new();
+    for k in ["done", "forget", "retry", "retry_after", "requeue_after"] {
+        q.add(k, T0);
+    }
+    let mut tickets: Vec<_> = (0..5).map(|_| take(&mut q, T0)).collect();
+    let (t, _) = tickets.remove(0);
+    assert_eq!(q.finish(t, Outcome::Done, None, T0).released, Some("done"));
+    let (t, _) = tickets.remove(0);
+    assert_eq!(
+        q.finish(t, Outcome::Forget, None, T0).released,
+        Some("forget")
+    );
+    let (t, _) = tickets.remove(0);
+    assert!(q.finish(t, Outcome::Retry, Some(ms(5)), T0).waiting);
+    let (t, _) = tickets.remove(0);
+    assert!(q.finish(t, Outcome::RetryAfter(ms(7)), None, T0).waiting);
+    let (t, _) = tickets.remove(0);
+    assert!(q.finish(t, Outcome::RequeueAfter(ms(9)), None, T0).waiting);
+    assert_eq!(q.waiting_deadline("retry"), Some(at(5)));
+    assert_eq!(q.waiting_deadline("retry_after"), Some(at(7)));
+    assert_eq!(q.waiting_deadline("requeue_after"), Some(at(9)));
+    q.check_invariants();
+    // A retry whose limiter delay is zero goes straight back to the FIFO.
+    let (t, _) = {
+        q.add("zero", T0);
+        take(&mut q, T0)
+    };
+    assert!(
+        q.finish(t, Outcome::Retry, Some(Duration::ZERO), T0)
+            .requeued
+    );
+}
+
+#[test]
+fn never_deadlines_store_nothing_and_never_panic() {
+    let mut q = QueueState::new();
+    assert_eq!(q.add_after("a", Duration::MAX, T0), AddStatus::Never);
+    assert_eq!(
+        q.add_after("a", Duration::from_nanos(u64::MAX), at(1)),
+        AddStatus::Never
+    );
+    assert_eq!(q.counts(), Counts::default());
+    let mut q = QueueState::new();
+    assert_eq!(
+        q.add_after("b", Duration::from_nanos(u64::MAX - 10), T0),
+        AddStatus::Waiting
+    );
+    assert_eq!(q.len(Instant::from_nanos(u64::MAX - 11)), 0);
+    assert_eq!(q.len(Instant::NEVER), 1);
+}
+
+#[test]
+fn time_going_backwards_is_clamped() {
+    let mut q = QueueState::new();
+    q.add_after("a", ms(10), at(100));
+    assert_eq!(q.len(at(50)), 0);
+    assert_eq!(q.now(), at(100));
+    assert_eq!(q.next_deadline(), Some(at(110)));
+    q.add_after("b", ms(5), at(1));
+    assert_eq!(
+        q.waiting_deadline("b"),
+        Some(at(105)),
+        "delays count from the clamped now"
+    );
+}
+
+#[test]
+fn foreign_tickets_are_rejected() {
+    let mut a = QueueState::new();
+    let mut b = QueueState::new();
+    a.add("k", T0);
+    b.add("k", T0);
+    let (ta, _) = take(&mut a, T0);
+    assert_eq!(
+        b.try_finish(ta, Outcome::Done, None, T0).unwrap_err(),
+        ForeignTicket
+    );
+    assert!(b.is_queued("k"));
+    assert!(a.is_processing("k"), "a's key stays in flight");
+}
+
+#[test]
+fn add_ref_clones_only_new_keys() {
+    let mut q: QueueState<String> = QueueState::new();
+    assert_eq!(q.add_ref("a", T0), AddStatus::Queued);
+    assert_eq!(q.add_ref("a", T0), AddStatus::AlreadyQueued);
+    assert_eq!(q.ready_keys(), ["a".to_string()]);
+}
+
+#[test]
+fn a_drained_state_gives_its_memory_back() {
+    let mut q: QueueState<u64> = QueueState::new();
+    for i in 0..100_000 {
+        q.add(i, T0);
+    }
+    let full = q.allocated_bytes();
+    while let Get::Ready(t, _) = q.get(T0) {
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert!(
+        q.allocated_bytes() < full / 100,
+        "{} bytes kept of {full}",
+        q.allocated_bytes()
+    );
+    q.check_invariants();
+    q.add(1, T0);
+    assert_eq!(q.len(T0), 1);
+}
+
+#[test]
+fn slots_are_reused_without_confusing_keys() {
+    let mut q = QueueState::new();
+    for round in 0..3 {
+        q.add("a", T0);
+        q.add("b", T0);
+        let (ta, _) = take(&mut q, T0);
+        let _ = q.finish(ta, Outcome::Done, None, T0);
+        q.add("c", T0);
+        q.check_invariants();
+        assert_eq!(drain_keys(&mut q, T0), ["b", "c"], "round {round}");
+    }
+}

@@ -1,0 +1,198 @@
+//! The waiting heap: keys delayed by `add_after`, earliest deadline first.
+
+use super::slots::{SlotId, Slots};
+
+/// One waiting key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Waiting {
+    /// Nanoseconds on the state's timeline; never `u64::MAX` (a "never" deadline is not stored).
+    pub(crate) deadline: u64,
+    /// Insertion order, assigned at each (re)insert: equal deadlines leave FIFO.
+    pub(crate) seq: u64,
+    pub(crate) slot: SlotId,
+}
+
+impl Waiting {
+    #[inline]
+    fn before(&self, other: &Waiting) -> bool {
+        (self.deadline, self.seq) < (other.deadline, other.seq)
+    }
+}
+
+/// A binary min-heap on `(deadline, seq)` whose entries know their position.
+///
+/// Invariant: for every entry at position `p`, `slots.heap_pos(entry.slot) == Some(p)`. That
+/// index makes earliest-wins a decrease-key and lets an entry be removed in `O(log n)`.
+#[derive(Debug, Default)]
+pub(crate) struct WaitingHeap {
+    heap: Vec<Waiting>,
+}
+
+impl WaitingHeap {
+    pub(crate) const fn new() -> Self {
+        WaitingHeap { heap: Vec::new() }
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    #[inline]
+    pub(crate) fn peek(&self) -> Option<&Waiting> {
+        self.heap.first()
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, pos: u32) -> &Waiting {
+        &self.heap[pos as usize]
+    }
+
+    pub(crate) fn push<T>(&mut self, entry: Waiting, slots: &mut Slots<T>) {
+        let pos = self.heap.len();
+        self.heap.push(entry);
+        self.sift_up(pos, slots);
+    }
+
+    /// Moves the entry at `pos` to an earlier `(deadline, seq)`.
+    pub(crate) fn decrease<T>(&mut self, pos: u32, deadline: u64, seq: u64, slots: &mut Slots<T>) {
+        let e = &mut self.heap[pos as usize];
+        debug_assert!((deadline, seq) <= (e.deadline, e.seq));
+        e.deadline = deadline;
+        e.seq = seq;
+        self.sift_up(pos as usize, slots);
+    }
+
+    /// Removes and returns the earliest entry; its slot's position is cleared.
+    pub(crate) fn pop<T>(&mut self, slots: &mut Slots<T>) -> Option<Waiting> {
+        self.remove_at(0, slots)
+    }
+
+    /// Removes the entry at `pos`; its slot's position is cleared.
+    pub(crate) fn remove_at<T>(&mut self, pos: usize, slots: &mut Slots<T>) -> Option<Waiting> {
+        if pos >= self.heap.len() {
+            return None;
+        }
+        let removed = self.heap.swap_remove(pos);
+        slots.clear_heap_pos(removed.slot);
+        if pos < self.heap.len() {
+            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
+            // The moved entry may belong above or below `pos`.
+            let pos = self.sift_up(pos, slots);
+            self.sift_down(pos, slots);
+        }
+        Some(removed)
+    }
+
+    /// Removes every entry, yielding their slots (positions cleared).
+    pub(crate) fn clear<T>(&mut self, slots: &mut Slots<T>) -> Vec<SlotId> {
+        let out: Vec<SlotId> = self.heap.drain(..).map(|e| e.slot).collect();
+        for &s in &out {
+            slots.clear_heap_pos(s);
+        }
+        out
+    }
+
+    pub(crate) fn shrink(&mut self) {
+        self.heap = Vec::new();
+    }
+
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        self.heap.capacity() * size_of::<Waiting>()
+    }
+
+    fn sift_up<T>(&mut self, mut pos: usize, slots: &mut Slots<T>) -> usize {
+        let entry = self.heap[pos];
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            if !entry.before(&self.heap[parent]) {
+                break;
+            }
+            self.heap[pos] = self.heap[parent];
+            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
+            pos = parent;
+        }
+        self.heap[pos] = entry;
+        slots.set_heap_pos(entry.slot, pos as u32);
+        pos
+    }
+
+    fn sift_down<T>(&mut self, mut pos: usize, slots: &mut Slots<T>) {
+        let entry = self.heap[pos];
+        let n = self.heap.len();
+        loop {
+            let left = 2 * pos + 1;
+            if left >= n {
+                break;
+            }
+            let right = left + 1;
+            let child = if right < n && self.heap[right].before(&self.heap[left]) {
+                right
+            } else {
+                left
+            };
+            if !self.heap[child].before(&entry) {
+                break;
+            }
+            self.heap[pos] = self.heap[child];
+            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
+            pos = child;
+        }
+        self.heap[pos] = entry;
+        slots.set_heap_pos(entry.slot, pos as u32);
+    }
+
+    /// Checks the heap order and the position index (tests and debug builds).
+    #[cfg(test)]
+    pub(crate) fn check<T>(&self, slots: &Slots<T>) {
+        for (i, e) in self.heap.iter().enumerate() {
+            assert_eq!(slots.heap_pos(e.slot), Some(i as u32));
+            if i > 0 {
+                assert!(!e.before(&self.heap[(i - 1) / 2]));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pops_in_deadline_then_sequence_order_and_keeps_index() {
+        let mut slots = Slots::new();
+        let mut heap = WaitingHeap::new();
+        let deadlines = [50u64, 10, 30, 10, 70, 20, 30];
+        for (seq, &d) in deadlines.iter().enumerate() {
+            let slot = slots.insert(seq);
+            heap.push(
+                Waiting {
+                    deadline: d,
+                    seq: seq as u64,
+                    slot,
+                },
+                &mut slots,
+            );
+            heap.check(&slots);
+        }
+        // Move the 70 to 5, then remove whatever sits at position 2.
+        let last = *heap.get(slots.heap_pos(4).unwrap());
+        heap.decrease(slots.heap_pos(last.slot).unwrap(), 5, 100, &mut slots);
+        heap.check(&slots);
+        let removed = heap.remove_at(2, &mut slots).unwrap();
+        heap.check(&slots);
+        let mut out = Vec::new();
+        while let Some(e) = heap.pop(&mut slots) {
+            heap.check(&slots);
+            out.push((e.deadline, e.seq));
+        }
+        let mut expected: Vec<(u64, u64)> = deadlines
+            .iter()
+            .enumerate()
+            .map(|(s, &d)| if s == 4 { (5, 100) } else { (d, s as u64) })
+            .filter(|&(d, s)| (d, s) != (removed.deadline, removed.seq))
+            .collect();
+        expected.sort();
+        assert_eq!(out, expected);
+    }
+}

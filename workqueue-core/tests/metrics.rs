@@ -1,0 +1,311 @@
+//! Queue metrics: client-go's `TestMetrics` with its exact values, and one test per metric.
+#![cfg(feature = "metrics")]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use workqueue_core::metrics::*;
+use workqueue_core::{ManualClock, Outcome, WorkQueue};
+
+/// A local recorder, and what it saw.
+///
+/// `DebuggingRecorder`'s snapshots reset what they read (counters and gauges to 0, histograms
+/// emptied), so the probe snapshots once after each step: counters accumulate, histograms
+/// accumulate, and a gauge holds the value set during the last step.
+struct Probe {
+    recorder: DebuggingRecorder,
+    snapshotter: Snapshotter,
+    histograms: HashMap<Id, Vec<f64>>,
+    values: HashMap<Id, f64>,
+}
+
+type Id = (String, Vec<(String, String)>);
+
+impl Probe {
+    fn new() -> Self {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        Probe {
+            recorder,
+            snapshotter,
+            histograms: HashMap::new(),
+            values: HashMap::new(),
+        }
+    }
+
+    /// Runs one step under the recorder, then collects what it emitted.
+    fn run<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let r = metrics::with_local_recorder(&self.recorder, f);
+        self.collect();
+        r
+    }
+
+    fn collect(&mut self) {
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let k = key.key();
+            let labels = k
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
+            let id = (k.name().to_string(), labels);
+            match value {
+                DebugValue::Counter(c) => *self.values.entry(id).or_default() += c as f64,
+                DebugValue::Gauge(g) => {
+                    self.values.insert(id, g.into_inner());
+                }
+                DebugValue::Histogram(h) => self
+                    .histograms
+                    .entry(id)
+                    .or_default()
+                    .extend(h.into_iter().map(|v| v.into_inner())),
+            }
+        }
+    }
+
+    fn id(name: &str, queue: &str) -> Id {
+        (name.to_string(), vec![("name".into(), queue.into())])
+    }
+
+    fn value(&self, name: &str) -> Option<f64> {
+        self.values.get(&Self::id(name, "test")).copied()
+    }
+
+    fn histogram(&self, name: &str) -> Vec<f64> {
+        self.histograms
+            .get(&Self::id(name, "test"))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.values.is_empty() && self.histograms.is_empty()
+    }
+}
+
+fn named(clock: &ManualClock) -> WorkQueue<&'static str> {
+    WorkQueue::builder()
+        .name("test")
+        .clock(clock.clone())
+        .build()
+}
+
+/// client-go `metrics_test.go` `TestMetrics`, value for value.
+#[test]
+fn client_go_test_metrics() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+
+    p.run(|| q.add("foo"));
+    assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
+    assert_eq!(p.value(DEPTH), Some(1.0));
+
+    clock.advance(Duration::from_micros(50));
+    let lease = p.run(|| q.try_get()).expect("foo");
+    assert_eq!(*lease, "foo");
+    assert_eq!(p.histogram(QUEUE_DURATION_SECONDS), vec![5e-05]);
+
+    // Re-adds while processing count once.
+    p.run(|| {
+        for _ in 0..5 {
+            q.add("foo");
+        }
+    });
+    assert_eq!(p.value(ADDS_TOTAL), Some(2.0));
+    assert_eq!(p.value(DEPTH), Some(1.0));
+
+    clock.advance(Duration::from_micros(25));
+    p.run(|| lease.done());
+    assert_eq!(p.histogram(WORK_DURATION_SECONDS), vec![2.5e-05]);
+    assert_eq!(p.value(DEPTH), Some(1.0));
+
+    let lease = p.run(|| q.try_get()).expect("foo again");
+    assert_eq!(*lease, "foo");
+    assert_eq!(p.histogram(QUEUE_DURATION_SECONDS), vec![5e-05, 2.5e-05]);
+
+    clock.advance(Duration::from_millis(1));
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(UNFINISHED_WORK_SECONDS), Some(0.001));
+    assert_eq!(p.value(LONGEST_RUNNING_PROCESSOR_SECONDS), Some(0.001));
+
+    p.run(|| lease.done());
+    assert_eq!(p.histogram(WORK_DURATION_SECONDS), vec![2.5e-05, 0.001]);
+    assert_eq!(p.value(DEPTH), Some(0.0));
+}
+
+#[test]
+fn unnamed_queue_emits_nothing() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q: WorkQueue<&'static str> = WorkQueue::builder().clock(clock.clone()).build();
+    p.run(|| {
+        q.add("a");
+        q.add_after("b", Duration::from_secs(1));
+        q.add_rate_limited("c");
+        let lease = q.try_get().unwrap();
+        clock.advance(Duration::from_secs(2));
+        lease.retry();
+        q.refresh_metrics();
+        q.shut_down();
+    });
+    assert!(p.is_empty());
+}
+
+#[test]
+fn unnamed_queue_keeps_no_per_key_timing() {
+    let clock = ManualClock::new();
+    let unnamed: WorkQueue<u32> = WorkQueue::builder().clock(clock.clone()).build();
+    let named: WorkQueue<u32> = WorkQueue::builder().name("n").clock(clock).build();
+    for k in 0..1000 {
+        unnamed.add(k);
+        named.add(k);
+    }
+    let leases: Vec<_> = (0..1000).filter_map(|_| unnamed.try_get()).collect();
+    let named_leases: Vec<_> = (0..1000).filter_map(|_| named.try_get()).collect();
+    assert!(unnamed.allocated_bytes() < named.allocated_bytes());
+    drop((leases, named_leases));
+}
+
+#[test]
+fn recorder_installed_after_construction_still_receives() {
+    let clock = ManualClock::new();
+    let q = named(&clock); // built before any recorder exists
+    q.add("early"); // emitted to no recorder
+    let mut p = Probe::new();
+    p.run(|| q.add("late"));
+    assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
+    assert_eq!(p.value(DEPTH), Some(2.0));
+}
+
+#[test]
+fn depth_and_adds_count_due_delayed_keys() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| q.add_after("a", Duration::from_secs(1)));
+    assert_eq!(p.value(ADDS_TOTAL), None);
+    assert_eq!(p.value(DEPTH), Some(0.0));
+    assert_eq!(p.value(WAITING_DEPTH), Some(1.0));
+    clock.advance(Duration::from_secs(1));
+    p.run(|| assert_eq!(q.len(), 1));
+    assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
+    assert_eq!(p.value(DEPTH), Some(1.0));
+    assert_eq!(p.value(WAITING_DEPTH), Some(0.0));
+    clock.advance(Duration::from_millis(2));
+    let lease = p.run(|| q.try_get()).unwrap();
+    // Queue duration runs from when the key became due (its add), not from add_after.
+    assert_eq!(p.histogram(QUEUE_DURATION_SECONDS), vec![0.002]);
+    assert_eq!(p.value(DEPTH), Some(0.0));
+    p.run(|| lease.done());
+}
+
+#[test]
+fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| {
+        q.add_after("a", Duration::ZERO); // delay 0 counts, as in client-go
+        q.add_after("b", Duration::from_secs(1));
+        q.add_after("b", Duration::from_secs(2)); // de-duplicated, still a retry
+        q.add_rate_limited("c");
+    });
+    assert_eq!(p.value(RETRIES_TOTAL), Some(4.0));
+    p.run(|| {
+        let lease = q.try_get().unwrap(); // "a"
+        lease.retry();
+        q.add("x");
+        let lease = q.try_get().unwrap();
+        lease.finish(Outcome::RetryAfter(Duration::from_secs(1)));
+        q.add("d");
+        let lease = q.try_get().unwrap();
+        lease.finish(Outcome::RequeueAfter(Duration::from_secs(1)));
+        q.add("e");
+        let lease = q.try_get().unwrap();
+        lease.forget(); // not a retry
+    });
+    assert_eq!(p.value(RETRIES_TOTAL), Some(7.0));
+    p.run(|| {
+        q.add("f");
+        let lease = q.try_get().unwrap();
+        q.shut_down();
+        q.add_after("g", Duration::ZERO);
+        q.add_rate_limited("g");
+        lease.retry();
+    });
+    assert_eq!(p.value(RETRIES_TOTAL), Some(7.0));
+}
+
+#[test]
+fn rate_limiter_delays_are_observed() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| {
+        q.add_rate_limited("a"); // 5 ms, the default limiter's first failure
+        q.add_rate_limited("a"); // 10 ms
+        clock.advance(Duration::from_millis(5));
+        let lease = q.try_get().unwrap();
+        lease.retry(); // 20 ms
+    });
+    let delays = p.histogram(RATE_LIMITER_DELAY_SECONDS);
+    assert_eq!(delays, vec![0.005, 0.01, 0.02]);
+    assert_eq!(p.value(WAITING_DEPTH), Some(1.0));
+}
+
+#[test]
+fn work_duration_and_unfinished_work_with_two_leases() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| q.add("a"));
+    let a = p.run(|| q.try_get()).unwrap();
+    clock.advance(Duration::from_millis(3));
+    p.run(|| q.add("b"));
+    let b = p.run(|| q.try_get()).unwrap();
+    clock.advance(Duration::from_millis(1));
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(UNFINISHED_WORK_SECONDS), Some(0.005));
+    assert_eq!(p.value(LONGEST_RUNNING_PROCESSOR_SECONDS), Some(0.004));
+    p.run(|| a.done());
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(UNFINISHED_WORK_SECONDS), Some(0.001));
+    assert_eq!(p.value(LONGEST_RUNNING_PROCESSOR_SECONDS), Some(0.001));
+    p.run(|| b.done());
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(UNFINISHED_WORK_SECONDS), Some(0.0));
+    assert_eq!(p.histogram(WORK_DURATION_SECONDS), vec![0.004, 0.001]);
+}
+
+#[test]
+fn metrics_are_described_with_units() {
+    // Descriptions are sent once per process, to the recorder current at the first emission:
+    // run this test's emission under a recorder that sees them if it is the first.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    metrics::with_local_recorder(&recorder, || q.add("a"));
+    let units: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, unit, desc, _)| Some((k.key().name().to_string(), unit?, desc?)))
+        .collect();
+    // Either this recorder saw the descriptions, or another test's did first.
+    for (name, unit, _) in units {
+        if name == DEPTH || name == ADDS_TOTAL {
+            assert_eq!(unit, metrics::Unit::Count);
+        }
+    }
+}
+
+#[test]
+fn buckets_are_client_go_s() {
+    let expected: Vec<f64> = (0..10).map(|i| 1e-8 * 10f64.powi(i)).collect();
+    for (a, b) in QUEUE_DURATION_BUCKETS.iter().zip(&expected) {
+        assert!((a - b).abs() <= b * 1e-9, "{a} vs {b}");
+    }
+    assert_eq!(WORK_DURATION_BUCKETS, QUEUE_DURATION_BUCKETS);
+}

@@ -1,0 +1,189 @@
+//! Differential property tests: `QueueState` against the reference model (`workqueue-model`).
+//!
+//! Random operation sequences (adds, borrowed adds, delayed adds, gets, finishing held tickets in
+//! any order with every `Outcome`, foreign tickets, shutdown, `len`, drains, and a clock that moves
+//! both ways) are applied to the state and to the model in lock step. After every step the
+//! harness compares each result and every observable, and runs `check_invariants()`. The key space
+//! is small (six keys) so that de-duplication, dirty re-adds and earliest-wins collide often.
+//!
+//! A failure shrinks to a short, readable `Vec<Op>`; replay it with `replay(&[...])` in a unit
+//! test of its own.
+
+use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use workqueue_core::Outcome;
+use workqueue_model::differential::{Op, StateHarness};
+
+const KEYS: u8 = 6;
+
+/// Delays that make deadlines collide (a few ms), split ties by a nanosecond, and hit the
+/// saturation edges (`Duration::MAX` is "never"; `u64::MAX - 1` ns is the latest storable deadline).
+fn delay() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        6 => (0u64..8).prop_map(Duration::from_millis),
+        2 => (0u64..3).prop_map(Duration::from_nanos),
+        1 => Just(Duration::MAX),
+        1 => Just(Duration::from_nanos(u64::MAX - 1)),
+        1 => any::<u64>().prop_map(Duration::from_nanos),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::Done),
+        Just(Outcome::Forget),
+        Just(Outcome::Retry),
+        delay().prop_map(Outcome::RetryAfter),
+        delay().prop_map(Outcome::RequeueAfter),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..KEYS;
+    prop_oneof![
+        6 => key.clone().prop_map(Op::Add),
+        2 => key.clone().prop_map(Op::AddRef),
+        5 => (key, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
+        6 => Just(Op::Get),
+        6 => (0usize..8, outcome(), proptest::option::of(delay()))
+            .prop_map(|(i, o, d)| Op::Finish(i, o, d)),
+        1 => Just(Op::ForeignFinish),
+        1 => Just(Op::ShutDown),
+        2 => Just(Op::Len),
+        4 => (0u64..6).prop_map(|n| Op::Advance(Duration::from_millis(n))),
+        1 => (0u64..6).prop_map(|n| Op::Rewind(Duration::from_millis(n))),
+        1 => Just(Op::Drain),
+    ]
+}
+
+/// Like [`op`], but shutdown is rare, so long runs explore the live queue.
+fn live_op() -> impl Strategy<Value = Op> {
+    op().prop_filter("rare shutdown", |o| *o != Op::ShutDown)
+}
+
+fn replay(ops: &[Op]) {
+    let mut h = StateHarness::new();
+    for op in ops {
+        h.apply(op);
+    }
+    h.wind_down();
+}
+
+/// Every key hashes alike: the hash index resolves everything by probing.
+#[derive(Default)]
+struct Collide;
+
+impl Hasher for Collide {
+    fn finish(&self) -> u64 {
+        7
+    }
+    fn write(&mut self, _: &[u8]) {}
+}
+
+proptest! {
+    #[test]
+    fn state_agrees_with_model(ops in proptest::collection::vec(op(), 1..100)) {
+        replay(&ops);
+    }
+
+    #[test]
+    fn live_state_agrees_with_model(ops in proptest::collection::vec(live_op(), 1..150)) {
+        replay(&ops);
+    }
+
+    #[test]
+    fn state_agrees_with_model_under_total_hash_collision(
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let mut h = StateHarness::with_hasher(BuildHasherDefault::<Collide>::default());
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
+    }
+
+    #[test]
+    fn state_agrees_with_model_with_a_fixed_sip_hasher(
+        ops in proptest::collection::vec(op(), 1..60),
+    ) {
+        let mut h = StateHarness::with_hasher(BuildHasherDefault::<DefaultHasher>::default());
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
+    }
+}
+
+// ---- hand-written cases: each row of the semantics table that a random run rarely hits ---------
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn due_waiting_entry_of_a_processing_key_marks_it_dirty_before_finish() {
+    replay(&[
+        Op::Add(0),
+        Op::AddAfter(0, ms(1)),
+        Op::Get,
+        Op::Advance(ms(1)),
+        Op::Finish(0, Outcome::RetryAfter(ms(3)), None),
+        Op::Get,
+    ]);
+}
+
+#[test]
+fn equal_deadlines_leave_in_insertion_order_and_reinsert_moves_to_the_back() {
+    replay(&[
+        Op::AddAfter(0, ms(2)),
+        Op::AddAfter(1, ms(2)),
+        Op::Advance(ms(1)),
+        Op::AddAfter(2, ms(1)),
+        Op::AddAfter(0, ms(1)),
+        Op::AddAfter(0, ms(1)),
+        Op::Advance(ms(1)),
+        Op::Drain,
+    ]);
+}
+
+#[test]
+fn saturating_delays_and_clock_going_back() {
+    replay(&[
+        Op::Advance(ms(5)),
+        Op::AddAfter(0, Duration::from_nanos(u64::MAX - 1)),
+        Op::AddAfter(1, Duration::MAX),
+        Op::Rewind(ms(5)),
+        Op::AddAfter(2, ms(1)),
+        Op::Get,
+        Op::Advance(ms(5)),
+        Op::Get,
+        Op::Finish(0, Outcome::Retry, Some(Duration::MAX)),
+        Op::Finish(
+            0,
+            Outcome::RequeueAfter(Duration::from_nanos(u64::MAX)),
+            None,
+        ),
+        Op::Len,
+    ]);
+}
+
+#[test]
+fn finishing_after_shutdown_requeues_dirty_keys_and_drops_retries() {
+    replay(&[
+        Op::Add(0),
+        Op::Add(1),
+        Op::Get,
+        Op::Get,
+        Op::Add(0),
+        Op::AddAfter(2, ms(1)),
+        Op::ShutDown,
+        Op::Finish(0, Outcome::Retry, Some(ms(1))),
+        Op::Finish(0, Outcome::RetryAfter(Duration::ZERO), None),
+        Op::Add(3),
+        Op::Get,
+        Op::Get,
+        Op::Drain,
+    ]);
+}
