@@ -1,0 +1,143 @@
+//! A small controller whose queue and runner metrics are served to Prometheus.
+//!
+//! `cargo run -p workqueue-tokio --example prometheus [-- --port N] [--seconds S]`
+//!
+//! Installs `metrics-exporter-prometheus` (the library itself installs no exporter) with
+//! client-go's and controller-runtime's histogram buckets, serves `/metrics` on 127.0.0.1 (only
+//! loopback), and runs a controller over a named queue ("example"): five objects are reconciled
+//! every second, and one of them fails three times before each success, so errors, retries and
+//! backoff delays show up too. Then `curl http://127.0.0.1:PORT/metrics`.
+//!
+//! Options: `--port N` (default 9000; 0 picks a free port), `--seconds S` (stop after S seconds;
+//! default: run until Ctrl-C). The bound address is printed on the first line of output.
+
+use std::error::Error;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tokio_util::sync::CancellationToken;
+use workqueue_core::metrics as queue_metrics;
+use workqueue_tokio::WorkQueue;
+use workqueue_tokio::runner::metrics as runner_metrics;
+use workqueue_tokio::runner::{Action, Context, Report, Runner};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Port on 127.0.0.1; 0 picks a free one.
+    pub port: u16,
+    /// Stop after this many seconds; `None` runs until Ctrl-C.
+    pub seconds: Option<u64>,
+}
+
+impl Options {
+    /// Parses `--port N` and `--seconds S`.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+        let mut options = Options {
+            port: 9000,
+            seconds: None,
+        };
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+            match arg.as_str() {
+                "--port" => {
+                    options.port = value("--port")?
+                        .parse()
+                        .map_err(|e| format!("--port: {e}"))?
+                }
+                "--seconds" => {
+                    options.seconds = Some(
+                        value("--seconds")?
+                            .parse()
+                            .map_err(|e| format!("--seconds: {e}"))?,
+                    )
+                }
+                "-h" | "--help" => {
+                    return Err(
+                        "usage: prometheus [--port N (0: any free port)] [--seconds S]".into(),
+                    );
+                }
+                other => return Err(format!("unknown option {other:?} (try --help)")),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// Installs the Prometheus recorder globally (once per process) and starts serving `/metrics` on
+/// 127.0.0.1:`port` on the current tokio runtime. Returns the bound address.
+pub fn install_exporter(port: u16) -> Result<SocketAddr, BoxError> {
+    let port = if port == 0 {
+        // The exporter binds the address itself and does not report it: pick a free port first.
+        std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+            .local_addr()?
+            .port()
+    } else {
+        port
+    };
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let full = |name: &str| Matcher::Full(name.to_string());
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            full(queue_metrics::QUEUE_DURATION_SECONDS),
+            &queue_metrics::QUEUE_DURATION_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            full(queue_metrics::WORK_DURATION_SECONDS),
+            &queue_metrics::WORK_DURATION_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            full(queue_metrics::RATE_LIMITER_DELAY_SECONDS),
+            &queue_metrics::RATE_LIMITER_DELAY_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            full(runner_metrics::RECONCILE_TIME_SECONDS),
+            &runner_metrics::RECONCILE_TIME_BUCKETS,
+        )?
+        .build()?;
+    metrics::set_global_recorder(recorder)?;
+    tokio::spawn(async move {
+        if let Err(e) = exporter.await {
+            eprintln!("metrics exporter stopped: {e:?}");
+        }
+    });
+    Ok(addr)
+}
+
+/// Runs the example controller until `stop` is cancelled.
+pub async fn run_controller(stop: CancellationToken) -> Report {
+    let queue: WorkQueue<String> = WorkQueue::builder().name("example").build();
+    for i in 0..5 {
+        queue.add(format!("default/web-{i}"));
+    }
+    let runner = Runner::new(queue.clone(), |key: String, ctx: Context| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if key == "default/web-3" && ctx.attempt() < 3 {
+            return Err(format!("{key}: the API server said no"));
+        }
+        Ok(Action::RequeueAfter(Duration::from_secs(1)))
+    })
+    .workers(2);
+    runner.run(stop).await
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let options = Options::parse(std::env::args().skip(1))?;
+    let addr = install_exporter(options.port)?;
+    println!("serving metrics on http://{addr}/metrics");
+    let stop = CancellationToken::new();
+    let controller = tokio::spawn(run_controller(stop.clone()));
+    match options.seconds {
+        Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+        None => tokio::signal::ctrl_c().await?,
+    }
+    stop.cancel();
+    let report = controller.await?;
+    println!("{report:?}");
+    Ok(())
+}

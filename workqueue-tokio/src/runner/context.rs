@@ -1,0 +1,40 @@
+//! What a reconcile receives besides its key.
+
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+/// The context of one reconcile: its attempt number and its cancellation.
+///
+/// The context is cancelled when the reconcile times out, or when the runner shuts down and the
+/// grace period for in-flight work has passed. A reconcile should stop promptly then; work it
+/// spawned is not stopped by the runner, so it must not outlive the context.
+#[derive(Debug, Clone)]
+pub struct Context {
+    cancel: CancellationToken,
+    attempt: u32,
+}
+
+impl Context {
+    pub(crate) fn new(cancel: CancellationToken, attempt: u32) -> Self {
+        Context { cancel, attempt }
+    }
+
+    /// How many failures the rate limiter has recorded for this key (0 on a first attempt).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Whether the reconcile has been asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Completes when the reconcile is asked to stop.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// The cancellation token, to hand to work the reconcile spawns.
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+}

@@ -1,0 +1,192 @@
+//! controller-runtime's controller metrics, emitted by the runner through the `metrics` facade.
+//!
+//! With the `metrics` feature (on by default), a [`Runner`](super::Runner) emits, labelled
+//! `controller` (the queue's name, or `"unnamed"`):
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `requeue_after`, `error`, `panic`, `given_up` |
+//! | [`RECONCILE_ERRORS_TOTAL`] | counter | failed reconciles (errors, panics, timeouts) |
+//! | [`RECONCILE_PANICS_TOTAL`] | counter | reconciles that panicked |
+//! | [`RECONCILE_TIMEOUTS_TOTAL`] | counter | reconciles that timed out |
+//! | [`RECONCILE_TIME_SECONDS`] | histogram | how long reconciles took ([`RECONCILE_TIME_BUCKETS`]) |
+//! | [`ACTIVE_WORKERS`] | gauge | workers reconciling now |
+//! | [`MAX_CONCURRENT_RECONCILES`] | gauge | the runner's number of workers |
+//!
+//! The `result` of a failure is `given_up` when the error policy gave up, else `panic` for a
+//! panic, else `error` (an error or a timeout). A reconcile interrupted at shutdown counts in no
+//! `result` (its key is retried).
+
+use std::time::Duration;
+
+/// The label that carries the controller's (queue's) name.
+pub const CONTROLLER_LABEL: &str = "controller";
+/// The label of [`RECONCILE_TOTAL`] that carries the result.
+pub const RESULT_LABEL: &str = "result";
+/// The `controller` label of a runner whose queue has no name.
+pub const UNNAMED: &str = "unnamed";
+/// Counter: reconciles per controller and result.
+pub const RECONCILE_TOTAL: &str = "controller_runtime_reconcile_total";
+/// Counter: reconcile errors per controller.
+pub const RECONCILE_ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total";
+/// Counter: reconcile panics per controller.
+pub const RECONCILE_PANICS_TOTAL: &str = "controller_runtime_reconcile_panics_total";
+/// Counter: reconcile timeouts per controller.
+pub const RECONCILE_TIMEOUTS_TOTAL: &str = "controller_runtime_reconcile_timeouts_total";
+/// Histogram: seconds per reconcile, per controller.
+pub const RECONCILE_TIME_SECONDS: &str = "controller_runtime_reconcile_time_seconds";
+/// Gauge: workers reconciling now, per controller.
+pub const ACTIVE_WORKERS: &str = "controller_runtime_active_workers";
+/// Gauge: maximum concurrent reconciles (workers), per controller.
+pub const MAX_CONCURRENT_RECONCILES: &str = "controller_runtime_max_concurrent_reconciles";
+
+/// The `result` values of [`RECONCILE_TOTAL`].
+pub const RESULTS: [&str; 5] = ["success", "requeue_after", "error", "panic", "given_up"];
+
+/// controller-runtime's buckets for [`RECONCILE_TIME_SECONDS`].
+pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// How one reconcile ended, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Success,
+    RequeueAfter,
+    Error,
+    Timeout,
+    Panic,
+    /// A failure the policy gave up on (`timeout`/`panic` say which failure).
+    GivenUp {
+        timeout: bool,
+        panic: bool,
+    },
+}
+
+/// The runner's metrics (a no-op without the `metrics` feature).
+#[derive(Debug)]
+pub(crate) struct RunnerMetrics {
+    #[cfg(feature = "metrics")]
+    controller: metrics::SharedString,
+}
+
+#[cfg(feature = "metrics")]
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        describe_counter!(
+            RECONCILE_TOTAL,
+            Unit::Count,
+            "Total number of reconciliations per controller"
+        );
+        describe_counter!(
+            RECONCILE_ERRORS_TOTAL,
+            Unit::Count,
+            "Total number of reconciliation errors per controller"
+        );
+        describe_counter!(
+            RECONCILE_PANICS_TOTAL,
+            Unit::Count,
+            "Total number of reconciliation panics per controller"
+        );
+        describe_counter!(
+            RECONCILE_TIMEOUTS_TOTAL,
+            Unit::Count,
+            "Total number of reconciliation timeouts per controller"
+        );
+        describe_histogram!(
+            RECONCILE_TIME_SECONDS,
+            Unit::Seconds,
+            "Length of time per reconciliation per controller"
+        );
+        describe_gauge!(
+            ACTIVE_WORKERS,
+            Unit::Count,
+            "Number of currently used workers per controller"
+        );
+        describe_gauge!(
+            MAX_CONCURRENT_RECONCILES,
+            Unit::Count,
+            "Maximum number of concurrent reconciles per controller"
+        );
+    });
+}
+
+impl RunnerMetrics {
+    pub(crate) fn new(controller: Option<&str>) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = controller;
+        RunnerMetrics {
+            #[cfg(feature = "metrics")]
+            controller: controller.unwrap_or(UNNAMED).to_owned().into(),
+        }
+    }
+
+    /// The run started with `workers` workers: sets the maximum and zeroes every counter.
+    pub(crate) fn start(&self, workers: usize) {
+        #[cfg(feature = "metrics")]
+        {
+            use metrics::{counter, gauge};
+            describe();
+            let c = || self.controller.clone();
+            gauge!(MAX_CONCURRENT_RECONCILES, CONTROLLER_LABEL => c()).set(workers as f64);
+            gauge!(ACTIVE_WORKERS, CONTROLLER_LABEL => c()).set(0.0);
+            for result in RESULTS {
+                counter!(RECONCILE_TOTAL, CONTROLLER_LABEL => c(), RESULT_LABEL => result)
+                    .increment(0);
+            }
+            for name in [
+                RECONCILE_ERRORS_TOTAL,
+                RECONCILE_PANICS_TOTAL,
+                RECONCILE_TIMEOUTS_TOTAL,
+            ] {
+                counter!(name, CONTROLLER_LABEL => c()).increment(0);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = workers;
+    }
+
+    /// A worker started (`+1`) or stopped (`-1`) reconciling.
+    pub(crate) fn active(&self, delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!(ACTIVE_WORKERS, CONTROLLER_LABEL => self.controller.clone())
+            .increment(delta);
+        #[cfg(not(feature = "metrics"))]
+        let _ = delta;
+    }
+
+    /// A reconcile ended with `result` after `elapsed`.
+    pub(crate) fn reconciled(&self, result: Ended, elapsed: Duration) {
+        #[cfg(feature = "metrics")]
+        {
+            use metrics::{counter, histogram};
+            let c = || self.controller.clone();
+            histogram!(RECONCILE_TIME_SECONDS, CONTROLLER_LABEL => c())
+                .record(elapsed.as_secs_f64());
+            let (label, failed, timeout, panic) = match result {
+                Ended::Success => ("success", false, false, false),
+                Ended::RequeueAfter => ("requeue_after", false, false, false),
+                Ended::Error => ("error", true, false, false),
+                Ended::Timeout => ("error", true, true, false),
+                Ended::Panic => ("panic", true, false, true),
+                Ended::GivenUp { timeout, panic } => ("given_up", true, timeout, panic),
+            };
+            counter!(RECONCILE_TOTAL, CONTROLLER_LABEL => c(), RESULT_LABEL => label).increment(1);
+            if failed {
+                counter!(RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+            }
+            if timeout {
+                counter!(RECONCILE_TIMEOUTS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+            }
+            if panic {
+                counter!(RECONCILE_PANICS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (result, elapsed);
+    }
+}

@@ -1,0 +1,1130 @@
+//! The controller runner: every row of the result table (DESIGN.md section 5), panics, timeouts,
+//! graceful shutdown, the report, and the "one key, one worker" property on a real multi-thread
+//! runtime.
+//!
+//! Time-dependent tests run on tokio's paused clock: reconcile start times, retries and grace
+//! periods are checked at exact virtual instants. The multi-thread test makes no timing
+//! assertions (its only timeout is a generous watchdog against hangs).
+//!
+//! The panic tests print the reconciles' panic messages to stderr; that is expected.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+use workqueue_core::state::Counts;
+use workqueue_ratelimit::ExponentialFailure;
+use workqueue_tokio::WorkQueue;
+use workqueue_tokio::runner::{
+    Action, Context, Decision, Failure, MaxRetries, Report, RetryAlways, Runner,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Awaits `fut`, failing instead of hanging if it is not done within a virtual day: with the
+/// clock paused, a test whose tasks all wait forever (a lost wake-up) jumps straight to this
+/// deadline.
+async fn within<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(86_400), fut)
+        .await
+        .expect("hung: not done within a virtual day (lost wake-up?)")
+}
+
+type Key = &'static str;
+
+/// A queue with client-go's per-item controller backoff: 5 ms doubling to 1000 s.
+fn queue() -> WorkQueue<Key> {
+    WorkQueue::builder()
+        .rate_limiter(ExponentialFailure::new(ms(5), secs(1000)))
+        .build()
+}
+
+/// One reconcile as the test saw it: key, virtual time since the test's start, attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    key: Key,
+    at: Duration,
+    attempt: u32,
+}
+
+fn run(key: Key, at: Duration, attempt: u32) -> Run {
+    Run { key, at, attempt }
+}
+
+/// A shared log of reconciles (and of anything else a test records).
+#[derive(Debug)]
+struct Log<E> {
+    start: Instant,
+    entries: Arc<Mutex<Vec<E>>>,
+}
+
+impl<E> Clone for Log<E> {
+    fn clone(&self) -> Self {
+        Log {
+            start: self.start,
+            entries: self.entries.clone(),
+        }
+    }
+}
+
+impl<E: Clone> Log<E> {
+    fn new(start: Instant) -> Self {
+        Log {
+            start,
+            entries: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    fn push(&self, e: E) {
+        self.entries.lock().unwrap().push(e);
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn get(&self) -> Vec<E> {
+        self.entries.lock().unwrap().clone()
+    }
+
+    fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+}
+
+impl Log<Run> {
+    fn record(&self, key: Key, ctx: &Context) -> usize {
+        let mut entries = self.entries.lock().unwrap();
+        entries.push(run(key, self.start.elapsed(), ctx.attempt()));
+        entries.iter().filter(|r| r.key == key).count()
+    }
+}
+
+/// Records when it is dropped (to see a reconcile's future being dropped).
+struct DropProbe(Log<(Key, Duration)>, Key);
+
+impl Drop for DropProbe {
+    fn drop(&mut self) {
+        self.0.push((self.1, self.0.elapsed()));
+    }
+}
+
+/// A reconcile that fails its first `failures` runs of each key, then succeeds.
+fn fail_first(
+    log: &Log<Run>,
+    failures: usize,
+) -> impl Fn(Key, Context) -> std::future::Ready<Result<Action, &'static str>> + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |key, ctx| {
+        let n = log.record(key, &ctx);
+        std::future::ready(if n <= failures {
+            Err("transient")
+        } else {
+            Ok(Action::Done)
+        })
+    }
+}
+
+fn assert_report(
+    report: &Report,
+    (processed, retried, given_up, errors): (u64, u64, u64, u64),
+    (panics, timeouts, interrupted, still_queued): (u64, u64, u64, usize),
+) {
+    let got = (
+        (
+            report.processed,
+            report.retried,
+            report.given_up,
+            report.errors,
+        ),
+        (
+            report.panics,
+            report.timeouts,
+            report.interrupted,
+            report.still_queued,
+        ),
+    );
+    assert_eq!(
+        got,
+        (
+            (processed, retried, given_up, errors),
+            (panics, timeouts, interrupted, still_queued)
+        ),
+        "((processed, retried, given_up, errors), (panics, timeouts, interrupted, still_queued)) of {report:?}"
+    );
+}
+
+// ---- the result table ---------------------------------------------------------------------------
+
+/// `Ok(Done)`: forget + done. The failure count recorded by an earlier failure goes back to 0, and
+/// the key does not run again until it is added.
+#[tokio::test(start_paused = true)]
+async fn ok_done_forgets_the_backoff() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let runner = Runner::new(queue.clone(), fail_first(&log, 1));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(ms(1)).await;
+    assert_eq!(queue.num_requeues(&"a"), 1, "the failure is recorded");
+    sleep(secs(1)).await;
+    assert_eq!(log.get(), [run("a", ms(0), 0), run("a", ms(5), 1)]);
+    assert_eq!(queue.num_requeues(&"a"), 0, "Ok(Done) forgets the key");
+    assert_eq!(
+        queue.counts(),
+        Counts::default(),
+        "Ok(Done) does not requeue"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 1, 0, 1), (0, 0, 0, 0));
+}
+
+/// `Ok(RequeueAfter(d))`: forget + add_after(d) + done. The backoff is reset (the requeued run's
+/// attempt is 0) and the key runs again after exactly `d`.
+#[tokio::test(start_paused = true)]
+async fn ok_requeue_after_forgets_and_readds_after_exactly_d() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            async move {
+                match n {
+                    1 => Err("transient"),
+                    2 => Ok(Action::RequeueAfter(secs(30))),
+                    _ => Ok(Action::Done),
+                }
+            }
+        }
+    };
+    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(1)).await;
+    assert_eq!(queue.num_requeues(&"a"), 0, "RequeueAfter forgets the key");
+    assert_eq!(
+        queue.counts().waiting,
+        1,
+        "RequeueAfter re-adds after a delay"
+    );
+    sleep(secs(60)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("a", ms(0), 0),
+            run("a", ms(5), 1),
+            run("a", ms(5) + secs(30), 0),
+        ]
+    );
+    assert_eq!(queue.counts(), Counts::default());
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 1), (0, 0, 0, 0));
+}
+
+/// `Err` with the default policy: a rate-limited retry. With `ExponentialFailure(5 ms, 1000 s)`
+/// the retries come 5 ms, then 10 ms, then 20 ms after the failures, at exact virtual times, and
+/// each run sees its attempt number.
+#[tokio::test(start_paused = true)]
+async fn err_retries_with_exponential_backoff() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let runner = Runner::new(queue.clone(), fail_first(&log, 3)).error_policy(RetryAlways);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(1)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("a", ms(0), 0),
+            run("a", ms(5), 1),
+            run("a", ms(15), 2),
+            run("a", ms(35), 3),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"a"), 0);
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 3, 0, 3), (0, 0, 0, 0));
+}
+
+/// `Decision::RetryAfter(d)` from a policy: re-added after exactly `d`, without consulting the
+/// limiter (the retry's attempt stays 0).
+#[tokio::test(start_paused = true)]
+async fn policy_retry_after_uses_the_fixed_delay() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let seen: Log<(Key, u32)> = Log::new(log.start);
+    let policy = {
+        let seen = seen.clone();
+        move |key: &Key, failure: &Failure<&'static str>, requeues: u32| {
+            assert!(
+                matches!(failure, Failure::Error("transient")),
+                "{failure:?}"
+            );
+            seen.push((*key, requeues));
+            Decision::RetryAfter(secs(7))
+        }
+    };
+    let runner = Runner::new(queue.clone(), fail_first(&log, 2)).error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(60)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("a", ms(0), 0),
+            run("a", secs(7), 0),
+            run("a", secs(14), 0)
+        ]
+    );
+    assert_eq!(seen.get(), [("a", 0), ("a", 0)]);
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 2, 0, 2), (0, 0, 0, 0));
+}
+
+/// `Decision::GiveUp`: forget + done. The failure count goes back to 0 and the key is not
+/// requeued.
+#[tokio::test(start_paused = true)]
+async fn policy_give_up_forgets_and_does_not_requeue() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let policy = |_: &Key, _: &Failure<&'static str>, requeues: u32| {
+        if requeues >= 1 {
+            Decision::GiveUp
+        } else {
+            Decision::Retry
+        }
+    };
+    let runner = Runner::new(queue.clone(), fail_first(&log, usize::MAX)).error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(ms(1)).await;
+    assert_eq!(queue.num_requeues(&"a"), 1);
+    sleep(secs(3600)).await;
+    assert_eq!(log.get(), [run("a", ms(0), 0), run("a", ms(5), 1)]);
+    assert_eq!(queue.num_requeues(&"a"), 0, "GiveUp forgets the key");
+    assert_eq!(queue.counts(), Counts::default(), "GiveUp does not requeue");
+
+    // Given up, not blocked: a new add runs it again, from attempt 0.
+    queue.add("a");
+    sleep(ms(1)).await;
+    assert_eq!(log.len(), 3);
+    assert_eq!(log.get()[2], run("a", secs(3600) + ms(1), 0));
+
+    queue.shut_down(); // drops the pending retry
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (0, 2, 1, 3), (0, 0, 0, 0));
+}
+
+/// `MaxRetries(n)`: retried with backoff `n` times, given up on the `n + 1`-th failure.
+#[tokio::test(start_paused = true)]
+async fn max_retries_gives_up_after_n_retries() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let runner =
+        Runner::new(queue.clone(), fail_first(&log, usize::MAX)).error_policy(MaxRetries(3));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(3600)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("a", ms(0), 0),
+            run("a", ms(5), 1),
+            run("a", ms(15), 2),
+            run("a", ms(35), 3),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"a"), 0);
+    assert_eq!(queue.counts(), Counts::default());
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (0, 3, 1, 4), (0, 0, 0, 0));
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReconcileError {
+    Transient,
+    Terminal,
+}
+
+/// A terminal-error policy written as a closure: terminal errors are given up at once, others
+/// retried with backoff.
+#[tokio::test(start_paused = true)]
+async fn terminal_error_policy_as_a_closure() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            async move {
+                match (key, n) {
+                    ("broken", _) => Err(ReconcileError::Terminal),
+                    ("flaky", 1) => Err(ReconcileError::Transient),
+                    _ => Ok(Action::Done),
+                }
+            }
+        }
+    };
+    let decisions: Log<(Key, ReconcileError, u32)> = Log::new(log.start);
+    let policy = {
+        let decisions = decisions.clone();
+        move |key: &Key, failure: &Failure<ReconcileError>, requeues: u32| match failure {
+            Failure::Error(e) => {
+                decisions.push((*key, *e, requeues));
+                match e {
+                    ReconcileError::Terminal => Decision::GiveUp,
+                    ReconcileError::Transient => Decision::Retry,
+                }
+            }
+            _ => Decision::Retry,
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile).error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("broken");
+    queue.add("flaky");
+    sleep(secs(3600)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("broken", ms(0), 0),
+            run("flaky", ms(0), 0),
+            run("flaky", ms(5), 1),
+        ]
+    );
+    assert_eq!(
+        decisions.get(),
+        [
+            ("broken", ReconcileError::Terminal, 0),
+            ("flaky", ReconcileError::Transient, 0),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"broken"), 0);
+    assert_eq!(queue.counts(), Counts::default());
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 1, 1, 2), (0, 0, 0, 0));
+}
+
+// ---- panics -------------------------------------------------------------------------------------
+
+/// A panic while building the reconcile's future, and one inside its async body, are caught,
+/// counted, and handed to the policy as `Failure::Panic` with their messages; the single worker
+/// survives and processes the later keys, and the panicked keys are retried with backoff.
+#[tokio::test(start_paused = true)]
+async fn panics_are_caught_counted_and_retried() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            if key == "sync-panic" && ctx.attempt() == 0 {
+                panic!("boom while building the future (expected by this test)");
+            }
+            async move {
+                tokio::task::yield_now().await;
+                if key == "async-panic" && ctx.attempt() == 0 {
+                    panic!("boom inside the async body (expected by this test)");
+                }
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let failures: Log<(Key, String, u32)> = Log::new(log.start);
+    let policy = {
+        let failures = failures.clone();
+        move |key: &Key, failure: &Failure<&'static str>, requeues: u32| {
+            match failure {
+                Failure::Panic(message) => failures.push((*key, message.clone(), requeues)),
+                other => panic!("unexpected failure {other:?}"),
+            }
+            Decision::Retry
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["sync-panic", "async-panic", "ok-1", "ok-2"]);
+    sleep(secs(1)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("sync-panic", ms(0), 0),
+            run("async-panic", ms(0), 0),
+            run("ok-1", ms(0), 0),
+            run("ok-2", ms(0), 0),
+            run("sync-panic", ms(5), 1),
+            run("async-panic", ms(5), 1),
+        ]
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert_eq!(failures[0].0, "sync-panic");
+    assert!(
+        failures[0].1.contains("boom while building the future"),
+        "{failures:?}"
+    );
+    assert_eq!(failures[1].0, "async-panic");
+    assert!(
+        failures[1].1.contains("boom inside the async body"),
+        "{failures:?}"
+    );
+    assert_eq!((failures[0].2, failures[1].2), (0, 0));
+    assert_eq!(queue.counts(), Counts::default());
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (4, 2, 0, 0), (2, 0, 0, 0));
+}
+
+/// A panicking policy is user code too: the worker survives and the key is retried.
+#[tokio::test(start_paused = true)]
+async fn panicking_policy_retries() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let policy = |_: &Key, _: &Failure<&'static str>, _: u32| -> Decision {
+        panic!("policy panicked (expected by this test)")
+    };
+    let runner = Runner::new(queue.clone(), fail_first(&log, 1))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add("a");
+    sleep(secs(1)).await;
+    assert_eq!(log.get(), [run("a", ms(0), 0), run("a", ms(5), 1)]);
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 1, 0, 1), (0, 0, 0, 0));
+}
+
+// ---- per-reconcile timeout ----------------------------------------------------------------------
+
+/// A reconcile that outlives its timeout has its context cancelled at exactly the timeout; one
+/// that then returns counts as `Failure::Timeout` (whatever it returned) and is retried with
+/// backoff.
+#[tokio::test(start_paused = true)]
+async fn timeout_cancels_the_context_and_retries() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let cancelled: Log<(Key, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, cancelled) = (log.clone(), cancelled.clone());
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            let cancelled = cancelled.clone();
+            async move {
+                if n == 1 {
+                    tokio::select! {
+                        () = ctx.cancelled() => {
+                            assert!(ctx.is_cancelled());
+                            cancelled.push((key, cancelled.elapsed()));
+                            return Ok(Action::Done);
+                        }
+                        () = sleep(secs(3600)) => {}
+                    }
+                }
+                assert!(!ctx.is_cancelled());
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let policy_saw = Arc::new(AtomicU32::new(0));
+    let policy = {
+        let policy_saw = policy_saw.clone();
+        move |_: &Key, failure: &Failure<&'static str>, _: u32| {
+            assert!(matches!(failure, Failure::Timeout), "{failure:?}");
+            policy_saw.fetch_add(1, SeqCst);
+            Decision::Retry
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .reconcile_timeout(secs(10))
+        .cancel_grace(secs(2))
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(60)).await;
+    assert_eq!(cancelled.get(), [("a", secs(10))]);
+    assert_eq!(
+        log.get(),
+        [run("a", ms(0), 0), run("a", secs(10) + ms(5), 1)]
+    );
+    assert_eq!(policy_saw.load(SeqCst), 1);
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 1, 0, 0), (0, 1, 0, 0));
+}
+
+/// A reconcile that ignores its cancelled context is dropped after the cancel grace (exactly at
+/// timeout + grace), counts as `Failure::Timeout`, and its key is retried with backoff.
+#[tokio::test(start_paused = true)]
+async fn timeout_drops_a_reconcile_that_ignores_cancellation() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let dropped: Log<(Key, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, dropped) = (log.clone(), dropped.clone());
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            let probe = DropProbe(dropped.clone(), key);
+            async move {
+                let _probe = probe;
+                if n == 1 {
+                    sleep(secs(3600)).await; // ignores ctx
+                }
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .reconcile_timeout(secs(10))
+        .cancel_grace(secs(2));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add("a");
+    sleep(secs(60)).await;
+    assert_eq!(
+        dropped.get(),
+        [("a", secs(12)), ("a", secs(12) + ms(5))],
+        "the first future is dropped at timeout + cancel grace; the retry's when it returns"
+    );
+    assert_eq!(
+        log.get(),
+        [run("a", ms(0), 0), run("a", secs(12) + ms(5), 1)]
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (1, 1, 0, 0), (0, 1, 0, 0));
+}
+
+/// A reconcile that finishes before its timeout is unaffected; the timeout is per reconcile.
+#[tokio::test(start_paused = true)]
+async fn timeout_is_per_reconcile() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            async move {
+                sleep(secs(9)).await;
+                assert!(!ctx.is_cancelled());
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .reconcile_timeout(secs(10));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add_batch(["a", "b", "c"]);
+    sleep(secs(60)).await;
+    assert_eq!(
+        log.get(),
+        [
+            run("a", secs(0), 0),
+            run("b", secs(9), 0),
+            run("c", secs(18), 0)
+        ]
+    );
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (3, 0, 0, 0), (0, 0, 0, 0));
+}
+
+// ---- shutdown -----------------------------------------------------------------------------------
+
+/// Graceful shutdown with work in flight (shutdown grace 10 s, cancel grace 2 s; the token is
+/// cancelled at t = 1 s):
+/// - intake stops at once: a key added after the cancel is not reconciled;
+/// - "quick" finishes within the grace, its context never cancelled;
+/// - "coop" runs past the grace: its context is cancelled at exactly t = 11 s and it returns an
+///   error, which is retried;
+/// - "stubborn" ignores cancellation: dropped at exactly t = 13 s, its key retried
+///   (`Report.interrupted`);
+/// - `run` returns at t = 13 s.
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_with_work_in_flight() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let events: Log<(Key, &'static str, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, events) = (log.clone(), events.clone());
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            let events = events.clone();
+            async move {
+                match key {
+                    "quick" => {
+                        sleep(secs(3)).await;
+                        assert!(!ctx.is_cancelled(), "cancelled within the shutdown grace");
+                        events.push((key, "finished", events.elapsed()));
+                        Ok(Action::Done)
+                    }
+                    "coop" => {
+                        ctx.cancelled().await;
+                        events.push((key, "cancelled", events.elapsed()));
+                        Err("cancelled")
+                    }
+                    "stubborn" => {
+                        let _guard = EventOnDrop(events.clone(), key);
+                        sleep(secs(3600)).await;
+                        Ok(Action::Done)
+                    }
+                    _ => Ok(Action::Done),
+                }
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(3)
+        .shutdown_grace(secs(10))
+        .cancel_grace(secs(2));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(runner.run(stop.clone()));
+
+    queue.add_batch(["quick", "coop", "stubborn"]);
+    sleep(secs(1)).await;
+    assert_eq!(queue.counts().processing, 3);
+    stop.cancel();
+    queue.add("late");
+
+    let report = within(handle).await.unwrap();
+    assert_eq!(
+        log.elapsed(),
+        secs(13),
+        "run returns after both grace periods"
+    );
+    assert_eq!(
+        log.get(),
+        [
+            run("quick", ms(0), 0),
+            run("coop", ms(0), 0),
+            run("stubborn", ms(0), 0),
+        ],
+        "no key is taken after the token is cancelled"
+    );
+    assert_eq!(
+        events.get(),
+        [
+            ("quick", "finished", secs(3)),
+            ("coop", "cancelled", secs(11)),
+            ("stubborn", "dropped", secs(13)),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"coop"), 1);
+    assert_eq!(
+        queue.num_requeues(&"stubborn"),
+        1,
+        "an interrupted key is retried"
+    );
+    // Ready at t = 13 s: "late", and coop's retry (due at 11 s + 5 ms); stubborn's is due later.
+    assert_report(&report, (1, 1, 0, 1), (0, 0, 1, 2));
+    assert_eq!(
+        queue.counts(),
+        Counts {
+            ready: 2,
+            processing: 0,
+            waiting: 1,
+            tracked: 3
+        }
+    );
+}
+
+/// Pushes `(key, "dropped", t)` to an event log when dropped.
+struct EventOnDrop(Log<(Key, &'static str, Duration)>, Key);
+
+impl Drop for EventOnDrop {
+    fn drop(&mut self) {
+        self.0.push((self.1, "dropped", self.0.elapsed()));
+    }
+}
+
+/// When every in-flight reconcile finishes within the shutdown grace, `run` returns as soon as
+/// the last one does, and no context is cancelled.
+#[tokio::test(start_paused = true)]
+async fn shutdown_returns_when_in_flight_work_finishes_within_the_grace() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            async move {
+                sleep(if key == "a" { secs(3) } else { secs(4) }).await;
+                assert!(!ctx.is_cancelled());
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(2)
+        .shutdown_grace(secs(10));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(runner.run(stop.clone()));
+    queue.add_batch(["a", "b", "c"]);
+    sleep(secs(1)).await;
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(log.elapsed(), secs(4));
+    assert_eq!(log.len(), 2, "c is never taken");
+    assert_report(&report, (2, 0, 0, 0), (0, 0, 0, 1));
+}
+
+/// A token cancelled before `run` starts: no key is reconciled.
+#[tokio::test(start_paused = true)]
+async fn run_with_a_cancelled_token_reconciles_nothing() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    queue.add("a");
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let report = within(
+        Runner::new(queue.clone(), fail_first(&log, 0))
+            .workers(4)
+            .run(stop),
+    )
+    .await;
+    assert_eq!(log.len(), 0);
+    assert_report(&report, (0, 0, 0, 0), (0, 0, 0, 1));
+}
+
+/// The runner returns when the queue is shut down and drained: keys already queued at the
+/// shutdown are still reconciled, then `run` returns by itself.
+#[tokio::test(start_paused = true)]
+async fn runner_returns_when_the_queue_is_shut_down_and_drained() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            async move {
+                sleep(secs(1)).await;
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    queue.add_batch(["a", "b", "c", "d", "e"]);
+    let runner = Runner::new(queue.clone(), reconcile).workers(2);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_eq!(log.elapsed(), secs(3), "5 keys, 2 workers, 1 s each");
+    let mut keys: Vec<_> = log.get().iter().map(|r| r.key).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["a", "b", "c", "d", "e"]);
+    assert_report(&report, (5, 0, 0, 0), (0, 0, 0, 0));
+    assert_eq!(queue.counts(), Counts::default());
+}
+
+// ---- report and re-adds -------------------------------------------------------------------------
+
+/// Report counts over a mixed workload.
+#[tokio::test(start_paused = true)]
+async fn report_counts() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            async move {
+                match (key, n) {
+                    ("hopeless", _) => Err("permanent"),
+                    ("flaky-1" | "flaky-2", 1) => Err("transient"),
+                    ("flaky-2", 2) => Err("transient"),
+                    _ => Ok(Action::Done),
+                }
+            }
+        }
+    };
+    let policy = |key: &Key, _: &Failure<&'static str>, _: u32| {
+        if *key == "hopeless" {
+            Decision::GiveUp
+        } else {
+            Decision::Retry
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(3)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add_batch(["ok-1", "ok-2", "ok-3", "flaky-1", "flaky-2", "hopeless"]);
+    sleep(secs(1)).await;
+    queue.add("late");
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    // ok ×3, flaky-1 once after one retry, flaky-2 once after two, late: 6 processed.
+    assert_report(&report, (6, 3, 1, 4), (0, 0, 0, 0));
+    assert_eq!(queue.counts(), Counts::default());
+}
+
+/// A key re-added while it is being reconciled runs again after that reconcile, never alongside
+/// it, even with idle workers.
+#[tokio::test(start_paused = true)]
+async fn key_readded_during_its_reconcile_runs_again_after_it() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let ends: Log<(Key, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, ends, q) = (log.clone(), ends.clone(), queue.clone());
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            let (ends, q) = (ends.clone(), q.clone());
+            async move {
+                if n == 1 {
+                    sleep(ms(500)).await;
+                    q.add(key); // dirty: queued again when this lease finishes
+                }
+                sleep(secs(1)).await;
+                ends.push((key, ends.elapsed()));
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile).workers(4);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add("k");
+    sleep(secs(10)).await;
+    assert_eq!(log.get(), [run("k", ms(0), 0), run("k", ms(1500), 0)]);
+    assert_eq!(ends.get(), [("k", ms(1500)), ("k", ms(2500))]);
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 0, 0, 0), (0, 0, 0, 0));
+}
+
+// ---- exclusivity on a real multi-thread runtime -------------------------------------------------
+
+/// A small, seeded, deterministic generator (splitmix64).
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn mix(x: u64) -> u64 {
+    SplitMix64(x).next()
+}
+
+/// 8 workers on a 4-thread runtime, producers adding a random workload (seeded splitmix64),
+/// reconciles that yield and sometimes fail (retried with backoff, at once, or given up): the
+/// same key is never reconciled by two workers at once, and every key added is reconciled at
+/// least once after its last add. No timing assertions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_key_never_reconciled_by_two_workers_at_once() {
+    const KEYS: usize = 48;
+    const PRODUCERS: u64 = 4;
+    const ADDS_PER_PRODUCER: usize = 1_500;
+    const SEED: u64 = 0x00c0_ffee;
+
+    let queue: WorkQueue<usize> = WorkQueue::builder()
+        .rate_limiter(ExponentialFailure::new(Duration::from_micros(1), ms(1)))
+        .build();
+    let in_flight: Arc<Vec<AtomicBool>> =
+        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    // Set before each add; cleared when a reconcile of the key starts.
+    let pending: Arc<Vec<AtomicBool>> =
+        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    let reconciles: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let violations = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+
+    let reconcile = {
+        let (in_flight, pending, reconciles, violations, calls) = (
+            in_flight.clone(),
+            pending.clone(),
+            reconciles.clone(),
+            violations.clone(),
+            calls.clone(),
+        );
+        move |key: usize, _ctx: Context| {
+            let (in_flight, pending, reconciles, violations) = (
+                in_flight.clone(),
+                pending.clone(),
+                reconciles.clone(),
+                violations.clone(),
+            );
+            let mut rng = SplitMix64(mix(SEED ^ calls.fetch_add(1, SeqCst)));
+            async move {
+                if in_flight[key].swap(true, SeqCst) {
+                    violations.fetch_add(1, SeqCst);
+                }
+                pending[key].store(false, SeqCst);
+                reconciles[key].fetch_add(1, SeqCst);
+                for _ in 0..rng.below(4) {
+                    tokio::task::yield_now().await;
+                }
+                let fail = rng.below(5) == 0;
+                in_flight[key].store(false, SeqCst);
+                if fail { Err(key) } else { Ok(Action::Done) }
+            }
+        }
+    };
+    let policy = |key: &usize, _: &Failure<usize>, requeues: u32| match key % 3 {
+        0 => Decision::Retry,
+        1 => Decision::RetryAfter(Duration::ZERO),
+        _ if requeues >= 2 => Decision::GiveUp,
+        _ => Decision::Retry,
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(8)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    let mut producers = tokio::task::JoinSet::new();
+    for id in 0..PRODUCERS {
+        let (q, pending) = (queue.clone(), pending.clone());
+        producers.spawn(async move {
+            let mut rng = SplitMix64(mix(SEED + id));
+            for _ in 0..ADDS_PER_PRODUCER {
+                let key = rng.below(KEYS as u64) as usize;
+                pending[key].store(true, SeqCst);
+                if rng.below(4) == 0 {
+                    q.add_after(key, Duration::ZERO);
+                } else {
+                    q.add(key);
+                }
+                if rng.below(3) == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+    }
+
+    let report = tokio::time::timeout(secs(60), async {
+        producers.join_all().await;
+        queue.shut_down();
+        within(handle).await.unwrap()
+    })
+    .await
+    .expect("the runner hung");
+
+    assert_eq!(
+        violations.load(SeqCst),
+        0,
+        "a key was reconciled by two workers at once"
+    );
+    let missed: Vec<_> = (0..KEYS).filter(|&k| pending[k].load(SeqCst)).collect();
+    assert!(
+        missed.is_empty(),
+        "keys not reconciled after their last add: {missed:?}"
+    );
+    assert!(reconciles.iter().all(|n| n.load(SeqCst) >= 1));
+    assert_eq!(report.panics, 0);
+    assert_eq!(report.timeouts + report.interrupted, 0);
+    assert_eq!(
+        report.processed + report.errors,
+        calls.load(SeqCst),
+        "every reconcile is accounted for: {report:?}"
+    );
+    assert_eq!(report.errors, report.retried + report.given_up);
+    assert_eq!(report.still_queued, 0);
+    let counts = queue.counts();
+    assert_eq!((counts.ready, counts.processing), (0, 0));
+}
+
+// ---- user code around the reconcile -------------------------------------------------------------
+
+/// A rate limiter whose `when` panics for one key (user code, like the policy).
+struct PanickyLimiter(ExponentialFailure<Key>);
+
+impl workqueue_ratelimit::RateLimiter<Key> for PanickyLimiter {
+    fn when(&self, key: &Key, now: workqueue_ratelimit::Instant) -> Duration {
+        if *key == "bad-limiter" {
+            panic!("rate limiter panicked (expected by this test)");
+        }
+        self.0.when(key, now)
+    }
+
+    fn forget(&self, key: &Key) {
+        self.0.forget(key)
+    }
+
+    fn num_requeues(&self, key: &Key) -> u32 {
+        self.0.num_requeues(key)
+    }
+}
+
+/// A rate limiter that panics while a failed key is retried must not take its worker down with
+/// it: the runner catches a panicking policy for the same reason. With one worker, the keys after
+/// the failing one must still be reconciled, and `run` must keep running until the queue is shut
+/// down.
+#[tokio::test(start_paused = true)]
+async fn panicking_rate_limiter_does_not_kill_the_worker() {
+    let queue: WorkQueue<Key> = WorkQueue::builder()
+        .rate_limiter(PanickyLimiter(ExponentialFailure::new(ms(5), secs(1000))))
+        .build();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            std::future::ready(if key == "bad-limiter" {
+                Err("fails, and its retry consults the panicking limiter")
+            } else {
+                Ok(Action::Done)
+            })
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile).workers(1);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["bad-limiter", "good"]);
+    sleep(secs(1)).await;
+    assert!(
+        !handle.is_finished(),
+        "run returned although the queue was not shut down (its only worker died)"
+    );
+    assert_eq!(
+        log.get().iter().map(|r| r.key).collect::<Vec<_>>(),
+        ["bad-limiter", "good"],
+        "the key after the one whose limiter panicked was not reconciled"
+    );
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_eq!(report.processed, 1);
+}
