@@ -1,0 +1,1011 @@
+//! One function per (workload, implementation), shared by the criterion benches and the report.
+//!
+//! Each function builds its subject outside the timed region, times exactly what `BENCHMARKS.md`
+//! says, checks the result (panicking on a wrong one: every key seen exactly once, nothing left
+//! queued), tears down outside the timed region, and returns the raw measurement (usually the
+//! `Duration` of the whole timed region; the report divides it into the figure).
+//!
+//! Implementations: `ours` (`workqueue_core::WorkQueue` and `workqueue_ratelimit`), `naive`
+//! ([`crate::naive`]), and the floors `crossbeam` (`crossbeam_channel::unbounded`),
+//! `delay_queue` (`tokio_util::time::DelayQueue`) and `governor` (direct `RateLimiter::check`).
+//!
+//! ASYNC ROWS: `workqueue-tokio` does not exist yet. When it does, add `ours_async` functions to
+//! [`w5`] and [`w10`] (marked `ASYNC ROW` below) and register them in
+//! `report::catalog` where the rows are marked `ASYNC ROW` (they are listed as pending there).
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use workqueue_core::ratelimit::{
+    ExponentialFailure, MaxPair, RateLimiter, TokenBucket, default_controller_rate_limiter,
+};
+use workqueue_core::state::Counts;
+use workqueue_core::{Clock, SystemClock, WorkQueue};
+
+use crate::{Fingerprint, Key, SplitMix64, naive, percentile};
+
+/// Our blocking queue over the benchmark keys (default hasher, default limiter, system clock).
+pub type Ours = WorkQueue<Key>;
+
+fn assert_ours_empty(q: &Ours) {
+    assert_eq!(
+        q.counts(),
+        Counts::default(),
+        "ours: queue not empty at the end"
+    );
+}
+
+fn assert_naive_empty(q: &naive::Queue<Key>) {
+    assert_eq!(
+        q.counts(),
+        naive::Counts {
+            queued: 0,
+            dirty: 0,
+            processing: 0
+        },
+        "naive: queue not empty at the end"
+    );
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// W1 cycle: one thread adds N distinct keys, then N times get + done.
+pub mod w1 {
+    use super::*;
+
+    /// Our queue.
+    pub fn ours(keys: &[Key]) -> Duration {
+        ours_on(Ours::new(), keys)
+    }
+
+    /// Our queue built with room for every key (`Builder::capacity`): no index growth, so no
+    /// rehashing (the `(pre-sized)` row, evidence for the rehash cost).
+    pub fn ours_presized(keys: &[Key]) -> Duration {
+        ours_on(WorkQueue::builder().capacity(keys.len()).build(), keys)
+    }
+
+    fn ours_on(q: Ours, keys: &[Key]) -> Duration {
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let t = Instant::now();
+        for k in keys {
+            q.add(k.clone());
+        }
+        for _ in 0..keys.len() {
+            let lease = q.get().expect("a queued key");
+            seen.add(&lease);
+            lease.done();
+        }
+        let d = t.elapsed();
+        assert_eq!(seen, expected, "ours: W1 keys seen");
+        assert_ours_empty(&q);
+        d
+    }
+
+    /// The client-go port.
+    pub fn naive(keys: &[Key]) -> Duration {
+        let q = naive::Queue::new();
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let t = Instant::now();
+        for k in keys {
+            q.add(k.clone());
+        }
+        for _ in 0..keys.len() {
+            let k = q.get().expect("a queued key");
+            seen.add(&k);
+            q.done(&k);
+        }
+        let d = t.elapsed();
+        assert_eq!(seen, expected, "naive: W1 keys seen");
+        assert_naive_empty(&q);
+        d
+    }
+
+    /// Floor: an unbounded crossbeam channel (no de-duplication, no done).
+    pub fn crossbeam(keys: &[Key]) -> Duration {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let t = Instant::now();
+        for k in keys {
+            tx.send(k.clone()).expect("receiver alive");
+        }
+        for _ in 0..keys.len() {
+            let k = rx.recv().expect("a sent key");
+            seen.add(&k);
+        }
+        let d = t.elapsed();
+        assert_eq!(seen, expected, "crossbeam: W1 keys seen");
+        assert!(rx.is_empty());
+        d
+    }
+}
+
+/// W2 dedup: add `keys.len()` distinct keys `rounds` times each, round-robin, then drain.
+pub mod w2 {
+    use super::*;
+
+    fn check(mut drained: Vec<Key>, keys: &[Key], who: &str) {
+        let mut want: Vec<&str> = keys.iter().map(|k| &**k).collect();
+        want.sort_unstable();
+        drained.sort_unstable();
+        let got: Vec<&str> = drained.iter().map(|k| &**k).collect();
+        assert_eq!(got, want, "{who}: W2 drained keys");
+    }
+
+    /// Our queue, `add` (takes ownership of each key: a duplicate is dropped after the lock).
+    pub fn ours(keys: &[Key], rounds: usize) -> Duration {
+        let q = Ours::new();
+        let mut drained = Vec::with_capacity(keys.len());
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in keys {
+                q.add(k.clone());
+            }
+        }
+        for _ in 0..keys.len() {
+            let lease = q.get().expect("a queued key");
+            drained.push(Key::clone(&lease));
+            lease.done();
+        }
+        let d = t.elapsed();
+        check(drained, keys, "ours");
+        assert_ours_empty(&q);
+        d
+    }
+
+    /// Our queue, `add_ref` (borrows the key; clones, here allocates, only a key it does not
+    /// track yet).
+    pub fn ours_add_ref(keys: &[Key], rounds: usize) -> Duration {
+        let q = Ours::new();
+        let mut drained = Vec::with_capacity(keys.len());
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in keys {
+                q.add_ref::<str>(k);
+            }
+        }
+        for _ in 0..keys.len() {
+            let lease = q.get().expect("a queued key");
+            drained.push(Key::clone(&lease));
+            lease.done();
+        }
+        let d = t.elapsed();
+        check(drained, keys, "ours add_ref");
+        assert_ours_empty(&q);
+        d
+    }
+
+    /// The client-go port.
+    pub fn naive(keys: &[Key], rounds: usize) -> Duration {
+        let q = naive::Queue::new();
+        let mut drained = Vec::with_capacity(keys.len());
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in keys {
+                q.add(k.clone());
+            }
+        }
+        for _ in 0..keys.len() {
+            let k = q.get().expect("a queued key");
+            q.done(&k);
+            drained.push(k);
+        }
+        let d = t.elapsed();
+        check(drained, keys, "naive");
+        assert_naive_empty(&q);
+        d
+    }
+}
+
+/// W3 mpmc: `producers` threads add disjoint shares of the keys, `consumers` threads get + done
+/// until the queue is shut down (when the producers finish) and drained.
+pub mod w3 {
+    use super::*;
+
+    /// Runs the workload on any queue: producer `i` runs `produce(i, share)`, each consumer runs
+    /// `consume()` (returning what it saw), and the main thread runs `close()` once every producer
+    /// is done. Times from the common start (a barrier) until the last consumer returns.
+    fn run(
+        keys: &[Key],
+        producers: usize,
+        consumers: usize,
+        produce: impl Fn(usize, &[Key]) + Sync,
+        consume: impl Fn() -> Fingerprint + Sync,
+        close: impl FnOnce(),
+        who: &str,
+    ) -> Duration {
+        assert!(producers > 0 && consumers > 0);
+        let expected = Fingerprint::of(keys);
+        let barrier = Barrier::new(producers + consumers + 1);
+        let share = keys.len().div_ceil(producers).max(1);
+        let (d, seen) = thread::scope(|s| {
+            let (produce, consume, barrier) = (&produce, &consume, &barrier);
+            let prods: Vec<_> = (0..producers)
+                .map(|i| {
+                    let lo = (i * share).min(keys.len());
+                    let chunk = &keys[lo..(lo + share).min(keys.len())];
+                    s.spawn(move || {
+                        barrier.wait();
+                        produce(i, chunk);
+                    })
+                })
+                .collect();
+            let cons: Vec<_> = (0..consumers)
+                .map(|_| {
+                    s.spawn(move || {
+                        barrier.wait();
+                        consume()
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let t = Instant::now();
+            for p in prods {
+                p.join().expect("producer");
+            }
+            close();
+            let mut seen = Fingerprint::default();
+            for c in cons {
+                seen.merge(c.join().expect("consumer"));
+            }
+            (t.elapsed(), seen)
+        });
+        assert_eq!(seen, expected, "{who}: W3 keys seen");
+        d
+    }
+
+    /// Our queue.
+    pub fn ours(keys: &[Key], producers: usize, consumers: usize) -> Duration {
+        let q = Ours::new();
+        let d = run(
+            keys,
+            producers,
+            consumers,
+            |_, chunk| {
+                for k in chunk {
+                    q.add(k.clone());
+                }
+            },
+            || {
+                let mut f = Fingerprint::default();
+                while let Some(lease) = q.get() {
+                    f.add(&lease);
+                    lease.done();
+                }
+                f
+            },
+            || q.shut_down(),
+            "ours",
+        );
+        assert_ours_empty(&q);
+        d
+    }
+
+    /// The client-go port.
+    pub fn naive(keys: &[Key], producers: usize, consumers: usize) -> Duration {
+        let q = naive::Queue::new();
+        let d = run(
+            keys,
+            producers,
+            consumers,
+            |_, chunk| {
+                for k in chunk {
+                    q.add(k.clone());
+                }
+            },
+            || {
+                let mut f = Fingerprint::default();
+                while let Some(k) = q.get() {
+                    f.add(&k);
+                    q.done(&k);
+                }
+                f
+            },
+            || q.shut_down(),
+            "naive",
+        );
+        assert_naive_empty(&q);
+        d
+    }
+
+    /// Floor: an unbounded crossbeam channel; each producer owns a sender, and "shut down" is
+    /// dropping the last one.
+    pub fn crossbeam(keys: &[Key], producers: usize, consumers: usize) -> Duration {
+        let (tx, rx) = crossbeam_channel::unbounded::<Key>();
+        let senders: Vec<Mutex<Option<crossbeam_channel::Sender<Key>>>> = (0..producers)
+            .map(|_| Mutex::new(Some(tx.clone())))
+            .collect();
+        let mut main_tx = Some(tx);
+        let d = run(
+            keys,
+            producers,
+            consumers,
+            |i, chunk| {
+                let tx = senders[i].lock().expect("sender").take().expect("one take");
+                for k in chunk {
+                    tx.send(k.clone()).expect("receiver alive");
+                }
+            },
+            || {
+                let mut f = Fingerprint::default();
+                while let Ok(k) = rx.recv() {
+                    f.add(&k);
+                }
+                f
+            },
+            || drop(main_tx.take()),
+            "crossbeam",
+        );
+        assert!(rx.is_empty());
+        d
+    }
+}
+
+/// W4 delay-insert: one thread `add_after`s N distinct keys with delays uniform in [1 h, 2 h).
+pub mod w4 {
+    use super::*;
+
+    /// The delays: `1 h + splitmix64(seed 42) mod 1 h`, one per key.
+    pub fn delays(n: usize) -> Vec<Duration> {
+        const HOUR: u64 = 3_600_000_000_000;
+        let mut rng = SplitMix64::new(42);
+        (0..n)
+            .map(|_| Duration::from_nanos(HOUR + rng.next() % HOUR))
+            .collect()
+    }
+
+    /// Our queue.
+    pub fn ours(keys: &[Key], delays: &[Duration]) -> Duration {
+        ours_with(SystemClock, keys, delays)
+    }
+
+    /// Our queue on another clock (the `(quanta clock)` row).
+    pub fn ours_with(clock: impl Clock, keys: &[Key], delays: &[Duration]) -> Duration {
+        ours_on(WorkQueue::builder().clock(clock).build(), keys, delays)
+    }
+
+    /// Our queue built with room for every key (the `(pre-sized)` row: no index growth).
+    pub fn ours_presized(keys: &[Key], delays: &[Duration]) -> Duration {
+        ours_on(
+            WorkQueue::builder().capacity(keys.len()).build(),
+            keys,
+            delays,
+        )
+    }
+
+    fn ours_on(q: Ours, keys: &[Key], delays: &[Duration]) -> Duration {
+        let t = Instant::now();
+        for (k, &d) in keys.iter().zip(delays) {
+            q.add_after(k.clone(), d);
+        }
+        let d = t.elapsed();
+        let c = q.counts();
+        assert_eq!(
+            (c.waiting, c.ready, c.tracked),
+            (keys.len(), 0, keys.len()),
+            "ours: W4 waiting keys"
+        );
+        q.shut_down();
+        assert_ours_empty(&q);
+        d
+    }
+
+    /// The client-go port (the timer thread takes the entries in concurrently, through a channel
+    /// of capacity 1000, as in Go).
+    pub fn naive(keys: &[Key], delays: &[Duration]) -> Duration {
+        let q = naive::DelayingQueue::new();
+        let t = Instant::now();
+        for (k, &d) in keys.iter().zip(delays) {
+            q.add_after(k.clone(), d);
+        }
+        let d = t.elapsed();
+        assert_eq!(q.waiting_len(), Some(keys.len()), "naive: W4 waiting keys");
+        assert_eq!(q.len(), 0);
+        q.shut_down();
+        d
+    }
+
+    /// Floor: `tokio_util::time::DelayQueue::insert` (no de-duplication).
+    pub fn delay_queue(keys: &[Key], delays: &[Duration]) -> Duration {
+        let rt = current_thread_runtime();
+        let _guard = rt.enter();
+        let mut dq = tokio_util::time::DelayQueue::new();
+        let t = Instant::now();
+        for (k, &d) in keys.iter().zip(delays) {
+            dq.insert(k.clone(), d);
+        }
+        let d = t.elapsed();
+        assert_eq!(dq.len(), keys.len(), "DelayQueue: W4 entries");
+        drop(dq);
+        d
+    }
+}
+
+/// W5 delay-precision: `add_after` 1000 keys with delay `1 + i % 10` ms; one consumer gets and
+/// finishes them; lateness = when `get` returned - (add time + delay).
+pub mod w5 {
+    use super::*;
+
+    /// Lateness percentiles of one run.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Lateness {
+        /// Median.
+        pub p50: Duration,
+        /// 99th percentile.
+        pub p99: Duration,
+        /// Worst.
+        pub max: Duration,
+    }
+
+    /// The delay of key `i`.
+    pub fn delay(i: usize) -> Duration {
+        Duration::from_millis(1 + (i % 10) as u64)
+    }
+
+    /// Computes lateness from the add times and the (key address, get time) pairs a consumer
+    /// recorded; checks that every key came exactly once and none came early.
+    fn lateness(keys: &[Key], added: &[Instant], got: &[(usize, Instant)], who: &str) -> Lateness {
+        let index: HashMap<usize, usize> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (Arc::as_ptr(k) as *const u8 as usize, i))
+            .collect();
+        let mut seen = vec![false; keys.len()];
+        let mut late: Vec<Duration> = got
+            .iter()
+            .map(|&(ptr, t)| {
+                let i = index[&ptr];
+                assert!(!seen[i], "{who}: W5 key {i} seen twice");
+                seen[i] = true;
+                let due = added[i] + delay(i);
+                assert!(t >= due, "{who}: W5 key {i} came {:?} early", due - t);
+                t - due
+            })
+            .collect();
+        assert!(seen.iter().all(|&s| s), "{who}: W5 keys missing");
+        late.sort_unstable();
+        Lateness {
+            p50: percentile(&late, 50.0),
+            p99: percentile(&late, 99.0),
+            max: *late.last().expect("keys"),
+        }
+    }
+
+    fn addr(k: &Key) -> usize {
+        Arc::as_ptr(k) as *const u8 as usize
+    }
+
+    /// Our blocking queue, one consumer thread.
+    pub fn ours(keys: &[Key]) -> Lateness {
+        let q = Ours::new();
+        let n = keys.len();
+        let mut added = Vec::with_capacity(n);
+        let got = thread::scope(|s| {
+            let consumer = s.spawn(|| {
+                let mut got = Vec::with_capacity(n);
+                while got.len() < n {
+                    let lease = q.get().expect("not shut down");
+                    got.push((addr(&lease), Instant::now()));
+                    lease.done();
+                }
+                got
+            });
+            for (i, k) in keys.iter().enumerate() {
+                added.push(Instant::now());
+                q.add_after(k.clone(), delay(i));
+            }
+            consumer.join().expect("consumer")
+        });
+        q.shut_down();
+        assert_ours_empty(&q);
+        lateness(keys, &added, &got, "ours")
+    }
+
+    /// The client-go port: timer thread, then the queue's condition variable.
+    pub fn naive(keys: &[Key]) -> Lateness {
+        let q = naive::DelayingQueue::new();
+        let n = keys.len();
+        let mut added = Vec::with_capacity(n);
+        let got = thread::scope(|s| {
+            let consumer = s.spawn(|| {
+                let mut got = Vec::with_capacity(n);
+                while got.len() < n {
+                    let k = q.get().expect("not shut down");
+                    got.push((addr(&k), Instant::now()));
+                    q.done(&k);
+                }
+                got
+            });
+            for (i, k) in keys.iter().enumerate() {
+                added.push(Instant::now());
+                q.add_after(k.clone(), delay(i));
+            }
+            consumer.join().expect("consumer")
+        });
+        assert_naive_empty(q.queue());
+        q.shut_down();
+        lateness(keys, &added, &got, "naive")
+    }
+
+    /// Floor: `tokio_util::time::DelayQueue` on a current-thread runtime (1 ms timer wheel).
+    pub fn delay_queue(keys: &[Key]) -> Lateness {
+        let rt = current_thread_runtime();
+        let n = keys.len();
+        let (added, got) = rt.block_on(async {
+            let mut dq = tokio_util::time::DelayQueue::new();
+            let mut added = Vec::with_capacity(n);
+            for (i, k) in keys.iter().enumerate() {
+                added.push(Instant::now());
+                dq.insert(k.clone(), delay(i));
+            }
+            let mut got = Vec::with_capacity(n);
+            while let Some(expired) = poll_fn(|cx| dq.poll_expired(cx)).await {
+                got.push((addr(expired.get_ref()), Instant::now()));
+            }
+            (added, got)
+        });
+        lateness(keys, &added, &got, "DelayQueue")
+    }
+
+    // ASYNC ROW: `pub fn ours_async(keys: &[Key]) -> Lateness` for workqueue-tokio's queue goes
+    // here (one consumer task on a current-thread runtime, as `delay_queue` above; target: p99 <=
+    // 0.6x DelayQueue's p99).
+}
+
+/// W6 limiter-exp: exponential limiter (5 ms, 1000 s), `when` on the keys round-robin, `calls`
+/// calls in all, every key forgotten every 10 rounds.
+pub mod w6 {
+    use super::*;
+
+    const BASE: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1000);
+
+    /// The sum of all delays the workload must produce, in nanoseconds (wrapping).
+    fn expected_sum(keys: usize, rounds: usize) -> u64 {
+        let per_key: u64 = (0..rounds)
+            .map(|r| (BASE.as_nanos() as u64) << (r % 10))
+            .sum();
+        per_key.wrapping_mul(keys as u64)
+    }
+
+    fn rounds(keys: &[Key], calls: usize) -> usize {
+        assert!(
+            calls.is_multiple_of(keys.len()),
+            "calls must be whole rounds"
+        );
+        calls / keys.len()
+    }
+
+    /// Ours: `workqueue_ratelimit::ExponentialFailure` (sharded, foldhash).
+    pub fn ours(keys: &[Key], calls: usize) -> Duration {
+        let rounds = rounds(keys, calls);
+        let l = ExponentialFailure::<Key>::new(BASE, MAX);
+        let now = SystemClock.now(); // the exponential limiter does not use it
+        let mut sum = 0u64;
+        let t = Instant::now();
+        for r in 0..rounds {
+            for k in keys {
+                sum = sum.wrapping_add(l.when(k, now).as_nanos() as u64);
+            }
+            if r % 10 == 9 {
+                for k in keys {
+                    RateLimiter::<Key>::forget(&l, k);
+                }
+            }
+        }
+        let d = t.elapsed();
+        assert_eq!(sum, expected_sum(keys.len(), rounds), "ours: W6 delays");
+        for k in keys {
+            assert_eq!(
+                RateLimiter::<Key>::num_requeues(&l, k) as usize,
+                rounds % 10
+            );
+        }
+        d
+    }
+
+    /// The client-go port: `Mutex<HashMap>` (SipHash), float backoff.
+    pub fn naive(keys: &[Key], calls: usize) -> Duration {
+        use naive::Limiter;
+        let rounds = rounds(keys, calls);
+        let l = naive::ItemExponentialFailure::<Key>::new(BASE, MAX);
+        let mut sum = 0u64;
+        let t = Instant::now();
+        for r in 0..rounds {
+            for k in keys {
+                sum = sum.wrapping_add(l.when(k).as_nanos() as u64);
+            }
+            if r % 10 == 9 {
+                for k in keys {
+                    l.forget(k);
+                }
+            }
+        }
+        let d = t.elapsed();
+        assert_eq!(sum, expected_sum(keys.len(), rounds), "naive: W6 delays");
+        for k in keys {
+            assert_eq!(l.num_requeues(k) as usize, rounds % 10);
+        }
+        d
+    }
+}
+
+/// W7 limiter-bucket: token bucket (qps 1e9, burst 1e9), `calls` calls, each with one read of the
+/// clock the limiter is used with.
+pub mod w7 {
+    use super::*;
+
+    const QPS: f64 = 1e9;
+    const BURST: u32 = 1_000_000_000;
+
+    /// Ours: lock-free GCRA `TokenBucket`, `now` from the queue's `SystemClock`.
+    pub fn ours(calls: usize) -> Duration {
+        ours_with(SystemClock, calls)
+    }
+
+    /// Ours with `now` from another clock (the `(quanta clock)` row).
+    pub fn ours_with(clock: impl Clock, calls: usize) -> Duration {
+        let b = TokenBucket::new(QPS, BURST).expect("valid bucket");
+        let mut sum = Duration::ZERO;
+        let t = Instant::now();
+        for _ in 0..calls {
+            sum += RateLimiter::<()>::when(&b, &(), clock.now());
+        }
+        let d = t.elapsed();
+        assert_eq!(sum, Duration::ZERO, "ours: W7 a call was delayed");
+        d
+    }
+
+    /// The client-go port: `x/time/rate` under a mutex, reading `Instant::now()` itself.
+    pub fn naive(calls: usize) -> Duration {
+        use naive::Limiter;
+        let b = naive::Bucket::new(QPS, BURST.into());
+        let mut sum = Duration::ZERO;
+        let t = Instant::now();
+        for _ in 0..calls {
+            sum += b.when(&());
+        }
+        let d = t.elapsed();
+        assert_eq!(sum, Duration::ZERO, "naive: W7 a call was delayed");
+        d
+    }
+
+    /// Floor: `governor`'s direct limiter, `check()` (reads its own quanta clock).
+    pub fn governor(calls: usize) -> Duration {
+        use std::num::NonZeroU32;
+        let n = NonZeroU32::new(BURST).expect("non-zero");
+        let g = governor::RateLimiter::direct(governor::Quota::per_second(n).allow_burst(n));
+        let mut denied = 0usize;
+        let t = Instant::now();
+        for _ in 0..calls {
+            denied += usize::from(g.check().is_err());
+        }
+        let d = t.elapsed();
+        assert_eq!(denied, 0, "governor: W7 a call was denied");
+        d
+    }
+}
+
+/// W8 limiter-default: the default controller limiter, `calls` calls on the keys round-robin.
+pub mod w8 {
+    use super::*;
+
+    fn rounds(keys: &[Key], calls: usize) -> usize {
+        assert!(
+            calls.is_multiple_of(keys.len()),
+            "calls must be whole rounds"
+        );
+        calls / keys.len()
+    }
+
+    /// Ours, with one read of the queue's `SystemClock` per call (the port's bucket reads the
+    /// clock inside every call too).
+    pub fn ours(keys: &[Key], calls: usize) -> Duration {
+        ours_with(SystemClock, keys, calls)
+    }
+
+    /// Ours with `now` from another clock, read on every call (the `(quanta clock)` row).
+    pub fn ours_with(clock: impl Clock, keys: &[Key], calls: usize) -> Duration {
+        let rounds = rounds(keys, calls);
+        let l = default_controller_rate_limiter::<Key>();
+        let mut last = Duration::ZERO;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in keys {
+                last = l.when(k, clock.now());
+            }
+        }
+        let d = t.elapsed();
+        check_ours(&l, keys, rounds, last);
+        d
+    }
+
+    /// Ours, with `now` read once per round of keys: the limiter's own cost (in the queue, the
+    /// clock read is shared with the deadline computation).
+    pub fn ours_shared_now(keys: &[Key], calls: usize) -> Duration {
+        let rounds = rounds(keys, calls);
+        let l = default_controller_rate_limiter::<Key>();
+        let clock = SystemClock;
+        let mut last = Duration::ZERO;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            let now = clock.now();
+            for k in keys {
+                last = l.when(k, now);
+            }
+        }
+        let d = t.elapsed();
+        check_ours(&l, keys, rounds, last);
+        d
+    }
+
+    fn check_ours(l: &impl RateLimiter<Key>, keys: &[Key], rounds: usize, last: Duration) {
+        for k in keys {
+            assert_eq!(l.num_requeues(k) as usize, rounds, "ours: W8 failures");
+        }
+        if rounds >= 19 {
+            assert!(
+                last >= Duration::from_secs(1000),
+                "ours: W8 last delay {last:?}"
+            );
+        }
+    }
+
+    /// The client-go port: `MaxOf` over boxed limiters, each with its own mutex.
+    pub fn naive(keys: &[Key], calls: usize) -> Duration {
+        use naive::Limiter;
+        let rounds = rounds(keys, calls);
+        let l = naive::default_controller_rate_limiter::<Key>();
+        let mut last = Duration::ZERO;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for k in keys {
+                last = l.when(k);
+            }
+        }
+        let d = t.elapsed();
+        for k in keys {
+            assert_eq!(l.num_requeues(k) as usize, rounds, "naive: W8 failures");
+        }
+        if rounds >= 19 {
+            assert!(
+                last >= Duration::from_secs(1000),
+                "naive: W8 last delay {last:?}"
+            );
+        }
+        d
+    }
+}
+
+/// W9 memory: N distinct keys added and left queued; heap bytes per item, keys excluded (the keys
+/// are allocated before, and cloning an `Arc` allocates nothing).
+///
+/// Needs [`crate::alloc::CountingAlloc`] as the global allocator; panics otherwise.
+pub mod w9 {
+    use super::*;
+    use crate::alloc;
+
+    fn per_item(net: Option<isize>, n: usize, who: &str) -> f64 {
+        let net = net.unwrap_or_else(|| {
+            panic!("{who}: W9 needs workqueue_benches::alloc::CountingAlloc as global allocator")
+        });
+        net as f64 / n as f64
+    }
+
+    /// Our queue (default capacity: grows as keys come). Also checks that the queue's own
+    /// `allocated_bytes()` accounts for what the allocator saw.
+    pub fn ours(keys: &[Key]) -> f64 {
+        let (q, net) = alloc::measure(|| {
+            let q = Ours::new();
+            for k in keys {
+                q.add(k.clone());
+            }
+            q
+        });
+        assert_eq!(q.len(), keys.len(), "ours: W9 queued keys");
+        let reported = q.allocated_bytes();
+        let figure = per_item(net, keys.len(), "ours");
+        // The allocator also sees the queue's fixed parts (the shared state, the limiter).
+        assert!(
+            reported as f64 <= figure * keys.len() as f64,
+            "ours: allocated_bytes() {reported} exceeds what was allocated"
+        );
+        drop(q);
+        figure
+    }
+
+    /// The client-go port's basic queue (`VecDeque` + `dirty` set).
+    pub fn naive(keys: &[Key]) -> f64 {
+        let (q, net) = alloc::measure(|| {
+            let q = naive::Queue::new();
+            for k in keys {
+                q.add(k.clone());
+            }
+            q
+        });
+        assert_eq!(q.len(), keys.len(), "naive: W9 queued keys");
+        drop(q);
+        per_item(net, keys.len(), "naive")
+    }
+
+    /// Floor: an unbounded crossbeam channel holding the keys.
+    pub fn crossbeam(keys: &[Key]) -> f64 {
+        let ((tx, rx), net) = alloc::measure(|| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            for k in keys {
+                tx.send(k.clone()).expect("receiver alive");
+            }
+            (tx, rx)
+        });
+        assert_eq!(rx.len(), keys.len(), "crossbeam: W9 queued keys");
+        drop((tx, rx));
+        per_item(net, keys.len(), "crossbeam")
+    }
+}
+
+/// W10 ratelimited-cycle: `add_rate_limited` every key (default limiter with a qps 1e9 / burst
+/// 1e9 bucket, so only the 5 ms backoff applies), then get + forget + done as they become ready.
+/// Measures process CPU time (every thread, including timer threads).
+pub mod w10 {
+    use super::*;
+    use cpu_time::ProcessTime;
+
+    const BASE: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1000);
+
+    /// Process CPU time and wall time of one run.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Cost {
+        /// CPU time of every thread of the process during the run.
+        pub cpu: Duration,
+        /// Wall-clock time of the run.
+        pub wall: Duration,
+    }
+
+    fn measure(f: impl FnOnce()) -> Cost {
+        let cpu = ProcessTime::now();
+        let wall = Instant::now();
+        f();
+        Cost {
+            cpu: cpu.elapsed(),
+            wall: wall.elapsed(),
+        }
+    }
+
+    /// Our blocking queue.
+    pub fn ours(keys: &[Key]) -> Cost {
+        let q: Ours = WorkQueue::builder()
+            .rate_limiter(MaxPair::new(
+                ExponentialFailure::new(BASE, MAX),
+                TokenBucket::new(1e9, 1_000_000_000).expect("valid bucket"),
+            ))
+            .build();
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let cost = measure(|| {
+            for k in keys {
+                q.add_rate_limited(k.clone());
+            }
+            while seen.count < keys.len() as u64 {
+                let lease = q.get().expect("not shut down");
+                seen.add(&lease);
+                lease.forget();
+            }
+        });
+        assert_eq!(seen, expected, "ours: W10 keys seen");
+        assert_ours_empty(&q);
+        assert_eq!(q.num_requeues(&keys[0]), 0, "ours: W10 forget");
+        q.shut_down();
+        cost
+    }
+
+    /// The client-go port: rate-limiting queue over the delaying queue and its timer thread.
+    pub fn naive(keys: &[Key]) -> Cost {
+        let q = naive::RateLimitingQueue::new(naive::controller_rate_limiter::<Key>(
+            1e9,
+            1_000_000_000,
+        ));
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let cost = measure(|| {
+            for k in keys {
+                q.add_rate_limited(k.clone());
+            }
+            while seen.count < keys.len() as u64 {
+                let k = q.get().expect("not shut down");
+                seen.add(&k);
+                q.forget(&k);
+                q.done(&k);
+            }
+        });
+        assert_eq!(seen, expected, "naive: W10 keys seen");
+        assert_naive_empty(q.delaying().queue());
+        assert_eq!(q.num_requeues(&keys[0]), 0, "naive: W10 forget");
+        q.shut_down();
+        cost
+    }
+
+    /// Floor (informative, no target): `DelayQueue` with a fixed 5 ms delay, drained on a
+    /// current-thread runtime; no de-duplication and no limiter.
+    pub fn delay_queue(keys: &[Key]) -> Cost {
+        let rt = current_thread_runtime();
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let cost = measure(|| {
+            rt.block_on(async {
+                let mut dq = tokio_util::time::DelayQueue::new();
+                for k in keys {
+                    dq.insert(k.clone(), BASE);
+                }
+                while let Some(expired) = poll_fn(|cx| dq.poll_expired(cx)).await {
+                    seen.add(expired.get_ref());
+                }
+            })
+        });
+        assert_eq!(seen, expected, "DelayQueue: W10 keys seen");
+        cost
+    }
+
+    // ASYNC ROW: `pub fn ours_async(keys: &[Key]) -> Cost` for workqueue-tokio's queue goes here
+    // (add_rate_limited every key, then get + forget on one task; target: <= 0.35x naive).
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys;
+
+    #[test]
+    fn every_queue_workload_checks_out_on_small_inputs() {
+        let k = keys(2_000);
+        w1::ours(&k);
+        w1::naive(&k);
+        w1::crossbeam(&k);
+        w2::ours(&k[..100], 5);
+        w2::ours_add_ref(&k[..100], 5);
+        w2::naive(&k[..100], 5);
+        for (p, c) in [(1, 1), (2, 2), (3, 1)] {
+            w3::ours(&k, p, c);
+            w3::naive(&k, p, c);
+            w3::crossbeam(&k, p, c);
+        }
+        let d = w4::delays(k.len());
+        assert!(d.iter().all(|d| (3600..7200).contains(&d.as_secs())));
+        w4::ours(&k, &d);
+        w4::naive(&k, &d);
+        w4::delay_queue(&k, &d);
+    }
+
+    #[test]
+    fn delay_and_limiter_workloads_check_out_on_small_inputs() {
+        let k = keys(1_000);
+        for l in [
+            w5::ours(&k[..50]),
+            w5::naive(&k[..50]),
+            w5::delay_queue(&k[..50]),
+        ] {
+            assert!(l.p50 <= l.p99 && l.p99 <= l.max);
+        }
+        w6::ours(&k[..100], 3_000);
+        w6::naive(&k[..100], 3_000);
+        w7::ours(10_000);
+        w7::naive(10_000);
+        w7::governor(10_000);
+        w8::ours(&k[..100], 2_000);
+        w8::ours_shared_now(&k[..100], 2_000);
+        w8::naive(&k[..100], 2_000);
+        w10::ours(&k);
+        w10::naive(&k);
+        w10::delay_queue(&k);
+    }
+}
