@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
 use workqueue_ratelimit::{Instant, RateLimiter};
 
 use crate::clock::Clock;
@@ -89,7 +91,9 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
 /// without it only where a stale `false` is harmless); whoever changes the state so that a key
 /// becomes ready, or the earliest deadline moves earlier, calls `wake_getter` before unlocking.
 pub struct QueueCore<T, S, N> {
-    locked: Mutex<Locked<T, S>>,
+    /// On its own cache line: leases clone and drop the `Arc` around the core, and its reference
+    /// count must not share a line with the lock every thread contends on.
+    locked: CachePadded<Mutex<Locked<T, S>>>,
     limiter: Arc<dyn RateLimiter<T>>,
     clock: Arc<dyn Clock>,
     shutting_down: AtomicBool,
@@ -120,13 +124,13 @@ where
             Box::new(crate::metrics::QueueMetrics::new(name))
         });
         QueueCore {
-            locked: Mutex::new(Locked {
+            locked: CachePadded::new(Mutex::new(Locked {
                 state,
                 idle_getters: 0,
                 timer: None,
                 drains: 0,
                 releases: 0,
-            }),
+            })),
             limiter,
             clock: config.clock,
             shutting_down: AtomicBool::new(false),

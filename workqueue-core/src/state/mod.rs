@@ -638,16 +638,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if let Some(w) = self.waiting.peek() {
             assert!(w.deadline > self.now, "a due key was not promoted");
         }
-        self.waiting_heap_check();
-    }
-
-    #[cfg(test)]
-    fn waiting_heap_check(&self) {
         self.waiting.check(&self.slots);
     }
-
-    #[cfg(not(test))]
-    fn waiting_heap_check(&self) {}
 
     // ---- internals -----------------------------------------------------------------------------
 
@@ -774,6 +766,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         if self.waiting.len() == 0 && self.waiting.allocated_bytes() > SHRINK_ABOVE * 24 {
             self.waiting.shrink();
+        }
+        if let Some(t) = &mut self.timing {
+            t.shrink_if_large(SHRINK_ABOVE);
         }
     }
 }

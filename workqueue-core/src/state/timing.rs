@@ -99,6 +99,16 @@ impl Timing {
         (Duration::from_nanos(total), Duration::from_nanos(longest))
     }
 
+    /// Frees per-slot buffers larger than `above` entries; called when the state is empty, so no
+    /// slot has timing data left.
+    pub(crate) fn shrink_if_large(&mut self, above: usize) {
+        for v in [&mut self.added, &mut self.started] {
+            if v.capacity() > above {
+                *v = Vec::new();
+            }
+        }
+    }
+
     /// Heap bytes held.
     pub fn allocated_bytes(&self) -> usize {
         size_of::<Self>()

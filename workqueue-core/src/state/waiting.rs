@@ -142,8 +142,7 @@ impl WaitingHeap {
         slots.set_heap_pos(entry.slot, pos as u32);
     }
 
-    /// Checks the heap order and the position index (tests and debug builds).
-    #[cfg(test)]
+    /// Checks the heap order and the position index (for `check_invariants`).
     pub(crate) fn check<T>(&self, slots: &Slots<T>) {
         for (i, e) in self.heap.iter().enumerate() {
             assert_eq!(slots.heap_pos(e.slot), Some(i as u32));
