@@ -72,6 +72,8 @@ pub struct CoreConfig<T, S> {
     pub capacity: usize,
     /// Whether drains also wait for the ready FIFO to empty.
     pub drain_includes_queued: bool,
+    /// Whether `add_rate_limited` skips the limiter for a key already queued or waiting.
+    pub skip_limiter_when_pending: bool,
 }
 
 impl<T, S> fmt::Debug for CoreConfig<T, S> {
@@ -81,6 +83,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("clock", &self.clock)
             .field("capacity", &self.capacity)
             .field("drain_includes_queued", &self.drain_includes_queued)
+            .field("skip_limiter_when_pending", &self.skip_limiter_when_pending)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +101,7 @@ pub struct QueueCore<T, S, N> {
     clock: Arc<dyn Clock>,
     shutting_down: AtomicBool,
     drain_includes_queued: bool,
+    skip_limiter_when_pending: bool,
     name: Option<Arc<str>>,
     notifier: N,
     /// Metrics of a named queue; `None` (and no per-key timing) for an unnamed one.
@@ -135,6 +139,7 @@ where
             clock: config.clock,
             shutting_down: AtomicBool::new(false),
             drain_includes_queued: config.drain_includes_queued,
+            skip_limiter_when_pending: config.skip_limiter_when_pending,
             name: config.name,
             notifier,
             #[cfg(feature = "metrics")]
@@ -257,6 +262,15 @@ where
     pub fn add_rate_limited(&self, key: T) -> AddStatus {
         if self.is_shutting_down() {
             return AddStatus::ShutDown;
+        }
+        if self.skip_limiter_when_pending {
+            let g = self.lock();
+            if g.state.is_queued(&key) {
+                return AddStatus::AlreadyQueued;
+            }
+            if g.state.waiting_deadline(&key).is_some() {
+                return AddStatus::AlreadyWaiting;
+            }
         }
         let now = self.clock.now();
         let delay = self.limiter.when(&key, now);

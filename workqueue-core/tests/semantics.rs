@@ -1193,3 +1193,48 @@ fn dropping_a_queue_unregisters_it_from_its_manual_clock() {
     assert_eq!(clock.registered(), 0);
     clock.advance(secs(1)); // no queue to wake: must not panic
 }
+
+/// DESIGN.md 3.1: the opt-in that keeps de-duplicated rate-limited adds from charging the limiter
+/// (controller-runtime #1594).
+#[test]
+fn skip_limiter_when_pending_leaves_pending_keys_and_the_limiter_alone() {
+    use workqueue_core::ratelimit::{ExponentialFailure, TokenBucket};
+    use workqueue_core::state::AddStatus;
+
+    let clock = ManualClock::new();
+    let q: WorkQueue<&str> = WorkQueue::builder()
+        .clock(clock.clone())
+        .rate_limiter(ExponentialFailure::new(
+            Duration::from_millis(10),
+            Duration::from_secs(10),
+        ))
+        .skip_limiter_when_pending(true)
+        .build();
+    assert_eq!(q.add_rate_limited("waiting"), AddStatus::Waiting);
+    assert_eq!(q.add_rate_limited("waiting"), AddStatus::AlreadyWaiting);
+    assert_eq!(
+        q.num_requeues(&"waiting"),
+        1,
+        "the skipped add counted no failure"
+    );
+    q.add("queued");
+    assert_eq!(q.add_rate_limited("queued"), AddStatus::AlreadyQueued);
+    assert_eq!(q.num_requeues(&"queued"), 0);
+
+    // Default (client-go): every rate-limited add is charged, de-duplicated or not.
+    let bucket = TokenBucket::new(1.0, 1).unwrap();
+    let q: WorkQueue<&str> = WorkQueue::builder()
+        .clock(clock.clone())
+        .rate_limiter(bucket)
+        .build();
+    assert_eq!(
+        q.add_rate_limited("k"),
+        AddStatus::Queued,
+        "the burst token: no delay"
+    );
+    assert_eq!(
+        q.add_rate_limited("k"),
+        AddStatus::Waiting,
+        "charged although k is queued"
+    );
+}

@@ -72,6 +72,7 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 hasher: DefaultHashBuilder::default(),
                 capacity: 0,
                 drain_includes_queued: false,
+                skip_limiter_when_pending: false,
             },
         }
     }
@@ -125,6 +126,19 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Whether `add_rate_limited` leaves a key that is already queued or waiting alone, without
+    /// consulting the rate limiter. Default: `false`, as client-go.
+    ///
+    /// Every `when` of a token bucket takes a token, even for an add that is then de-duplicated,
+    /// so a flood of rate-limited adds of the same pending keys drains the bucket and pushes
+    /// every later retry out (controller-runtime #1594), and per-key backoff counts failures that
+    /// were never retried. With this option such an add is a no-op: the retry it asks for is
+    /// already pending. A key being processed is still rate-limited as usual.
+    pub fn skip_limiter_when_pending(mut self, yes: bool) -> Self {
+        self.config.skip_limiter_when_pending = yes;
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -138,6 +152,7 @@ impl<T, S, D> Builder<T, S, D> {
                 hasher,
                 capacity: c.capacity,
                 drain_includes_queued: c.drain_includes_queued,
+                skip_limiter_when_pending: c.skip_limiter_when_pending,
             },
         }
     }
