@@ -58,7 +58,8 @@ pub struct Locked<T, S> {
     pub releases: u64,
 }
 
-/// Configuration shared by the drivers' builders.
+/// Configuration shared by the drivers' builders (built with [`Builder`](crate::Builder)).
+#[non_exhaustive]
 pub struct CoreConfig<T, S> {
     /// The queue's name (metrics and diagnostics).
     pub name: Option<Arc<str>>,
