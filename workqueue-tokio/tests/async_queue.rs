@@ -276,7 +276,7 @@ async fn many_getters_with_random_cancellation_never_lose_keys() {
             .unwrap_or_else(|_| panic!("keys lost: {} of {KEYS} handed out", total.load(SeqCst)));
     }
     queue.shut_down();
-    getters.join_all().await;
+    within(getters.join_all()).await;
     for (key, n) in got.iter().enumerate() {
         assert_eq!(n.load(SeqCst), 1, "key {key} handed out {n:?} times");
     }
@@ -378,6 +378,68 @@ async fn waiting_get_is_woken_by_an_earlier_add_after() {
     assert_eq!(*lease, "later");
     assert_eq!(start.elapsed(), secs(23));
     lease.done();
+    assert_eq!(queue.counts(), Counts::default());
+}
+
+/// Only some waiting getters need to sleep until the earliest deadline; whichever does, the
+/// deadline must not be lost when it stops waiting: cancelled, or returning with a key added
+/// meanwhile. Every delayed key is handed out at exactly its deadline.
+#[tokio::test(start_paused = true)]
+async fn deadline_is_kept_when_the_getter_timing_it_leaves() {
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+
+    // The first getter (the only one when the deadline is set) is cancelled before it.
+    let start = Instant::now();
+    queue.add_after("later", ms(50));
+    let mut first = Box::pin(queue.get());
+    assert!(poll_once(&mut first).await.is_pending());
+    let second = spawn_getter(&queue);
+    sleep(ms(20)).await;
+    drop(first);
+    let (lease, at) = within(second).await.unwrap();
+    assert_eq!(*lease.unwrap(), "later");
+    assert_eq!(
+        at - start,
+        ms(50),
+        "the deadline was lost with the cancelled getter"
+    );
+
+    // Two getters wait for a deadline; one returns with a key added meanwhile.
+    let start = Instant::now();
+    queue.add_after("later", ms(50));
+    let getters = [spawn_getter(&queue), spawn_getter(&queue)];
+    sleep(ms(10)).await;
+    queue.add("now");
+    let mut got = Vec::new();
+    for getter in getters {
+        let (lease, at) = within(getter).await.unwrap();
+        got.push((*lease.unwrap(), at - start));
+    }
+    got.sort_unstable_by_key(|&(_, at)| at);
+    assert_eq!(got, [("now", ms(10)), ("later", ms(50))]);
+
+    // Four getters, four deadlines: each key at exactly its own.
+    let start = Instant::now();
+    let getters: Vec<_> = (0..4).map(|_| spawn_getter(&queue)).collect();
+    sleep(ms(1)).await;
+    for (key, delay) in [("d40", 40), ("d10", 10), ("d30", 30), ("d20", 20)] {
+        queue.add_after(key, ms(delay));
+    }
+    let mut got = Vec::new();
+    for getter in getters {
+        let (lease, at) = within(getter).await.unwrap();
+        got.push((*lease.unwrap(), at - start));
+    }
+    got.sort_unstable_by_key(|&(_, at)| at);
+    assert_eq!(
+        got,
+        [
+            ("d10", ms(11)),
+            ("d20", ms(21)),
+            ("d30", ms(31)),
+            ("d40", ms(41))
+        ]
+    );
     assert_eq!(queue.counts(), Counts::default());
 }
 
@@ -783,7 +845,7 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
         });
     }
 
-    let watchdog = timeout(secs(60), async {
+    let watchdog = timeout(secs(30), async {
         producers.join_all().await;
         queue.shut_down();
         getters.join_all().await;
@@ -852,7 +914,7 @@ async fn multi_thread_random_cancellation_hands_out_each_key_once() {
             }
         }
     });
-    let watchdog = timeout(secs(60), async {
+    let watchdog = timeout(secs(30), async {
         producer.await.unwrap();
         // Wait until every key was handed out before shutting down, so a lost wake-up is not
         // hidden by the shutdown's broadcast.

@@ -190,7 +190,7 @@ async fn add_while_processing(how: Shutdown) {
         });
     }
     // Real time (multi-thread runtime): a generous watchdog turns a hang into a failure.
-    tokio::time::timeout(secs(60), async {
+    tokio::time::timeout(secs(30), async {
         producers.join_all().await;
         shut_down(&queue, how).await;
         consumers.join_all().await;

@@ -1035,7 +1035,7 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
         });
     }
 
-    let report = tokio::time::timeout(secs(60), async {
+    let report = tokio::time::timeout(secs(30), async {
         producers.join_all().await;
         queue.shut_down();
         within(handle).await.unwrap()
