@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Verification beyond `cargo test`: loom models of the blocking driver, a fuzzing smoke run of
-# every cargo-fuzz target, and a soak run of the blocking queue. Stable Rust only.
+# every cargo-fuzz target, and soak runs of the blocking and the async queue. Stable Rust only.
 #
 # About 10 minutes on 2 cores from a clean checkout (cargo-fuzz install ~2 min, loom build ~3 min,
-# fuzz build ~1.5 min + 1 min of fuzzing, soak build ~1.5 min + 20 s). Knobs (environment):
+# fuzz build ~1.5 min + 1 min of fuzzing, soak builds ~2 min + 2 x 20 s). Knobs (environment):
 #   LOOM_MAX_PREEMPTIONS (2)   FUZZ_SECONDS (60, per target, all targets at once)
 #   SOAK_SECONDS (20)          SOAK_THREADS (4)
 set -euo pipefail
@@ -67,5 +67,8 @@ fi
 step "soak: ${SOAK_SECONDS}s, ${SOAK_THREADS} threads (release)"
 cargo run --release -p workqueue-core --example soak -- \
   --seconds "$SOAK_SECONDS" --threads "$SOAK_THREADS"
+
+step "async soak: ${SOAK_SECONDS}s, tokio queue (release)"
+cargo run --release -p workqueue-tokio --example soak_async -- --seconds "$SOAK_SECONDS"
 
 step "all verification passed"

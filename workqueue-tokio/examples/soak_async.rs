@@ -1,0 +1,618 @@
+//! Soak test: many tokio tasks hammer one async `WorkQueue` with random operations.
+//!
+//! ```text
+//! cargo run --release -p workqueue-tokio --example soak_async -- --seconds 20
+//! ```
+//!
+//! Options: `--seconds N` (default 10), `--threads T` (runtime worker threads, default 4),
+//! `--tasks M` (default 16), `--keys K` (default 256), `--rounds R` (default one per second, at
+//! least 2), `--seed S`.
+//!
+//! Each round, `M` tasks on a multi-thread runtime run random operations for `N / R` seconds:
+//! `add`, `add_ref`, `add_after` (real delays up to 2 ms), `add_rate_limited` (per-key exponential
+//! backoff from 1 µs to 1 ms), `add_batch` (including rare bursts of fresh keys that grow the
+//! queue's buffers), `get().await`, `try_get`, `try_get_batch`, and gets that are cancelled: by
+//! `tokio::time::timeout` with a tiny duration, or in `select!` against another `get` of the
+//! same queue or against a task yield. Leases are finished every way there is (`done`,
+//! `forget`, `retry`, `retry_after`, `requeue_after`, `finish`, drop), sometimes after holding
+//! them across an `.await`. Then the producers stop and drain tasks blocked in plain
+//! `get().await` process everything left until `counts().tracked == 0`, under a watchdog that
+//! fails the run (a lost wake-up or a leaked key shows up as a drain that never finishes).
+//! Checked:
+//!
+//! - no key is ever held by two leases at once (a per-key flag, swapped on every lease);
+//! - counts stay consistent (`tracked <= ready + processing + waiting`, processing bounded by the
+//!   leases the tasks can hold);
+//! - every key added is processed at least once after its last add (per key: the stamp of its
+//!   last lease is later than the stamp of its last add, once drained);
+//! - memory stays flat: the queue tracks nothing after each drain, and the process RSS (from
+//!   `/proc/self/statm`) after the last drain is at most twice the RSS after the first one (a
+//!   generous bound against leaks, not a measurement);
+//! - the final `shut_down_with_drain().await` completes and `get().await` then returns `None`.
+//!
+//! It exits non-zero on any violation and prints operation counts, throughput and RSS figures.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant as StdInstant};
+
+use tokio::task::JoinSet;
+use tokio::time::{sleep, timeout};
+use tokio_util::sync::CancellationToken;
+use workqueue_ratelimit::ExponentialFailure;
+use workqueue_tokio::{Lease, Outcome, WorkQueue};
+
+/// Keys per burst of fresh keys (from a range of their own).
+const BURST: usize = 4096;
+/// Most leases one task holds at once (`try_get_batch` takes up to this many).
+const MAX_BATCH: usize = 8;
+/// A round's producers must stop, and its drain must finish, within this long.
+const WATCHDOG: Duration = Duration::from_secs(30);
+/// RSS after the last drain may be at most this many times the RSS after the first.
+const RSS_FACTOR: u64 = 2;
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    seconds: f64,
+    threads: usize,
+    tasks: usize,
+    keys: usize,
+    rounds: usize,
+    seed: u64,
+}
+
+fn parse_args() -> Result<Config, String> {
+    let mut c = Config {
+        seconds: 10.0,
+        threads: 4,
+        tasks: 16,
+        keys: 256,
+        rounds: 0,
+        seed: 0x5eed,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--seconds" => c.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?,
+            "--threads" => c.threads = value("--threads")?.parse().map_err(|e| format!("{e}"))?,
+            "--tasks" => c.tasks = value("--tasks")?.parse().map_err(|e| format!("{e}"))?,
+            "--keys" => c.keys = value("--keys")?.parse().map_err(|e| format!("{e}"))?,
+            "--rounds" => c.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
+            "--seed" => c.seed = value("--seed")?.parse().map_err(|e| format!("{e}"))?,
+            "--bench" => {} // passed by `cargo bench`-style runners; ignored
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if !(c.seconds.is_finite() && c.seconds >= 0.0) {
+        return Err(format!(
+            "--seconds must be a non-negative number, not {}",
+            c.seconds
+        ));
+    }
+    c.threads = c.threads.max(1);
+    c.tasks = c.tasks.max(1);
+    c.keys = c.keys.max(1);
+    if c.rounds == 0 {
+        // One round per second: many drains, each checked.
+        c.rounds = (c.seconds as usize).clamp(2, 1000);
+    }
+    Ok(c)
+}
+
+/// splitmix64: a tiny deterministic generator (no dependency needed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+type Key = Arc<str>;
+
+/// Shared bookkeeping for the checks.
+struct Book {
+    names: Vec<Key>,
+    held: Vec<AtomicBool>,
+    last_add: Vec<AtomicU64>,
+    last_lease: Vec<AtomicU64>,
+    clock: AtomicU64,
+    violations: AtomicU64,
+}
+
+impl Book {
+    fn new(keys: usize) -> Self {
+        let n = keys + BURST;
+        Book {
+            names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
+            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            last_add: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            last_lease: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            clock: AtomicU64::new(1),
+            violations: AtomicU64::new(0),
+        }
+    }
+
+    fn index(key: &str) -> usize {
+        key.rsplit('-').next().unwrap().parse().unwrap()
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, SeqCst)
+    }
+
+    /// Call before an add of `i`: the add happens after this stamp.
+    fn adding(&self, i: usize) {
+        self.last_add[i].fetch_max(self.tick(), SeqCst);
+    }
+
+    fn violation(&self, what: std::fmt::Arguments<'_>) {
+        if self.violations.fetch_add(1, SeqCst) < 10 {
+            eprintln!("soak_async: VIOLATION: {what}");
+        }
+    }
+
+    /// A lease was handed out: take the key's flag and stamp it.
+    fn leased(&self, lease: &Lease<Key>) -> usize {
+        let i = Book::index(lease);
+        if self.held[i].swap(true, SeqCst) {
+            self.violation(format_args!("{} held by two leases", &**lease));
+        }
+        self.last_lease[i].fetch_max(self.tick(), SeqCst);
+        i
+    }
+
+    /// About to finish the lease of key `i`.
+    fn releasing(&self, i: usize) {
+        if !self.held[i].swap(false, SeqCst) {
+            self.violation(format_args!("key {i} released but not held"));
+        }
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    ops: u64,
+    gets: u64,
+    adds: u64,
+    cancelled: u64,
+}
+
+impl Tally {
+    fn merge(&mut self, o: Tally) {
+        self.ops += o.ops;
+        self.gets += o.gets;
+        self.adds += o.adds;
+        self.cancelled += o.cancelled;
+    }
+}
+
+/// Processes a lease (sometimes holding it across an `.await`) and finishes it some way.
+async fn finish(book: &Book, rng: &mut Rng, lease: Lease<Key>) {
+    let i = book.leased(&lease);
+    match rng.below(100) {
+        0..10 => tokio::task::yield_now().await,
+        10..12 => sleep(Duration::from_micros(rng.below(500))).await,
+        _ => {
+            for _ in 0..rng.below(64) {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    book.releasing(i);
+    let us = |n| Duration::from_micros(n);
+    match rng.below(100) {
+        0..40 => lease.done(),
+        40..55 => lease.forget(),
+        55..65 => lease.retry(),
+        65..75 => lease.retry_after(us(rng.below(300))),
+        75..80 => lease.requeue_after(us(rng.below(300))),
+        80..85 => lease.finish(Outcome::RetryAfter(Duration::ZERO)),
+        _ => drop(lease),
+    }
+}
+
+/// One hammering task: random operations until `stop` is cancelled.
+async fn hammer(
+    q: WorkQueue<Key>,
+    book: Arc<Book>,
+    stop: CancellationToken,
+    cfg: Config,
+    seed: u64,
+) -> Tally {
+    let mut rng = Rng(seed);
+    let mut t = Tally::default();
+    let keys = cfg.keys as u64;
+    while !stop.is_cancelled() {
+        t.ops += 1;
+        // Operations that do not wait never yield: let the other tasks (and the timers) run.
+        if t.ops % 32 == 0 {
+            tokio::task::yield_now().await;
+        }
+        let k = rng.below(keys) as usize;
+        match rng.below(1000) {
+            0..200 => {
+                book.adding(k);
+                q.add(book.names[k].clone());
+                t.adds += 1;
+            }
+            200..260 => {
+                book.adding(k);
+                q.add_ref(&*book.names[k]);
+                t.adds += 1;
+            }
+            260..340 => {
+                book.adding(k);
+                q.add_after(
+                    book.names[k].clone(),
+                    Duration::from_micros(rng.below(2001)),
+                );
+                t.adds += 1;
+            }
+            340..380 => {
+                book.adding(k);
+                q.add_rate_limited(book.names[k].clone());
+                t.adds += 1;
+            }
+            380..405 => {
+                let n = 1 + rng.below(16) as usize;
+                let batch: Vec<Key> = (0..n)
+                    .map(|_| {
+                        let k = rng.below(keys) as usize;
+                        book.adding(k);
+                        book.names[k].clone()
+                    })
+                    .collect();
+                t.adds += n as u64;
+                q.add_batch(batch);
+            }
+            405 if rng.below(4) == 0 => {
+                // A rare burst of fresh keys: grows every buffer of the queue.
+                let base = cfg.keys;
+                let batch: Vec<Key> = (base..base + BURST)
+                    .map(|k| {
+                        book.adding(k);
+                        book.names[k].clone()
+                    })
+                    .collect();
+                t.adds += BURST as u64;
+                q.add_batch(batch);
+            }
+            406..600 => {
+                // A plain waiting get, given up only when the round stops.
+                tokio::select! {
+                    lease = q.get() => {
+                        if let Some(lease) = lease {
+                            t.gets += 1;
+                            finish(&book, &mut rng, lease).await;
+                        }
+                    }
+                    () = stop.cancelled() => t.cancelled += 1,
+                }
+            }
+            600..700 => {
+                // A get with a tiny timeout (zero: polled once, then cancelled).
+                let limit = Duration::from_micros(rng.below(4) * 500);
+                match timeout(limit, q.get()).await {
+                    Ok(Some(lease)) => {
+                        t.gets += 1;
+                        finish(&book, &mut rng, lease).await;
+                    }
+                    Ok(None) => {}
+                    Err(_) => t.cancelled += 1,
+                }
+            }
+            700..760 => {
+                // Two gets of the same queue racing: the loser is dropped mid-wait.
+                tokio::select! {
+                    lease = q.get() => {
+                        if let Some(lease) = lease {
+                            t.gets += 1;
+                            finish(&book, &mut rng, lease).await;
+                        }
+                    }
+                    lease = q.get() => {
+                        if let Some(lease) = lease {
+                            t.gets += 1;
+                            finish(&book, &mut rng, lease).await;
+                        }
+                    }
+                    () = stop.cancelled() => {}
+                }
+                t.cancelled += 1;
+            }
+            760..800 => {
+                // A get against a yield: cancelled after one poll unless a key is ready.
+                tokio::select! {
+                    biased;
+                    lease = q.get() => {
+                        if let Some(lease) = lease {
+                            t.gets += 1;
+                            finish(&book, &mut rng, lease).await;
+                        }
+                    }
+                    () = tokio::task::yield_now() => t.cancelled += 1,
+                }
+            }
+            800..880 => {
+                if let Some(lease) = q.try_get() {
+                    t.gets += 1;
+                    finish(&book, &mut rng, lease).await;
+                }
+            }
+            880..930 => {
+                let leases = q.try_get_batch(1 + rng.below(MAX_BATCH as u64) as usize);
+                t.gets += leases.len() as u64;
+                for lease in leases {
+                    finish(&book, &mut rng, lease).await;
+                }
+            }
+            930..950 => q.forget(&book.names[k]),
+            _ => {
+                let c = q.counts();
+                if c.tracked > c.ready + c.processing + c.waiting {
+                    book.violation(format_args!("counts inconsistent: {c:?}"));
+                }
+                if c.processing > cfg.tasks * MAX_BATCH {
+                    book.violation(format_args!("{} processing, too many: {c:?}", c.processing));
+                }
+                let _ = q.len();
+            }
+        }
+    }
+    t
+}
+
+/// Processes everything left (waiting keys included) with `workers` tasks blocked in plain
+/// `get().await`, until the queue tracks nothing. Returns the number of leases taken.
+async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
+    let done = CancellationToken::new();
+    let mut set = JoinSet::new();
+    for _ in 0..workers {
+        let (q, book, done) = (q.clone(), book.clone(), done.clone());
+        set.spawn(async move {
+            let mut gets = 0u64;
+            loop {
+                tokio::select! {
+                    lease = q.get() => match lease {
+                        Some(lease) => {
+                            gets += 1;
+                            let i = book.leased(&lease);
+                            book.releasing(i);
+                            lease.forget();
+                        }
+                        None => break,
+                    },
+                    () = done.cancelled() => break,
+                }
+            }
+            gets
+        });
+    }
+    while q.counts().tracked != 0 {
+        sleep(Duration::from_millis(1)).await;
+    }
+    done.cancel();
+    let mut gets = 0;
+    while let Some(n) = set.join_next().await {
+        gets += n.expect("drain task panicked");
+    }
+    gets
+}
+
+/// Resident set size in KiB, from `/proc/self/statm` (Linux only).
+fn rss_kib() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size() / 1024)
+}
+
+/// The page size, from the auxiliary vector (`AT_PAGESZ`); 4 KiB if it cannot be read.
+fn page_size() -> u64 {
+    const AT_PAGESZ: u64 = 6;
+    let word = size_of::<usize>();
+    let read = || -> Option<u64> {
+        let auxv = std::fs::read("/proc/self/auxv").ok()?;
+        let words: Vec<u64> = auxv
+            .chunks_exact(word)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b[..word].copy_from_slice(c);
+                u64::from_ne_bytes(b)
+            })
+            .collect();
+        words
+            .chunks_exact(2)
+            .find(|p| p[0] == AT_PAGESZ)
+            .map(|p| p[1])
+    };
+    read().filter(|&p| p.is_power_of_two()).unwrap_or(4096)
+}
+
+fn show(kib: Option<u64>) -> String {
+    kib.map_or("?".into(), |v| format!("{v} KiB"))
+}
+
+async fn run(cfg: Config) -> ExitCode {
+    let limiter = ExponentialFailure::new(Duration::from_micros(1), Duration::from_millis(1));
+    let q: WorkQueue<Key> = WorkQueue::builder().rate_limiter(limiter).build();
+    let book = Arc::new(Book::new(cfg.keys));
+    let per_round = Duration::from_secs_f64(cfg.seconds / cfg.rounds as f64);
+    println!(
+        "soak_async: {} worker threads, {} tasks, {} keys (+{BURST} burst keys), {} rounds of {per_round:?}",
+        cfg.threads, cfg.tasks, cfg.keys, cfg.rounds
+    );
+
+    let rss_start = rss_kib();
+    let mut rss_peak = rss_start;
+    let mut rss_after = Vec::with_capacity(cfg.rounds);
+    let started = StdInstant::now();
+    let mut total = Tally::default();
+    let mut total_drained = 0;
+    for round in 0..cfg.rounds {
+        let stop = CancellationToken::new();
+        let round_start = StdInstant::now();
+        let mut set = JoinSet::new();
+        for t in 0..cfg.tasks {
+            let (q, book, stop) = (q.clone(), book.clone(), stop.clone());
+            let seed = cfg.seed ^ ((round as u64) << 32) ^ (t as u64 + 1);
+            set.spawn(hammer(q, book, stop, cfg, seed));
+        }
+        while round_start.elapsed() < per_round {
+            sleep(Duration::from_millis(10)).await;
+            rss_peak = rss_peak.max(rss_kib());
+        }
+        stop.cancel();
+        let mut tally = Tally::default();
+        let joined = timeout(WATCHDOG, async {
+            while let Some(t) = set.join_next().await {
+                tally.merge(t.expect("hammer task panicked"));
+            }
+        })
+        .await;
+        if joined.is_err() {
+            eprintln!(
+                "soak_async: round {round}: tasks did not stop within {WATCHDOG:?}: {:?}",
+                q.counts()
+            );
+            return ExitCode::FAILURE;
+        }
+        let drained = match timeout(WATCHDOG, drain(&q, &book, cfg.tasks.min(8))).await {
+            Ok(n) => n,
+            Err(_) => {
+                eprintln!(
+                    "soak_async: round {round}: not drained after {WATCHDOG:?}: {:?}",
+                    q.counts()
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        tally.gets += drained;
+        total_drained += drained;
+        let c = q.counts();
+        if c.tracked != 0 || c.processing != 0 || c.ready != 0 || c.waiting != 0 {
+            book.violation(format_args!(
+                "round {round}: queue not empty after drain: {c:?}"
+            ));
+        }
+        // Every key was processed after its last add.
+        for i in 0..book.names.len() {
+            let (a, l) = (
+                book.last_add[i].load(SeqCst),
+                book.last_lease[i].load(SeqCst),
+            );
+            if a != 0 && l < a {
+                book.violation(format_args!(
+                    "round {round}: key {i}: last added at stamp {a}, last processed at {l}"
+                ));
+            }
+            if book.held[i].load(SeqCst) {
+                book.violation(format_args!(
+                    "round {round}: key {i} still held after drain"
+                ));
+            }
+        }
+        let rss = rss_kib();
+        rss_after.push(rss);
+        let secs = round_start.elapsed().as_secs_f64();
+        println!(
+            "soak_async: round {round}: {} ops ({:.0} ops/s), {} adds, {} gets ({drained} in the drain), {} cancelled gets, RSS after drain {}",
+            tally.ops,
+            tally.ops as f64 / secs,
+            tally.adds,
+            tally.gets,
+            tally.cancelled,
+            show(rss),
+        );
+        total.merge(tally);
+    }
+    let secs = started.elapsed().as_secs_f64();
+
+    // Shutdown: the drain completes (no lease is outstanding) and getters then see `None`.
+    if timeout(WATCHDOG, q.shut_down_with_drain()).await.is_err() {
+        book.violation(format_args!(
+            "shut_down_with_drain did not finish: {:?}",
+            q.counts()
+        ));
+    }
+    match timeout(WATCHDOG, q.get()).await {
+        Ok(None) => {}
+        Ok(Some(lease)) => {
+            book.violation(format_args!("get after shutdown returned {:?}", &*lease));
+            lease.done();
+        }
+        Err(_) => book.violation(format_args!("get after shutdown did not return")),
+    }
+
+    // Memory is flat: the last drain leaves at most RSS_FACTOR times what the first one left.
+    let (first, last) = (rss_after[0], rss_after[rss_after.len() - 1]);
+    if let (Some(first), Some(last)) = (first, last)
+        && last > first * RSS_FACTOR
+    {
+        book.violation(format_args!(
+            "RSS grows: {first} KiB after the first drain, {last} KiB after the last"
+        ));
+    }
+
+    let violations = book.violations.load(SeqCst);
+    println!(
+        "soak_async: {} ops in {secs:.1} s ({:.0} ops/s), {} rounds, {} tasks on {} threads: {} adds, {} gets ({total_drained} in drains), {} cancelled gets",
+        total.ops,
+        total.ops as f64 / secs,
+        cfg.rounds,
+        cfg.tasks,
+        cfg.threads,
+        total.adds,
+        total.gets,
+        total.cancelled,
+    );
+    let after: Vec<String> = rss_after.iter().map(|r| show(*r)).collect();
+    println!(
+        "soak_async: RSS start {}, peak {}, after first drain {}, after last drain {} (bound {RSS_FACTOR}x); after each drain [{}]",
+        show(rss_start),
+        show(rss_peak),
+        show(first),
+        show(last),
+        after.join(", "),
+    );
+    if violations > 0 {
+        eprintln!("soak_async: FAILED with {violations} violation(s)");
+        ExitCode::FAILURE
+    } else {
+        println!(
+            "soak_async: OK (no key held twice, counts consistent, every add processed, drained every round, memory flat)"
+        );
+        ExitCode::SUCCESS
+    }
+}
+
+fn main() -> ExitCode {
+    let cfg = match parse_args() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "soak_async: {e}\nusage: soak_async [--seconds N] [--threads T] [--tasks M] [--keys K] [--rounds R] [--seed S]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.threads)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(run(cfg));
+    // A task stuck past the watchdog must not keep the process alive.
+    rt.shutdown_background();
+    code
+}
