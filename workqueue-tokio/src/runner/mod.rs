@@ -41,10 +41,10 @@ mod action;
 mod context;
 pub mod metrics;
 mod policy;
+mod reconcile;
 mod report;
 
 use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
@@ -62,6 +62,7 @@ use workqueue_core::{Lease, Outcome};
 pub use action::{Action, Decision, Failure};
 pub use context::Context;
 pub use policy::{ErrorPolicy, MaxRetries, RetryAlways};
+pub use reconcile::Reconcile;
 pub use report::Report;
 
 use crate::WorkQueue;
@@ -164,14 +165,12 @@ enum Ran<E> {
     Interrupted,
 }
 
-impl<T, R, P, S, Fut, E> Runner<T, R, P, S>
+impl<T, R, P, S> Runner<T, R, P, S>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
     S: BuildHasher + Send + Sync + 'static,
-    R: Fn(T, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    E: fmt::Debug + Send + 'static,
-    P: ErrorPolicy<T, E>,
+    R: Reconcile<T>,
+    P: ErrorPolicy<T, R::Error>,
 {
     /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled.
     ///
@@ -193,7 +192,7 @@ where
         });
         let mut workers = JoinSet::new();
         for _ in 0..self.workers {
-            workers.spawn(worker(shared.clone()));
+            workers.spawn(shared.clone().worker());
         }
         tokio::select! {
             biased;
@@ -220,100 +219,130 @@ async fn join_all(workers: &mut JoinSet<()>) {
     }
 }
 
-async fn worker<T, R, P, S, Fut, E>(shared: Arc<Shared<T, R, P, S>>)
+impl<T, R, P, S> Shared<T, R, P, S>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
     S: BuildHasher + Send + Sync + 'static,
-    R: Fn(T, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    E: fmt::Debug + Send + 'static,
-    P: ErrorPolicy<T, E>,
+    R: Reconcile<T>,
+    P: ErrorPolicy<T, R::Error>,
 {
-    loop {
-        let lease = tokio::select! {
-            biased;
-            () = shared.intake.cancelled() => return,
-            lease = shared.queue.get() => match lease {
-                Some(lease) => lease,
-                None => return,
-            },
-        };
-        reconcile_one(&shared, lease).await;
-    }
-}
-
-async fn reconcile_one<T, R, P, S, Fut, E>(shared: &Shared<T, R, P, S>, lease: Lease<T>)
-where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    R: Fn(T, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    E: fmt::Debug + Send + 'static,
-    P: ErrorPolicy<T, E>,
-{
-    let key = lease.key().clone();
-    let attempt = shared.queue.num_requeues(&key);
-    let span = tracing::info_span!("reconcile", key = ?key, attempt);
-    let active = ActiveWorker::new(&shared.metrics);
-    let started = tokio::time::Instant::now();
-    let ran = run_reconcile(shared, key.clone(), attempt)
-        .instrument(span.clone())
-        .await;
-    let elapsed = started.elapsed();
-    drop(active);
-    let _entered = span.enter();
-    let counters = &shared.counters;
-    let failure = match ran {
-        Ran::Returned(Ok(action)) => {
-            Counters::bump(&counters.processed);
-            let ended = match action {
-                Action::RequeueAfter(_) => Ended::RequeueAfter,
-                _ => Ended::Success,
+    async fn worker(self: Arc<Self>) {
+        loop {
+            let lease = tokio::select! {
+                biased;
+                () = self.intake.cancelled() => return,
+                lease = self.queue.get() => match lease {
+                    Some(lease) => lease,
+                    None => return,
+                },
             };
-            shared.metrics.reconciled(ended, elapsed);
-            return finish(lease, Reconciled::<E>::Ok(action).outcome());
+            self.reconcile_one(lease).await;
         }
-        Ran::Interrupted => {
-            Counters::bump(&counters.interrupted);
-            return finish(lease, Outcome::Retry);
-        }
-        Ran::Returned(Err(e)) => {
-            Counters::bump(&counters.errors);
-            tracing::warn!(error = ?e, "reconcile failed");
-            Failure::Error(e)
-        }
-        Ran::Panicked(message) => {
-            Counters::bump(&counters.panics);
-            tracing::error!(panic = %message, "reconcile panicked");
-            Failure::Panic(message)
-        }
-        Ran::TimedOut => {
-            Counters::bump(&counters.timeouts);
-            tracing::warn!("reconcile timed out");
-            Failure::Timeout
-        }
-    };
-    // The policy is user code too: a panicking policy retries rather than killing the worker.
-    let decision = catch_unwind(AssertUnwindSafe(|| {
-        shared.policy.decide(&key, &failure, attempt)
-    }))
-    .unwrap_or(Decision::Retry);
-    match decision {
-        Decision::GiveUp => Counters::bump(&counters.given_up),
-        _ => Counters::bump(&counters.retried),
     }
-    let (timeout, panic) = (
-        matches!(failure, Failure::Timeout),
-        matches!(failure, Failure::Panic(_)),
-    );
-    let ended = match decision {
-        Decision::GiveUp => Ended::GivenUp { timeout, panic },
-        _ if panic => Ended::Panic,
-        _ if timeout => Ended::Timeout,
-        _ => Ended::Error,
-    };
-    shared.metrics.reconciled(ended, elapsed);
-    finish(lease, Reconciled::Failed(failure, decision).outcome());
+
+    async fn reconcile_one(&self, lease: Lease<T>) {
+        let key = lease.key().clone();
+        let attempt = self.queue.num_requeues(&key);
+        let span = tracing::info_span!("reconcile", key = ?key, attempt);
+        let active = ActiveWorker::new(&self.metrics);
+        let started = tokio::time::Instant::now();
+        let ran = self
+            .run_reconcile(key.clone(), attempt)
+            .instrument(span.clone())
+            .await;
+        let elapsed = started.elapsed();
+        drop(active);
+        let _entered = span.enter();
+        let counters = &self.counters;
+        let failure = match ran {
+            Ran::Returned(Ok(action)) => {
+                Counters::bump(&counters.processed);
+                let ended = match action {
+                    Action::RequeueAfter(_) => Ended::RequeueAfter,
+                    _ => Ended::Success,
+                };
+                self.metrics.reconciled(ended, elapsed);
+                return finish(lease, Reconciled::<R::Error>::Ok(action).outcome());
+            }
+            Ran::Interrupted => {
+                Counters::bump(&counters.interrupted);
+                return finish(lease, Outcome::Retry);
+            }
+            Ran::Returned(Err(e)) => {
+                Counters::bump(&counters.errors);
+                tracing::warn!(error = ?e, "reconcile failed");
+                Failure::Error(e)
+            }
+            Ran::Panicked(message) => {
+                Counters::bump(&counters.panics);
+                tracing::error!(panic = %message, "reconcile panicked");
+                Failure::Panic(message)
+            }
+            Ran::TimedOut => {
+                Counters::bump(&counters.timeouts);
+                tracing::warn!("reconcile timed out");
+                Failure::Timeout
+            }
+        };
+        // The policy is user code too: a panicking policy retries rather than killing the worker.
+        let decision = catch_unwind(AssertUnwindSafe(|| {
+            self.policy.decide(&key, &failure, attempt)
+        }))
+        .unwrap_or(Decision::Retry);
+        match decision {
+            Decision::GiveUp => Counters::bump(&counters.given_up),
+            _ => Counters::bump(&counters.retried),
+        }
+        let (timeout, panic) = (
+            matches!(failure, Failure::Timeout),
+            matches!(failure, Failure::Panic(_)),
+        );
+        let ended = match decision {
+            Decision::GiveUp => Ended::GivenUp { timeout, panic },
+            _ if panic => Ended::Panic,
+            _ if timeout => Ended::Timeout,
+            _ => Ended::Error,
+        };
+        self.metrics.reconciled(ended, elapsed);
+        finish(lease, Reconciled::Failed(failure, decision).outcome());
+    }
+
+    async fn run_reconcile(&self, key: T, attempt: u32) -> Ran<R::Error> {
+        let token = self.abort.child_token();
+        let ctx = Context::new(token.clone(), attempt);
+        let started = catch_unwind(AssertUnwindSafe(|| self.reconcile.reconcile(key, ctx)));
+        let fut = match started {
+            Ok(fut) => fut,
+            Err(payload) => return Ran::Panicked(workqueue_core::panic_message(&*payload)),
+        };
+        let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
+        let returned = |r: std::thread::Result<Result<Action, R::Error>>| match r {
+            Ok(r) => Ran::Returned(r),
+            Err(payload) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
+        };
+        let limit = async {
+            match self.timeout {
+                Some(t) => sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = &mut fut => returned(r),
+            () = self.hard_stop.cancelled() => Ran::Interrupted,
+            () = limit => {
+                token.cancel();
+                let grace_end = tokio::time::Instant::now() + self.cancel_grace;
+                tokio::select! {
+                    biased;
+                    _ = &mut fut => {}
+                    () = sleep_until(grace_end) => {}
+                    () = self.hard_stop.cancelled() => {}
+                }
+                Ran::TimedOut
+            }
+        }
+    }
 }
 
 /// Counts a worker as active while it lives (also when its reconcile is dropped at shutdown).
@@ -340,51 +369,6 @@ fn finish<T>(lease: Lease<T>, outcome: Outcome) {
             panic = %workqueue_core::panic_message(&*payload),
             "the rate limiter panicked while finishing a key"
         );
-    }
-}
-
-async fn run_reconcile<T, R, P, S, Fut, E>(
-    shared: &Shared<T, R, P, S>,
-    key: T,
-    attempt: u32,
-) -> Ran<E>
-where
-    R: Fn(T, Context) -> Fut,
-    Fut: Future<Output = Result<Action, E>>,
-{
-    let token = shared.abort.child_token();
-    let ctx = Context::new(token.clone(), attempt);
-    let started = catch_unwind(AssertUnwindSafe(|| (shared.reconcile)(key, ctx)));
-    let fut = match started {
-        Ok(fut) => fut,
-        Err(payload) => return Ran::Panicked(workqueue_core::panic_message(&*payload)),
-    };
-    let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
-    let returned = |r: std::thread::Result<Result<Action, E>>| match r {
-        Ok(r) => Ran::Returned(r),
-        Err(payload) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
-    };
-    let limit = async {
-        match shared.timeout {
-            Some(t) => sleep(t).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        biased;
-        r = &mut fut => returned(r),
-        () = shared.hard_stop.cancelled() => Ran::Interrupted,
-        () = limit => {
-            token.cancel();
-            let grace_end = tokio::time::Instant::now() + shared.cancel_grace;
-            tokio::select! {
-                biased;
-                _ = &mut fut => {}
-                () = sleep_until(grace_end) => {}
-                () = shared.hard_stop.cancelled() => {}
-            }
-            Ran::TimedOut
-        }
     }
 }
 
