@@ -64,6 +64,13 @@ pub const REFRESH_PERIOD: Duration = Duration::from_millis(500);
 #[cfg(feature = "metrics")]
 pub(crate) use emit::{QueueMetrics, RefreshMetrics};
 
+/// How many named queues the process-wide refresher keeps fresh (a queue joins at its first
+/// `get` and leaves at shutdown, or when it is dropped). For diagnostics and tests.
+#[cfg(feature = "metrics")]
+pub fn refreshed_queues() -> usize {
+    emit::registry_len()
+}
+
 #[cfg(feature = "metrics")]
 mod emit {
     use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -234,6 +241,10 @@ mod emit {
         }
     }
 
+    pub(super) fn registry_len() -> usize {
+        registry::len()
+    }
+
     /// The process-wide refresher: a weak registry of named queues and the thread that refreshes
     /// them every [`REFRESH_PERIOD`]. The thread starts with the first registration and exits
     /// when no queue is left (the next registration starts a new one).
@@ -267,6 +278,12 @@ mod emit {
 
         pub(super) fn deregister(id: u64) {
             lock().queues.retain(|(i, _)| *i != id);
+        }
+
+        pub(super) fn len() -> usize {
+            let mut r = lock();
+            r.queues.retain(|(_, q)| q.strong_count() > 0);
+            r.queues.len()
         }
 
         fn run() {
