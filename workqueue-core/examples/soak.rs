@@ -26,12 +26,13 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
 use workqueue_core::{Lease, Outcome, WorkQueue};
+use workqueue_model::{Ledger, SplitMix64};
 
 /// Keys per burst of fresh keys (from a range of their own).
 const BURST: usize = 4096;
@@ -77,33 +78,12 @@ fn parse_args() -> Result<Config, String> {
     Ok(c)
 }
 
-/// splitmix64: a tiny deterministic generator (no dependency needed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 type Key = Arc<str>;
 
-/// Shared bookkeeping for the checks.
+/// The keys (`ns/obj-{i}`, indexed by `i`) and the [`Ledger`] that checks them.
 struct Book {
     names: Vec<Key>,
-    held: Vec<AtomicBool>,
-    last_add: Vec<AtomicU64>,
-    last_lease: Vec<AtomicU64>,
-    clock: AtomicU64,
-    violations: AtomicU64,
+    ledger: Ledger,
 }
 
 impl Book {
@@ -111,48 +91,15 @@ impl Book {
         let n = keys + BURST;
         Book {
             names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
-            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            last_add: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            last_lease: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            clock: AtomicU64::new(1),
-            violations: AtomicU64::new(0),
+            ledger: Ledger::new(n, "soak"),
         }
     }
 
-    fn index(key: &str) -> usize {
-        key.rsplit('-').next().unwrap().parse().unwrap()
-    }
-
-    fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, SeqCst)
-    }
-
-    /// Call before an add of `i`: the add happens after this stamp.
-    fn adding(&self, i: usize) {
-        self.last_add[i].fetch_max(self.tick(), SeqCst);
-    }
-
-    fn violation(&self, what: std::fmt::Arguments<'_>) {
-        if self.violations.fetch_add(1, SeqCst) < 10 {
-            eprintln!("soak: VIOLATION: {what}");
-        }
-    }
-
-    /// A lease was handed out: take the key's flag and stamp it.
+    /// A lease was handed out: records it in the ledger; returns the key's index.
     fn leased(&self, lease: &Lease<Key>) -> usize {
-        let i = Book::index(lease);
-        if self.held[i].swap(true, SeqCst) {
-            self.violation(format_args!("{} held by two leases", &**lease));
-        }
-        self.last_lease[i].fetch_max(self.tick(), SeqCst);
+        let i = lease.rsplit('-').next().unwrap().parse().unwrap();
+        self.ledger.leased(i);
         i
-    }
-
-    /// About to finish the lease of key `i`.
-    fn releasing(&self, i: usize) {
-        if !self.held[i].swap(false, SeqCst) {
-            self.violation(format_args!("key {i} released but not held"));
-        }
     }
 }
 
@@ -163,13 +110,13 @@ struct Tally {
     adds: u64,
 }
 
-fn finish(book: &Book, rng: &mut Rng, lease: Lease<Key>) {
+fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
     let i = book.leased(&lease);
     // A little "work".
     for _ in 0..rng.below(64) {
         std::hint::spin_loop();
     }
-    book.releasing(i);
+    book.ledger.releasing(i);
     let us = |n| Duration::from_micros(n);
     match rng.below(100) {
         0..40 => lease.done(),
@@ -189,7 +136,7 @@ fn worker(
     cfg: Config,
     seed: u64,
 ) -> Tally {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut t = Tally::default();
     let keys = cfg.keys as u64;
     while !stop.load(Relaxed) {
@@ -197,22 +144,22 @@ fn worker(
         let k = rng.below(keys) as usize;
         match rng.below(1000) {
             0..250 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add(book.names[k].clone());
                 t.adds += 1;
             }
             250..330 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_ref(&*book.names[k]);
                 t.adds += 1;
             }
             330..420 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_after(book.names[k].clone(), Duration::from_micros(rng.below(500)));
                 t.adds += 1;
             }
             420..460 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_rate_limited(book.names[k].clone());
                 t.adds += 1;
             }
@@ -221,7 +168,7 @@ fn worker(
                 let batch: Vec<Key> = (0..n)
                     .map(|_| {
                         let k = rng.below(keys) as usize;
-                        book.adding(k);
+                        book.ledger.adding(k);
                         book.names[k].clone()
                     })
                     .collect();
@@ -233,7 +180,7 @@ fn worker(
                 let base = cfg.keys;
                 let batch: Vec<Key> = (base..base + BURST)
                     .map(|k| {
-                        book.adding(k);
+                        book.ledger.adding(k);
                         book.names[k].clone()
                     })
                     .collect();
@@ -263,10 +210,12 @@ fn worker(
             _ => {
                 let c = q.counts();
                 if c.tracked > c.ready + c.processing + c.waiting {
-                    book.violation(format_args!("counts inconsistent: {c:?}"));
+                    book.ledger
+                        .violation(format_args!("counts inconsistent: {c:?}"));
                 }
                 if c.processing > cfg.threads * MAX_BATCH {
-                    book.violation(format_args!("{} processing, too many: {c:?}", c.processing));
+                    book.ledger
+                        .violation(format_args!("{} processing, too many: {c:?}", c.processing));
                 }
                 let _ = q.len();
             }
@@ -290,7 +239,7 @@ fn drain(q: &WorkQueue<Key>, book: &Book, limit: Duration) -> Result<u64, String
         if let Some(lease) = q.get_timeout(Duration::from_millis(20)) {
             gets += 1;
             let i = book.leased(&lease);
-            book.releasing(i);
+            book.ledger.releasing(i);
             lease.forget();
         }
     }
@@ -369,17 +318,7 @@ fn main() -> ExitCode {
         };
         round_tally.gets += drained;
         // Every key was processed after its last add.
-        for i in 0..book.names.len() {
-            let (a, l) = (
-                book.last_add[i].load(SeqCst),
-                book.last_lease[i].load(SeqCst),
-            );
-            if a != 0 && l < a {
-                book.violation(format_args!(
-                    "key {i}: last added at stamp {a}, last processed at {l}"
-                ));
-            }
-        }
+        book.ledger.check_processed("");
         let bytes = q.allocated_bytes();
         after_drain.push(bytes);
         let secs = round_start.elapsed().as_secs_f64();
@@ -400,7 +339,7 @@ fn main() -> ExitCode {
     // Memory is flat: every drain leaves the same small footprint, whatever the bursts did.
     let first = after_drain[0];
     if after_drain.iter().any(|&b| b > first.max(16 * 1024)) {
-        book.violation(format_args!(
+        book.ledger.violation(format_args!(
             "allocated_bytes after drains grows: {after_drain:?}"
         ));
     }
@@ -408,7 +347,7 @@ fn main() -> ExitCode {
         println!("soak: note: the drained queue keeps {first} bytes of buffers");
     }
     q.shut_down_with_drain();
-    let violations = book.violations.load(SeqCst);
+    let violations = book.ledger.violations();
     println!(
         "soak: {} ops in {secs:.1} s ({:.0} ops/s) on {} threads: {} adds, {} gets",
         total.ops,

@@ -6,16 +6,14 @@
 //! - exclusivity: a key is never held by two leases at once (a per-key "held" flag, set on get and
 //!   cleared just before the lease is finished, is never found already set);
 //! - no lost add: every key is processed at least once after its last add. Each add takes a
-//!   global sequence number and records it as the key's last add *before* calling the queue; each
-//!   get records the key's last add as seen at that moment. At the end the second must have
-//!   reached the first for every key.
+//!   stamp of a global clock and records it as the key's last add *before* calling the queue;
+//!   each get stamps the key's last lease. At the end the second must be later than the first for
+//!   every key. (Both checks are `workqueue_model::Ledger`'s.)
 //!
 //! Delayed entries are dropped by shutdown (by design), so before shutting down the test waits
 //! until the queue is quiescent (nothing ready, processing or waiting): producers have stopped,
 //! and consumers stop re-adding once they see that, so it gets there within the longest delay
 //! (2 ms of real time). The system clock is used; no assertion depends on it.
-
-mod common;
 
 use std::borrow::Borrow;
 use std::sync::Arc;
@@ -23,10 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::Duration;
 
-use common::SplitMix64;
 use workqueue_core::WorkQueue;
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::Counts;
+use workqueue_model::{Ledger, SplitMix64};
 
 const PRODUCERS: u64 = 4;
 const CONSUMERS: u64 = 4;
@@ -52,49 +50,35 @@ impl From<&u32> for Key {
 }
 
 struct Tracker {
-    seq: AtomicU64,
-    held: Vec<AtomicBool>,
-    last_add: Vec<AtomicU64>,
-    processed_after: Vec<AtomicU64>,
+    /// Exclusivity and "processed after the last add", keyed by `Key.0`.
+    ledger: Ledger,
     gets: AtomicU64,
-    double_held: AtomicU64,
     /// Set once producers have finished: consumers then stop adding.
     producers_done: AtomicBool,
 }
 
 impl Tracker {
     fn new() -> Self {
-        let n = KEYS as usize;
         Tracker {
-            seq: AtomicU64::new(0),
-            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            last_add: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            processed_after: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            ledger: Ledger::new(KEYS as usize, "stress"),
             gets: AtomicU64::new(0),
-            double_held: AtomicU64::new(0),
             producers_done: AtomicBool::new(false),
         }
     }
 
     /// Records an add of `k`; call it before the queue operation.
     fn added(&self, k: Key) {
-        let s = self.seq.fetch_add(1, SeqCst) + 1;
-        self.last_add[k.0 as usize].fetch_max(s, SeqCst);
+        self.ledger.adding(k.0 as usize);
     }
 
     fn got(&self, k: Key) {
-        let i = k.0 as usize;
-        if self.held[i].swap(true, SeqCst) {
-            self.double_held.fetch_add(1, SeqCst);
-        }
+        self.ledger.leased(k.0 as usize);
         self.gets.fetch_add(1, SeqCst);
-        let seen = self.last_add[i].load(SeqCst);
-        self.processed_after[i].fetch_max(seen, SeqCst);
     }
 
     /// Call it just before finishing the lease.
     fn finishing(&self, k: Key) {
-        self.held[k.0 as usize].store(false, SeqCst);
+        self.ledger.releasing(k.0 as usize);
     }
 }
 
@@ -246,22 +230,19 @@ fn four_producers_four_consumers() {
         c.join().unwrap();
     }
 
+    let ledger = &tracker.ledger;
+    assert_eq!(ledger.check_released(""), 0, "a key is still held");
     assert_eq!(
-        tracker.double_held.load(SeqCst),
+        ledger.check_processed(""),
         0,
-        "a key was leased twice at once"
+        "a key was not processed after its last add"
     );
-    assert!(tracker.held.iter().all(|h| !h.load(SeqCst)));
-    let mut added_keys = 0;
-    for k in 0..KEYS as usize {
-        let last_add = tracker.last_add[k].load(SeqCst);
-        let processed = tracker.processed_after[k].load(SeqCst);
-        assert!(
-            processed >= last_add,
-            "key {k}: last added at #{last_add}, last processed after #{processed}"
-        );
-        added_keys += usize::from(last_add > 0);
-    }
+    assert_eq!(
+        ledger.violations(),
+        0,
+        "a key was leased twice at once (see stderr)"
+    );
+    let added_keys = (0..KEYS as usize).filter(|&k| ledger.was_added(k)).count();
     assert_eq!(added_keys, KEYS as usize, "the RNG should touch every key");
     assert!(tracker.gets.load(SeqCst) > 0);
     assert_eq!(queue.counts(), Counts::default());

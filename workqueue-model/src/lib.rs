@@ -25,9 +25,18 @@
 //! assert_eq!(m.len(Instant::from_nanos(1_000_000_000)), 2);
 //! ```
 //!
+//! The crate also holds the small helpers that the stress tests and the soak examples share:
+//! [`SplitMix64`], a seeded generator, and [`Ledger`], the per-key bookkeeping that checks
+//! exclusive leases and "every add is processed afterwards" under concurrency.
+//!
 //! [`QueueState`]: workqueue_core::state::QueueState
 
 pub mod differential;
+mod ledger;
+mod rng;
+
+pub use ledger::Ledger;
+pub use rng::SplitMix64;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -34,12 +34,12 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant as StdInstant};
 
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
+use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::{Lease, Outcome, WorkQueue};
 
@@ -101,33 +101,12 @@ fn parse_args() -> Result<Config, String> {
     Ok(c)
 }
 
-/// splitmix64: a tiny deterministic generator (no dependency needed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 type Key = Arc<str>;
 
-/// Shared bookkeeping for the checks.
+/// The keys (`ns/obj-{i}`, indexed by `i`) and the [`Ledger`] that checks them.
 struct Book {
     names: Vec<Key>,
-    held: Vec<AtomicBool>,
-    last_add: Vec<AtomicU64>,
-    last_lease: Vec<AtomicU64>,
-    clock: AtomicU64,
-    violations: AtomicU64,
+    ledger: Ledger,
 }
 
 impl Book {
@@ -135,48 +114,15 @@ impl Book {
         let n = keys + BURST;
         Book {
             names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
-            held: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            last_add: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            last_lease: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            clock: AtomicU64::new(1),
-            violations: AtomicU64::new(0),
+            ledger: Ledger::new(n, "soak_async"),
         }
     }
 
-    fn index(key: &str) -> usize {
-        key.rsplit('-').next().unwrap().parse().unwrap()
-    }
-
-    fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, SeqCst)
-    }
-
-    /// Call before an add of `i`: the add happens after this stamp.
-    fn adding(&self, i: usize) {
-        self.last_add[i].fetch_max(self.tick(), SeqCst);
-    }
-
-    fn violation(&self, what: std::fmt::Arguments<'_>) {
-        if self.violations.fetch_add(1, SeqCst) < 10 {
-            eprintln!("soak_async: VIOLATION: {what}");
-        }
-    }
-
-    /// A lease was handed out: take the key's flag and stamp it.
+    /// A lease was handed out: records it in the ledger; returns the key's index.
     fn leased(&self, lease: &Lease<Key>) -> usize {
-        let i = Book::index(lease);
-        if self.held[i].swap(true, SeqCst) {
-            self.violation(format_args!("{} held by two leases", &**lease));
-        }
-        self.last_lease[i].fetch_max(self.tick(), SeqCst);
+        let i = lease.rsplit('-').next().unwrap().parse().unwrap();
+        self.ledger.leased(i);
         i
-    }
-
-    /// About to finish the lease of key `i`.
-    fn releasing(&self, i: usize) {
-        if !self.held[i].swap(false, SeqCst) {
-            self.violation(format_args!("key {i} released but not held"));
-        }
     }
 }
 
@@ -198,7 +144,7 @@ impl Tally {
 }
 
 /// Processes a lease (sometimes holding it across an `.await`) and finishes it some way.
-async fn finish(book: &Book, rng: &mut Rng, lease: Lease<Key>) {
+async fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
     let i = book.leased(&lease);
     match rng.below(100) {
         0..10 => tokio::task::yield_now().await,
@@ -209,7 +155,7 @@ async fn finish(book: &Book, rng: &mut Rng, lease: Lease<Key>) {
             }
         }
     }
-    book.releasing(i);
+    book.ledger.releasing(i);
     let us = |n| Duration::from_micros(n);
     match rng.below(100) {
         0..40 => lease.done(),
@@ -230,7 +176,7 @@ async fn hammer(
     cfg: Config,
     seed: u64,
 ) -> Tally {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut t = Tally::default();
     let keys = cfg.keys as u64;
     while !stop.is_cancelled() {
@@ -242,17 +188,17 @@ async fn hammer(
         let k = rng.below(keys) as usize;
         match rng.below(1000) {
             0..200 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add(book.names[k].clone());
                 t.adds += 1;
             }
             200..260 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_ref(&*book.names[k]);
                 t.adds += 1;
             }
             260..340 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_after(
                     book.names[k].clone(),
                     Duration::from_micros(rng.below(2001)),
@@ -260,7 +206,7 @@ async fn hammer(
                 t.adds += 1;
             }
             340..380 => {
-                book.adding(k);
+                book.ledger.adding(k);
                 q.add_rate_limited(book.names[k].clone());
                 t.adds += 1;
             }
@@ -269,7 +215,7 @@ async fn hammer(
                 let batch: Vec<Key> = (0..n)
                     .map(|_| {
                         let k = rng.below(keys) as usize;
-                        book.adding(k);
+                        book.ledger.adding(k);
                         book.names[k].clone()
                     })
                     .collect();
@@ -281,7 +227,7 @@ async fn hammer(
                 let base = cfg.keys;
                 let batch: Vec<Key> = (base..base + BURST)
                     .map(|k| {
-                        book.adding(k);
+                        book.ledger.adding(k);
                         book.names[k].clone()
                     })
                     .collect();
@@ -361,10 +307,12 @@ async fn hammer(
             _ => {
                 let c = q.counts();
                 if c.tracked > c.ready + c.processing + c.waiting {
-                    book.violation(format_args!("counts inconsistent: {c:?}"));
+                    book.ledger
+                        .violation(format_args!("counts inconsistent: {c:?}"));
                 }
                 if c.processing > cfg.tasks * MAX_BATCH {
-                    book.violation(format_args!("{} processing, too many: {c:?}", c.processing));
+                    book.ledger
+                        .violation(format_args!("{} processing, too many: {c:?}", c.processing));
                 }
                 let _ = q.len();
             }
@@ -388,7 +336,7 @@ async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
                         Some(lease) => {
                             gets += 1;
                             let i = book.leased(&lease);
-                            book.releasing(i);
+                            book.ledger.releasing(i);
                             lease.forget();
                         }
                         None => break,
@@ -501,27 +449,14 @@ async fn run(cfg: Config) -> ExitCode {
         total_drained += drained;
         let c = q.counts();
         if c.tracked != 0 || c.processing != 0 || c.ready != 0 || c.waiting != 0 {
-            book.violation(format_args!(
+            book.ledger.violation(format_args!(
                 "round {round}: queue not empty after drain: {c:?}"
             ));
         }
-        // Every key was processed after its last add.
-        for i in 0..book.names.len() {
-            let (a, l) = (
-                book.last_add[i].load(SeqCst),
-                book.last_lease[i].load(SeqCst),
-            );
-            if a != 0 && l < a {
-                book.violation(format_args!(
-                    "round {round}: key {i}: last added at stamp {a}, last processed at {l}"
-                ));
-            }
-            if book.held[i].load(SeqCst) {
-                book.violation(format_args!(
-                    "round {round}: key {i} still held after drain"
-                ));
-            }
-        }
+        // Every key was processed after its last add, and none is still held.
+        let context = format!("round {round}: ");
+        book.ledger.check_processed(&context);
+        book.ledger.check_released(&context);
         let rss = rss_kib();
         rss_after.push(rss);
         let secs = round_start.elapsed().as_secs_f64();
@@ -540,7 +475,7 @@ async fn run(cfg: Config) -> ExitCode {
 
     // Shutdown: the drain completes (no lease is outstanding) and getters then see `None`.
     if timeout(WATCHDOG, q.shut_down_with_drain()).await.is_err() {
-        book.violation(format_args!(
+        book.ledger.violation(format_args!(
             "shut_down_with_drain did not finish: {:?}",
             q.counts()
         ));
@@ -548,10 +483,13 @@ async fn run(cfg: Config) -> ExitCode {
     match timeout(WATCHDOG, q.get()).await {
         Ok(None) => {}
         Ok(Some(lease)) => {
-            book.violation(format_args!("get after shutdown returned {:?}", &*lease));
+            book.ledger
+                .violation(format_args!("get after shutdown returned {:?}", &*lease));
             lease.done();
         }
-        Err(_) => book.violation(format_args!("get after shutdown did not return")),
+        Err(_) => book
+            .ledger
+            .violation(format_args!("get after shutdown did not return")),
     }
 
     // Memory is flat: the last drain leaves at most RSS_FACTOR times what the first one left.
@@ -559,12 +497,12 @@ async fn run(cfg: Config) -> ExitCode {
     if let (Some(first), Some(last)) = (first, last)
         && last > first * RSS_FACTOR
     {
-        book.violation(format_args!(
+        book.ledger.violation(format_args!(
             "RSS grows: {first} KiB after the first drain, {last} KiB after the last"
         ));
     }
 
-    let violations = book.violations.load(SeqCst);
+    let violations = book.ledger.violations();
     println!(
         "soak_async: {} ops in {secs:.1} s ({:.0} ops/s), {} rounds, {} tasks on {} threads: {} adds, {} gets ({total_drained} in drains), {} cancelled gets",
         total.ops,

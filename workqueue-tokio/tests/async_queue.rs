@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 use workqueue_core::state::{AddStatus, Counts};
 use workqueue_core::{DrainIncomplete, DrainStop};
+use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::{Lease, WorkQueue};
 
@@ -39,23 +40,6 @@ async fn within<F: std::future::Future>(fut: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(86_400), fut)
         .await
         .expect("hung: not done within a virtual day (lost wake-up?)")
-}
-
-/// A small, seeded, deterministic generator (splitmix64).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Polls `fut` once with the current task's waker.
@@ -211,7 +195,7 @@ async fn many_getters_with_random_cancellation_never_lose_keys() {
     for id in 0..GETTERS {
         let (q, got, total, all_in) = (queue.clone(), got.clone(), total.clone(), all_in.clone());
         getters.spawn(async move {
-            let mut rng = SplitMix64(0x5eed ^ id);
+            let mut rng = SplitMix64::new(0x5eed ^ id);
             loop {
                 let lease = match rng.below(4) {
                     0 => q.get().await,
@@ -244,7 +228,7 @@ async fn many_getters_with_random_cancellation_never_lose_keys() {
         });
     }
 
-    let mut rng = SplitMix64(42);
+    let mut rng = SplitMix64::new(42);
     let mut key = 0;
     while key < KEYS {
         match rng.below(4) {
@@ -767,24 +751,15 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
     let queue: WorkQueue<usize> = WorkQueue::builder()
         .rate_limiter(ExponentialFailure::new(Duration::from_micros(1), ms(1)))
         .build();
-    let held: Arc<Vec<AtomicBool>> = Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
-    // Set before each add, cleared by the first hand-out that follows it.
-    let pending: Arc<Vec<AtomicBool>> =
-        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
-    let violations = Arc::new(AtomicUsize::new(0));
+    // Held flags per key, and stamps of each key's last add (taken before the add) and last lease.
+    let ledger = Arc::new(Ledger::new(KEYS, "async_queue"));
     let handed_out = Arc::new(AtomicUsize::new(0));
 
     let mut getters = JoinSet::new();
     for id in 0..GETTERS {
-        let (q, held, pending, violations, handed_out) = (
-            queue.clone(),
-            held.clone(),
-            pending.clone(),
-            violations.clone(),
-            handed_out.clone(),
-        );
+        let (q, ledger, handed_out) = (queue.clone(), ledger.clone(), handed_out.clone());
         getters.spawn(async move {
-            let mut rng = SplitMix64(0xabcd ^ id);
+            let mut rng = SplitMix64::new(0xabcd ^ id);
             loop {
                 let lease = if rng.below(3) == 0 {
                     let yields = rng.below(3);
@@ -801,15 +776,12 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
                 };
                 let Some(lease) = lease else { return };
                 let key = *lease;
-                if held[key].swap(true, SeqCst) {
-                    violations.fetch_add(1, SeqCst);
-                }
-                pending[key].store(false, SeqCst);
+                ledger.leased(key);
                 handed_out.fetch_add(1, SeqCst);
                 for _ in 0..rng.below(3) {
                     tokio::task::yield_now().await;
                 }
-                held[key].store(false, SeqCst);
+                ledger.releasing(key);
                 match rng.below(8) {
                     0 => lease.retry(),
                     1 => lease.retry_after(Duration::ZERO),
@@ -821,12 +793,12 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
 
     let mut producers = JoinSet::new();
     for id in 0..PRODUCERS {
-        let (q, pending) = (queue.clone(), pending.clone());
+        let (q, ledger) = (queue.clone(), ledger.clone());
         producers.spawn(async move {
-            let mut rng = SplitMix64(0x1234 ^ id);
+            let mut rng = SplitMix64::new(0x1234 ^ id);
             for _ in 0..ADDS_PER_PRODUCER {
                 let key = rng.below(KEYS as u64) as usize;
-                pending[key].store(true, SeqCst);
+                ledger.adding(key);
                 match rng.below(4) {
                     0 => {
                         q.add_batch([key]);
@@ -855,14 +827,14 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
         .expect("the stress test hung (lost wake-up or a drain that never ends)");
 
     assert_eq!(
-        violations.load(SeqCst),
+        ledger.check_processed(""),
         0,
-        "a key was held by two leases at once"
+        "keys not handed out after their last add (see stderr)"
     );
-    let lost: Vec<_> = (0..KEYS).filter(|&k| pending[k].load(SeqCst)).collect();
-    assert!(
-        lost.is_empty(),
-        "keys not handed out after their last add: {lost:?}"
+    assert_eq!(
+        ledger.violations(),
+        0,
+        "a key was held by two leases at once (see stderr)"
     );
     assert!(handed_out.load(SeqCst) >= KEYS);
     let counts = queue.counts();
@@ -882,7 +854,7 @@ async fn multi_thread_random_cancellation_hands_out_each_key_once() {
     for id in 0..8u64 {
         let (q, got, seen) = (queue.clone(), got.clone(), seen.clone());
         getters.spawn(async move {
-            let mut rng = SplitMix64(0x77 ^ id);
+            let mut rng = SplitMix64::new(0x77 ^ id);
             let mut mine = 0;
             loop {
                 let yields = rng.below(3);

@@ -8,13 +8,14 @@
 //!
 //! The panic tests print the reconciles' panic messages to stderr; that is expected.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::Counts;
+use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{
@@ -929,25 +930,8 @@ async fn key_readded_during_its_reconcile_runs_again_after_it() {
 
 // ---- exclusivity on a real multi-thread runtime -------------------------------------------------
 
-/// A small, seeded, deterministic generator (splitmix64).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn mix(x: u64) -> u64 {
-    SplitMix64(x).next()
+    SplitMix64::new(x).next_u64()
 }
 
 /// 8 workers on a 4-thread runtime, producers adding a random workload (seeded splitmix64),
@@ -964,42 +948,24 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
     let queue: WorkQueue<usize> = WorkQueue::builder()
         .rate_limiter(ExponentialFailure::new(Duration::from_micros(1), ms(1)))
         .build();
-    let in_flight: Arc<Vec<AtomicBool>> =
-        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
-    // Set before each add; cleared when a reconcile of the key starts.
-    let pending: Arc<Vec<AtomicBool>> =
-        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    // A reconcile holds its key from start to end; every add is stamped before the queue call.
+    let ledger = Arc::new(Ledger::new(KEYS, "runner"));
     let reconciles: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
-    let violations = Arc::new(AtomicUsize::new(0));
     let calls = Arc::new(AtomicU64::new(0));
 
     let reconcile = {
-        let (in_flight, pending, reconciles, violations, calls) = (
-            in_flight.clone(),
-            pending.clone(),
-            reconciles.clone(),
-            violations.clone(),
-            calls.clone(),
-        );
+        let (ledger, reconciles, calls) = (ledger.clone(), reconciles.clone(), calls.clone());
         move |key: usize, _ctx: Context| {
-            let (in_flight, pending, reconciles, violations) = (
-                in_flight.clone(),
-                pending.clone(),
-                reconciles.clone(),
-                violations.clone(),
-            );
-            let mut rng = SplitMix64(mix(SEED ^ calls.fetch_add(1, SeqCst)));
+            let (ledger, reconciles) = (ledger.clone(), reconciles.clone());
+            let mut rng = SplitMix64::new(mix(SEED ^ calls.fetch_add(1, SeqCst)));
             async move {
-                if in_flight[key].swap(true, SeqCst) {
-                    violations.fetch_add(1, SeqCst);
-                }
-                pending[key].store(false, SeqCst);
+                ledger.leased(key);
                 reconciles[key].fetch_add(1, SeqCst);
                 for _ in 0..rng.below(4) {
                     tokio::task::yield_now().await;
                 }
                 let fail = rng.below(5) == 0;
-                in_flight[key].store(false, SeqCst);
+                ledger.releasing(key);
                 if fail { Err(key) } else { Ok(Action::Done) }
             }
         }
@@ -1017,12 +983,12 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
 
     let mut producers = tokio::task::JoinSet::new();
     for id in 0..PRODUCERS {
-        let (q, pending) = (queue.clone(), pending.clone());
+        let (q, ledger) = (queue.clone(), ledger.clone());
         producers.spawn(async move {
-            let mut rng = SplitMix64(mix(SEED + id));
+            let mut rng = SplitMix64::new(mix(SEED + id));
             for _ in 0..ADDS_PER_PRODUCER {
                 let key = rng.below(KEYS as u64) as usize;
-                pending[key].store(true, SeqCst);
+                ledger.adding(key);
                 if rng.below(4) == 0 {
                     q.add_after(key, Duration::ZERO);
                 } else {
@@ -1044,14 +1010,14 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
     .expect("the runner hung");
 
     assert_eq!(
-        violations.load(SeqCst),
+        ledger.check_processed(""),
         0,
-        "a key was reconciled by two workers at once"
+        "keys not reconciled after their last add (see stderr)"
     );
-    let missed: Vec<_> = (0..KEYS).filter(|&k| pending[k].load(SeqCst)).collect();
-    assert!(
-        missed.is_empty(),
-        "keys not reconciled after their last add: {missed:?}"
+    assert_eq!(
+        ledger.violations(),
+        0,
+        "a key was reconciled by two workers at once (see stderr)"
     );
     assert!(reconciles.iter().all(|n| n.load(SeqCst) >= 1));
     assert_eq!(report.panics, 0);
