@@ -1,6 +1,5 @@
 //! The async work queue: [`QueueCore`] with `tokio::sync::Notify` and tokio timers.
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::pin::pin;
@@ -9,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use workqueue_core::driver::{CoreConfig, Locked, Notifier, QueueCore};
-use workqueue_core::state::{AddStatus, Counts, DefaultHashBuilder, Get};
+use workqueue_core::state::{DefaultHashBuilder, Get};
 use workqueue_core::{BuildQueue, Builder, DrainIncomplete, DrainStop, Instant, Lease};
 
 use crate::clock::TokioClock;
@@ -142,60 +141,16 @@ where
     T: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Send + Sync + 'static,
 {
-    /// The queue's name, if it has one.
-    pub fn name(&self) -> Option<&str> {
-        self.core.name()
-    }
+    // The operations every driver offers unchanged (adds, non-waiting gets, observation,
+    // shut_down) are defined once, in workqueue-core's `queue/handle_methods.rs`.
+    workqueue_core::queue_handle_methods!();
 
     /// The queue's clock (tokio's, from the queue's epoch).
     pub fn clock(&self) -> TokioClock {
         self.clock
     }
 
-    // ---- adds ----------------------------------------------------------------------------------
-
-    /// Queues `key`, unless it is already queued; a key being processed is queued again when its
-    /// lease finishes. Ignored after shutdown.
-    pub fn add(&self, key: T) -> AddStatus {
-        self.core.add(key)
-    }
-
-    /// [`add`](WorkQueue::add) from a borrowed key, cloning it only if the queue does not track it.
-    pub fn add_ref<Q>(&self, key: &Q) -> AddStatus
-    where
-        T: Borrow<Q> + for<'a> From<&'a Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.core.add_ref(key)
-    }
-
-    /// Adds every key under one lock acquisition.
-    pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
-        self.core.add_batch(keys)
-    }
-
-    /// Adds `key` once `delay` has passed (`Duration::ZERO` adds it now). A key already waiting
-    /// keeps the earlier deadline. Ignored after shutdown.
-    pub fn add_after(&self, key: T, delay: Duration) -> AddStatus {
-        self.core.add_after(key, delay)
-    }
-
-    /// Adds `key` after the delay the rate limiter chooses for it (recording one failure).
-    pub fn add_rate_limited(&self, key: T) -> AddStatus {
-        self.core.add_rate_limited(key)
-    }
-
-    /// Clears the rate limiter's failures for `key`. Does not cancel a waiting re-add.
-    pub fn forget(&self, key: &T) {
-        self.core.forget(key)
-    }
-
-    /// How many failures the rate limiter has recorded for `key`.
-    pub fn num_requeues(&self, key: &T) -> u32 {
-        self.core.num_requeues(key)
-    }
-
-    // ---- gets ----------------------------------------------------------------------------------
+    // ---- waiting operations: the driver's own ----------------------------------------------
 
     /// Waits until a key is ready and leases it; `None` once the queue is shut down and empty.
     ///
@@ -238,49 +193,6 @@ where
                 timer.woke = true;
             }
         }
-    }
-
-    /// Leases a ready key without waiting.
-    pub fn try_get(&self) -> Option<Lease<T>> {
-        let mut g = self.core.lock();
-        let now = self.core.now_for(&g.state);
-        self.core.take(&mut g, now).ok()
-    }
-
-    /// Leases up to `max` ready keys without waiting.
-    pub fn try_get_batch(&self, max: usize) -> Vec<Lease<T>> {
-        self.core.take_batch(max)
-    }
-
-    // ---- observation ---------------------------------------------------------------------------
-
-    /// Number of keys ready to be handed out (not processing, not waiting for a delay).
-    pub fn len(&self) -> usize {
-        self.core.len()
-    }
-
-    /// Whether no key is ready.
-    pub fn is_empty(&self) -> bool {
-        self.core.is_empty()
-    }
-
-    /// Counters of the queue's state (ready, processing, waiting, tracked).
-    pub fn counts(&self) -> Counts {
-        self.core.counts()
-    }
-
-    // ---- shutdown ------------------------------------------------------------------------------
-
-    /// Stops intake: adds are ignored from now on, delayed keys are dropped, and waiting getters
-    /// wake. Getters still receive the keys already queued, then `None`. Does not wait for leases;
-    /// releases any drain in progress. Idempotent.
-    pub fn shut_down(&self) {
-        self.core.shut_down()
-    }
-
-    /// Whether the queue is shutting down.
-    pub fn is_shutting_down(&self) -> bool {
-        self.core.is_shutting_down()
     }
 
     /// [`shut_down`](WorkQueue::shut_down), then waits until no lease is outstanding (and, with
@@ -343,13 +255,6 @@ where
                 _ => notified.await,
             }
         }
-    }
-
-    /// Refreshes the queue's "unfinished work" gauges now, on the queue's clock (see
-    /// [`workqueue_core::metrics`]). A background thread does this every 500 ms for named
-    /// queues; a no-op for an unnamed queue or without the `metrics` feature.
-    pub fn refresh_metrics(&self) {
-        self.core.refresh_metrics()
     }
 
     /// The current time on the queue's clock.

@@ -2,8 +2,8 @@
 
 mod builder;
 mod drain;
+mod handle_methods;
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Weak};
@@ -17,7 +17,7 @@ pub use drain::{DrainIncomplete, DrainStop};
 use crate::clock::ClockWaker;
 use crate::driver::{CoreConfig, Locked, Notifier, QueueCore};
 use crate::lease::Lease;
-use crate::state::{AddStatus, Counts, DefaultHashBuilder, Get};
+use crate::state::{DefaultHashBuilder, Get};
 use crate::sync::{Condvar, MutexGuard};
 
 /// A Kubernetes-style work queue for threads: de-duplicating, delaying, rate-limited.
@@ -151,74 +151,16 @@ where
         WorkQueue { core }
     }
 
-    /// The queue's name, if it has one.
-    pub fn name(&self) -> Option<&str> {
-        self.core.name()
-    }
+    // The operations every driver offers unchanged (adds, non-waiting gets, observation,
+    // shut_down) are defined once, in `queue/handle_methods.rs`.
+    crate::queue_handle_methods!();
 
     /// The current time on the queue's clock.
     pub fn now(&self) -> Instant {
         self.core.clock().now()
     }
 
-    // ---- adds ----------------------------------------------------------------------------------
-
-    /// Queues `key`, unless it is already queued; a key being processed is queued again when its
-    /// lease finishes. Ignored after shutdown.
-    pub fn add(&self, key: T) -> AddStatus {
-        self.core.add(key)
-    }
-
-    /// [`add`](WorkQueue::add) from a borrowed key, cloning it only if the queue does not track it
-    /// yet (so duplicate adds neither allocate nor touch a reference count).
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use workqueue_core::WorkQueue;
-    ///
-    /// let queue: WorkQueue<Arc<str>> = WorkQueue::new();
-    /// queue.add_ref("default/web");
-    /// queue.add_ref("default/web");
-    /// assert_eq!(queue.len(), 1);
-    /// ```
-    pub fn add_ref<Q>(&self, key: &Q) -> AddStatus
-    where
-        T: Borrow<Q> + for<'a> From<&'a Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.core.add_ref(key)
-    }
-
-    /// Adds every key under one lock acquisition.
-    pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
-        self.core.add_batch(keys)
-    }
-
-    /// Adds `key` once `delay` has passed (`Duration::ZERO` adds it now). A key already waiting
-    /// keeps the earlier deadline. Ignored after shutdown.
-    pub fn add_after(&self, key: T, delay: Duration) -> AddStatus {
-        self.core.add_after(key, delay)
-    }
-
-    /// Adds `key` after the delay the rate limiter chooses for it (recording one failure).
-    ///
-    /// Unlike client-go, the limiter is not consulted after shutdown. Like client-go, a token
-    /// bucket is charged even when the key turns out to be waiting already (de-duplicated).
-    pub fn add_rate_limited(&self, key: T) -> AddStatus {
-        self.core.add_rate_limited(key)
-    }
-
-    /// Clears the rate limiter's failures for `key`. Does not cancel a waiting re-add.
-    pub fn forget(&self, key: &T) {
-        self.core.forget(key)
-    }
-
-    /// How many failures the rate limiter has recorded for `key`.
-    pub fn num_requeues(&self, key: &T) -> u32 {
-        self.core.num_requeues(key)
-    }
-
-    // ---- gets ----------------------------------------------------------------------------------
+    // ---- waiting operations: the driver's own ----------------------------------------------
 
     /// Blocks until a key is ready and leases it; `None` once the queue is shut down and empty.
     ///
@@ -227,22 +169,10 @@ where
         self.get_until(None)
     }
 
-    /// Leases a ready key without blocking.
-    pub fn try_get(&self) -> Option<Lease<T>> {
-        let mut g = self.core.lock();
-        let now = self.core.now_for(&g.state);
-        self.core.take(&mut g, now).ok()
-    }
-
     /// [`get`](WorkQueue::get) that gives up after `timeout` on the queue's clock.
     pub fn get_timeout(&self, timeout: Duration) -> Option<Lease<T>> {
         let deadline = self.now().saturating_add(timeout);
         self.get_until(Some(deadline))
-    }
-
-    /// Leases up to `max` ready keys without blocking.
-    pub fn try_get_batch(&self, max: usize) -> Vec<Lease<T>> {
-        self.core.take_batch(max)
     }
 
     fn get_until(&self, give_up: Option<Instant>) -> Option<Lease<T>> {
@@ -295,42 +225,9 @@ where
         }
     }
 
-    // ---- observation ---------------------------------------------------------------------------
-
-    /// Number of keys ready to be handed out (not processing, not waiting for a delay).
-    pub fn len(&self) -> usize {
-        self.core.len()
-    }
-
-    /// Whether no key is ready.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Counters of the queue's state (ready, processing, waiting, tracked).
-    pub fn counts(&self) -> Counts {
-        self.core.counts()
-    }
-
     /// Heap bytes held by the queue's own structures (keys' own allocations excluded).
     pub fn allocated_bytes(&self) -> usize {
         self.core.allocated_bytes()
-    }
-
-    /// Refreshes the queue's "unfinished work" gauges now, on the queue's clock (see
-    /// [`metrics`](crate::metrics)). A background thread does this every 500 ms for named queues;
-    /// a no-op for an unnamed queue or without the `metrics` feature.
-    pub fn refresh_metrics(&self) {
-        self.core.refresh_metrics()
-    }
-
-    // ---- shutdown ------------------------------------------------------------------------------
-
-    /// Stops intake: adds are ignored from now on, delayed keys are dropped, and blocked getters
-    /// wake. Getters still receive the keys already queued, then `None`. Does not wait for leases;
-    /// releases any drain in progress. Idempotent.
-    pub fn shut_down(&self) {
-        self.core.shut_down()
     }
 
     /// [`shut_down`](WorkQueue::shut_down), then waits until no lease is outstanding (and, with
@@ -352,11 +249,6 @@ where
     ) -> Result<(), DrainIncomplete<T>> {
         let deadline = self.now().saturating_add(timeout);
         self.drain(Some(deadline))
-    }
-
-    /// Whether the queue is shutting down.
-    pub fn is_shutting_down(&self) -> bool {
-        self.core.is_shutting_down()
     }
 
     fn drain(&self, deadline: Option<Instant>) -> Result<(), DrainIncomplete<T>> {

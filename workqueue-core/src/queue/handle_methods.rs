@@ -1,0 +1,110 @@
+//! The methods both queue handles forward to their [`QueueCore`](crate::driver::QueueCore).
+
+/// Expands, inside `impl<T, S> ... { }` of a queue handle with a `core: Arc<QueueCore<T, S, _>>`
+/// field, to the operations every driver offers unchanged: the adds, the non-waiting gets, the
+/// observations and `shut_down`. One definition, with one set of docs, for both queues; each
+/// driver writes only its waiting operations (`get`, the drains) itself.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! queue_handle_methods {
+    () => {
+        /// The queue's name, if it has one.
+        pub fn name(&self) -> ::core::option::Option<&str> {
+            self.core.name()
+        }
+
+        /// Queues `key`, unless it is already queued; a key being processed is queued again when
+        /// its lease finishes. Ignored after shutdown.
+        pub fn add(&self, key: T) -> $crate::state::AddStatus {
+            self.core.add(key)
+        }
+
+        /// `add` from a borrowed key, cloning it only if the queue does not track it yet (so
+        /// duplicate adds neither allocate nor touch a reference count: informers deliver many
+        /// updates per object). For `Arc<str>` or `String` keys, pass a `&str`.
+        pub fn add_ref<Q>(&self, key: &Q) -> $crate::state::AddStatus
+        where
+            T: ::core::borrow::Borrow<Q> + for<'a> ::core::convert::From<&'a Q>,
+            Q: ::core::hash::Hash + ::core::cmp::Eq + ?Sized,
+        {
+            self.core.add_ref(key)
+        }
+
+        /// Adds every key under one lock acquisition.
+        pub fn add_batch(&self, keys: impl ::core::iter::IntoIterator<Item = T>) {
+            self.core.add_batch(keys)
+        }
+
+        /// Adds `key` once `delay` has passed (`Duration::ZERO` adds it now). A key already
+        /// waiting keeps the earlier deadline. Ignored after shutdown.
+        pub fn add_after(&self, key: T, delay: ::core::time::Duration) -> $crate::state::AddStatus {
+            self.core.add_after(key, delay)
+        }
+
+        /// Adds `key` after the delay the rate limiter chooses for it (recording one failure).
+        ///
+        /// Unlike client-go, the limiter is not consulted after shutdown. Like client-go, a token
+        /// bucket is charged even when the key turns out to be pending already, unless the queue
+        /// was built with `skip_limiter_when_pending(true)`.
+        pub fn add_rate_limited(&self, key: T) -> $crate::state::AddStatus {
+            self.core.add_rate_limited(key)
+        }
+
+        /// Clears the rate limiter's failures for `key`. Does not cancel a waiting re-add.
+        pub fn forget(&self, key: &T) {
+            self.core.forget(key)
+        }
+
+        /// How many failures the rate limiter has recorded for `key`.
+        pub fn num_requeues(&self, key: &T) -> u32 {
+            self.core.num_requeues(key)
+        }
+
+        /// Leases a ready key without waiting.
+        pub fn try_get(&self) -> ::core::option::Option<$crate::Lease<T>> {
+            let mut g = self.core.lock();
+            let now = self.core.now_for(&g.state);
+            self.core.take(&mut g, now).ok()
+        }
+
+        /// Leases up to `max` ready keys without waiting.
+        pub fn try_get_batch(&self, max: usize) -> ::std::vec::Vec<$crate::Lease<T>> {
+            self.core.take_batch(max)
+        }
+
+        /// Number of keys ready to be handed out (not processing, not waiting for a delay).
+        pub fn len(&self) -> usize {
+            self.core.len()
+        }
+
+        /// Whether no key is ready.
+        pub fn is_empty(&self) -> bool {
+            self.core.is_empty()
+        }
+
+        /// Counters of the queue's state (ready, processing, waiting, tracked), after promoting
+        /// the keys due now.
+        pub fn counts(&self) -> $crate::state::Counts {
+            self.core.counts()
+        }
+
+        /// Refreshes the queue's "unfinished work" gauges now, on the queue's clock (see
+        /// `workqueue_core::metrics`). A background thread does this every 500 ms for named
+        /// queues; a no-op for an unnamed queue or without the `metrics` feature.
+        pub fn refresh_metrics(&self) {
+            self.core.refresh_metrics()
+        }
+
+        /// Stops intake: adds are ignored from now on, delayed keys are dropped, and waiting
+        /// getters wake. Getters still receive the keys already queued, then `None`. Does not
+        /// wait for leases; releases any drain in progress. Idempotent.
+        pub fn shut_down(&self) {
+            self.core.shut_down()
+        }
+
+        /// Whether the queue is shutting down.
+        pub fn is_shutting_down(&self) -> bool {
+            self.core.is_shutting_down()
+        }
+    };
+}
