@@ -1,11 +1,9 @@
 //! Criterion benches of W4 (delay-insert), W5 (delay-precision) and W10 (ratelimited-cycle): ours
-//! against the client-go port and tokio-util's `DelayQueue`.
+//! (blocking, and for W5 and W10 also the async queue) against the client-go port and tokio-util's
+//! `DelayQueue`.
 //!
 //! W5 and W10 report something other than wall time through `iter_custom`, so read their
 //! "time" accordingly: W5's is the p99 lateness of a run, W10's the process CPU time of a run.
-//!
-//! ASYNC ROWS: when workqueue-tokio exists, add `ours async` functions next to `ours` in W5 and
-//! W10 (see `workqueue_benches::workloads`).
 
 mod common;
 
@@ -34,9 +32,15 @@ fn w5_delay_precision(c: &mut Criterion) {
     // "Time" here is the p99 lateness of one run.
     let mut g = common::group(c, "W5 delay-precision p99 lateness", None);
     g.bench_function("ours", |b| common::whole(b, || w5::ours(&k).p99));
+    g.bench_function("ours async", |b| {
+        common::whole(b, || w5::ours_async(&k).p99)
+    });
     g.bench_function("naive", |b| common::whole(b, || w5::naive(&k).p99));
     g.bench_function("DelayQueue", |b| {
         common::whole(b, || w5::delay_queue(&k).p99)
+    });
+    g.bench_function("tokio sleep", |b| {
+        common::whole(b, || w5::tokio_sleep(&k).p99)
     });
     g.finish();
 }
@@ -48,6 +52,9 @@ fn w10_ratelimited_cycle(c: &mut Criterion) {
     let mut g = common::group(c, "W10 ratelimited-cycle CPU", Some(n as u64));
     let cpu = |c: w10::Cost| -> Duration { c.cpu };
     g.bench_function("ours", |b| common::whole(b, || cpu(w10::ours(&k))));
+    g.bench_function("ours async", |b| {
+        common::whole(b, || cpu(w10::ours_async(&k)))
+    });
     g.bench_function("naive", |b| common::whole(b, || cpu(w10::naive(&k))));
     g.bench_function("DelayQueue", |b| {
         common::whole(b, || cpu(w10::delay_queue(&k)))

@@ -10,14 +10,12 @@
 //! - [`report`] runs the catalog of workloads (one warm-up, then repeats; median, min, max) and
 //!   prints the markdown tables with ratios and targets.
 //! - [`alloc`] is the counting allocator W9 needs; a binary installs it with `#[global_allocator]`.
-//! - [`quanta_clock`] is a TSC-backed `Clock`, for rows that show what a faster clock would buy.
 //!
 //! Keys are `Arc<str>` of the Kubernetes form `ns-{i % 100}/object-{i}`, generated before timing
 //! ([`keys`]).
 
 pub mod alloc;
 pub mod naive;
-pub mod quanta_clock;
 pub mod report;
 pub mod workloads;
 

@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::quanta_clock::QuantaClock;
 use crate::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10};
 use crate::{Key, keys};
 
@@ -57,14 +56,6 @@ fn row(name: &'static str, ours: bool, run: impl FnMut() -> Vec<f64> + 'static) 
         name,
         ours,
         run: Some(Box::new(run)),
-    }
-}
-
-fn pending(name: &'static str) -> Row {
-    Row {
-        name,
-        ours: true,
-        run: None,
     }
 }
 
@@ -243,21 +234,17 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             targets: vec![
                 ratio("ours", "naive", 0.15),
                 ratio("ours", "DelayQueue", 1.5),
-                ratio("ours (quanta clock)", "DelayQueue", 1.5),
             ],
             build: Box::new(move || {
                 let k = shared_keys(s.w4);
                 let d = Arc::new(w4::delays(s.w4));
                 let n = s.w4;
-                let (k1, k2, k3, k4, k5) = (k.clone(), k.clone(), k.clone(), k.clone(), k);
-                let (d1, d2, d3, d4, d5) = (d.clone(), d.clone(), d.clone(), d.clone(), d);
+                let (k1, k2, k3, k4) = (k.clone(), k.clone(), k.clone(), k);
+                let (d1, d2, d3, d4) = (d.clone(), d.clone(), d.clone(), d);
                 vec![
                     row("ours", true, move || vec![per(w4::ours(&k1, &d1), n)]),
-                    row("ours (quanta clock)", true, move || {
-                        vec![per(w4::ours_with(QuantaClock::new(), &k4, &d4), n)]
-                    }),
                     row("ours (pre-sized)", true, move || {
-                        vec![per(w4::ours_presized(&k5, &d5), n)]
+                        vec![per(w4::ours_presized(&k4, &d4), n)]
                     }),
                     row("naive", false, move || vec![per(w4::naive(&k2, &d2), n)]),
                     row("DelayQueue", false, move || {
@@ -294,16 +281,16 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             ],
             build: Box::new(move || {
                 let k = shared_keys(s.w5);
-                let (k1, k2, k3) = (k.clone(), k.clone(), k);
+                let (k1, k2, k3, k4, k5) = (k.clone(), k.clone(), k.clone(), k.clone(), k);
                 let us = |l: w5::Lateness| {
                     vec![l.p50.as_nanos() as f64 / 1e3, l.p99.as_nanos() as f64 / 1e3]
                 };
                 vec![
                     row("ours", true, move || us(w5::ours(&k1))),
-                    // ASYNC ROW: row("ours async", true, move || us(w5::ours_async(&k))).
-                    pending("ours async"),
+                    row("ours async", true, move || us(w5::ours_async(&k4))),
                     row("naive", false, move || us(w5::naive(&k2))),
                     row("DelayQueue", false, move || us(w5::delay_queue(&k3))),
+                    row("tokio sleep", false, move || us(w5::tokio_sleep(&k5))),
                 ]
             }),
         },
@@ -332,17 +319,11 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
                 name: "ns/when",
                 better: Better::Lower,
             }],
-            targets: vec![
-                ratio("ours", "governor", 1.0),
-                ratio("ours (quanta clock)", "governor", 1.0),
-            ],
+            targets: vec![ratio("ours", "governor", 1.0)],
             build: Box::new(move || {
                 let n = s.limiter_calls;
                 vec![
                     row("ours", true, move || vec![per(w7::ours(n), n)]),
-                    row("ours (quanta clock)", true, move || {
-                        vec![per(w7::ours_with(QuantaClock::new(), n), n)]
-                    }),
                     row("naive", false, move || vec![per(w7::naive(n), n)]),
                     row("governor", false, move || vec![per(w7::governor(n), n)]),
                 ]
@@ -357,18 +338,14 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             }],
             targets: vec![
                 ratio("ours", "naive", 0.5),
-                ratio("ours (quanta clock)", "naive", 0.5),
                 ratio("ours (now per round)", "naive", 0.5),
             ],
             build: Box::new(move || {
                 let k = shared_keys(s.limiter_keys);
                 let n = s.limiter_calls;
-                let (k1, k2, k3, k4) = (k.clone(), k.clone(), k.clone(), k);
+                let (k1, k2, k3) = (k.clone(), k.clone(), k);
                 vec![
                     row("ours", true, move || vec![per(w8::ours(&k1, n), n)]),
-                    row("ours (quanta clock)", true, move || {
-                        vec![per(w8::ours_with(QuantaClock::new(), &k4, n), n)]
-                    }),
                     row("ours (now per round)", true, move || {
                         vec![per(w8::ours_shared_now(&k2, n), n)]
                     }),
@@ -419,12 +396,11 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             build: Box::new(move || {
                 let k = shared_keys(s.w10);
                 let n = s.w10;
-                let (k1, k2, k3) = (k.clone(), k.clone(), k);
+                let (k1, k2, k3, k4) = (k.clone(), k.clone(), k.clone(), k);
                 let f = move |c: w10::Cost| vec![per(c.cpu, n), per(c.wall, n)];
                 vec![
                     row("ours", true, move || f(w10::ours(&k1))),
-                    // ASYNC ROW: row("ours async", true, move || f(w10::ours_async(&k))).
-                    pending("ours async"),
+                    row("ours async", true, move || f(w10::ours_async(&k4))),
                     row("naive", false, move || f(w10::naive(&k2))),
                     row("DelayQueue", false, move || f(w10::delay_queue(&k3))),
                 ]

@@ -9,7 +9,8 @@
 //! Arguments: `WORKLOAD IMPLEMENTATION [N] [RUNS]`. `N` overrides the workload's main size (keys,
 //! or calls for W6–W8); `RUNS` (default 1) repeats it. Implementations: `ours`, `naive`, and per
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
-//! `presized` (W1, W4), `quanta` (W4, W7, W8).
+//! `presized` (W1, W4), `async` (W5, W10: the tokio queue),
+//! `tokio_sleep` (W5).
 //! Prints the figure of each run on stderr.
 
 use std::process::ExitCode;
@@ -17,7 +18,6 @@ use std::time::Duration;
 
 use workqueue_benches::alloc::CountingAlloc;
 use workqueue_benches::keys;
-use workqueue_benches::quanta_clock::QuantaClock;
 use workqueue_benches::report::Sizes;
 use workqueue_benches::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10};
 
@@ -79,7 +79,6 @@ fn main() -> ExitCode {
                 let d = match imp {
                     "ours" => w4::ours(&k, &dl),
                     "presized" => w4::ours_presized(&k, &dl),
-                    "quanta" => w4::ours_with(QuantaClock::new(), &k, &dl),
                     "naive" => w4::naive(&k, &dl),
                     "delay_queue" => w4::delay_queue(&k, &dl),
                     _ => return unknown(&w, imp),
@@ -90,8 +89,10 @@ fn main() -> ExitCode {
                 let k = keys(n.unwrap_or(s.w5));
                 let l = match imp {
                     "ours" => w5::ours(&k),
+                    "async" => w5::ours_async(&k),
                     "naive" => w5::naive(&k),
                     "delay_queue" => w5::delay_queue(&k),
+                    "tokio_sleep" => w5::tokio_sleep(&k),
                     _ => return unknown(&w, imp),
                 };
                 format!("{l:?}")
@@ -103,11 +104,9 @@ fn main() -> ExitCode {
                     ("W6", "ours") => w6::ours(&k, calls),
                     ("W6", "naive") => w6::naive(&k, calls),
                     ("W7", "ours") => w7::ours(calls),
-                    ("W7", "quanta") => w7::ours_with(QuantaClock::new(), calls),
                     ("W7", "naive") => w7::naive(calls),
                     ("W7", "governor") => w7::governor(calls),
                     ("W8", "ours") => w8::ours(&k, calls),
-                    ("W8", "quanta") => w8::ours_with(QuantaClock::new(), &k, calls),
                     ("W8", "shared_now") => w8::ours_shared_now(&k, calls),
                     ("W8", "naive") => w8::naive(&k, calls),
                     _ => return unknown(&w, imp),
@@ -128,6 +127,7 @@ fn main() -> ExitCode {
                 let k = keys(n.unwrap_or(s.w10));
                 let c = match imp {
                     "ours" => w10::ours(&k),
+                    "async" => w10::ours_async(&k),
                     "naive" => w10::naive(&k),
                     "delay_queue" => w10::delay_queue(&k),
                     _ => return unknown(&w, imp),
