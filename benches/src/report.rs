@@ -420,11 +420,14 @@ fn ratio(ours: &'static str, peer: &'static str, limit: f64) -> Target {
 
 fn w1_rows(n: usize) -> Vec<Row> {
     let k = shared_keys(n);
-    let (k1, k2, k3, k4) = (k.clone(), k.clone(), k.clone(), k);
+    let (k1, k2, k3, k4, k5) = (k.clone(), k.clone(), k.clone(), k.clone(), k);
     vec![
         row("ours", true, move || vec![per(w1::ours(&k1), n)]),
         row("ours (pre-sized)", true, move || {
             vec![per(w1::ours_presized(&k4), n)]
+        }),
+        row("ours (named)", true, move || {
+            vec![per(w1::ours_named(&k5), n)]
         }),
         row("naive", false, move || vec![per(w1::naive(&k2), n)]),
         row("crossbeam", false, move || vec![per(w1::crossbeam(&k3), n)]),
