@@ -21,6 +21,7 @@ use workqueue_ratelimit::{Instant, RateLimiter};
 use crate::clock::Clock;
 use crate::lease::{Lease, LeaseOwner};
 use crate::outcome::Outcome;
+use crate::queue::{DrainIncomplete, DrainStop};
 use crate::state::{AddStatus, Counts, Get, QueueState, Ticket};
 use crate::sync::{AtomicBool, Mutex, MutexGuard};
 
@@ -517,10 +518,40 @@ pub struct Drain<'a, T, S, N: Notifier<T, S>> {
     releases: u64,
 }
 
-impl<T, S, N: Notifier<T, S>> Drain<'_, T, S, N> {
+impl<T, S, N> Drain<'_, T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
     /// Whether `shut_down()` was called since this drain started.
     pub fn is_released(&self, locked: &Locked<T, S>) -> bool {
         locked.releases != self.releases
+    }
+
+    /// Whether the drain is over, and how: `Some(Ok(()))` once drained; `Some(Err(..))` with the
+    /// work still in flight once released by `shut_down()` or `timed_out`; `None` to keep waiting.
+    /// Both drivers' drain loops decide through this one rule.
+    pub fn outcome(
+        &self,
+        locked: &Locked<T, S>,
+        timed_out: bool,
+    ) -> Option<Result<(), DrainIncomplete<T>>> {
+        if self.core.is_drained(locked) {
+            return Some(Ok(()));
+        }
+        let stop = if self.is_released(locked) {
+            DrainStop::Released
+        } else if timed_out {
+            DrainStop::TimedOut
+        } else {
+            return None;
+        };
+        Some(Err(DrainIncomplete {
+            stop,
+            in_flight: locked.state.processing_keys(),
+            queued: locked.state.ready_len(),
+        }))
     }
 }
 

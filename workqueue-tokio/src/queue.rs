@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use workqueue_core::driver::{CoreConfig, Locked, Notifier, QueueCore};
 use workqueue_core::state::{DefaultHashBuilder, Get};
-use workqueue_core::{BuildQueue, Builder, DrainIncomplete, DrainStop, Instant, Lease};
+use workqueue_core::{BuildQueue, Builder, DrainIncomplete, Instant, Lease};
 
 use crate::clock::TokioClock;
 
@@ -224,24 +224,10 @@ where
             notified.as_mut().enable();
             {
                 let g = core.lock();
-                if core.is_drained(&g) {
-                    return Ok(());
-                }
                 let timed_out =
                     matches!(deadline, Some(Some(d)) if tokio::time::Instant::now() >= d);
-                let stop = if drain.is_released(&g) {
-                    Some(DrainStop::Released)
-                } else if timed_out {
-                    Some(DrainStop::TimedOut)
-                } else {
-                    None
-                };
-                if let Some(stop) = stop {
-                    return Err(DrainIncomplete {
-                        stop,
-                        in_flight: g.state.processing_keys(),
-                        queued: g.state.ready_len(),
-                    });
+                if let Some(outcome) = drain.outcome(&g, timed_out) {
+                    return outcome;
                 }
             }
             match deadline {

@@ -256,23 +256,10 @@ where
         let drain = core.begin_drain();
         let mut g = core.lock();
         loop {
-            if core.is_drained(&g) {
-                return Ok(());
-            }
             let now = core.clock().now();
-            let stop = if drain.is_released(&g) {
-                Some(DrainStop::Released)
-            } else if deadline.is_some_and(|d| now >= d) {
-                Some(DrainStop::TimedOut)
-            } else {
-                None
-            };
-            if let Some(stop) = stop {
-                return Err(DrainIncomplete {
-                    stop,
-                    in_flight: g.state.processing_keys(),
-                    queued: g.state.ready_len(),
-                });
+            let timed_out = deadline.is_some_and(|d| now >= d);
+            if let Some(outcome) = drain.outcome(&g, timed_out) {
+                return outcome;
             }
             self.wait(&core.notifier().drainers, &mut g, now, deadline);
         }
