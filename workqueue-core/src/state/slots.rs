@@ -107,6 +107,14 @@ impl<T> Slots<T> {
         self.free_head = NO_POS;
     }
 
+    /// The live slots and their keys, in slot order.
+    pub(crate) fn iter_live(&self) -> impl Iterator<Item = (SlotId, &T)> + '_ {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| k.as_ref().map(|k| (i as SlotId, k)))
+    }
+
     #[inline]
     pub(crate) fn key(&self, id: SlotId) -> &T {
         self.keys[id as usize]

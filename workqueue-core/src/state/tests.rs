@@ -355,3 +355,35 @@ fn slots_are_reused_without_confusing_keys() {
         assert_eq!(drain_keys(&mut q, T0), ["b", "c"], "round {round}");
     }
 }
+
+#[test]
+fn the_index_grows_like_hashbrown_and_keeps_every_key_findable() {
+    let mut q: QueueState<u32> = QueueState::new();
+    let mut capacities = Vec::new();
+    for k in 0..10_000u32 {
+        q.add(k, T0);
+        if capacities.last() != Some(&q.index.capacity()) {
+            capacities.push(q.index.capacity());
+        }
+    }
+    // Each growth doubles the bucket count: hashbrown's capacities for 4, 8, 16, ... buckets.
+    assert_eq!(&capacities[..6], &[3, 7, 14, 28, 56, 112]);
+    assert_eq!(*capacities.last().unwrap(), 14_336);
+    q.check_invariants();
+    // Hand out and finish most keys, leaving erased entries behind, then grow again: every key
+    // stays findable and none is lost.
+    for _ in 0..9_000 {
+        let Get::Ready(t, _) = q.get(T0) else {
+            panic!("a key")
+        };
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    for k in 10_000..40_000u32 {
+        q.add(k, T0);
+    }
+    q.check_invariants();
+    assert_eq!(q.counts().tracked, 31_000);
+    for k in (9_000..40_000u32).step_by(97) {
+        assert!(q.is_queued(&k), "key {k} lost");
+    }
+}
