@@ -24,14 +24,17 @@ pub struct SystemClock;
 
 struct Timeline {
     clock: quanta::Clock,
-    epoch: quanta::Instant,
+    /// The raw counter at the epoch. Readings stay raw until one subtraction and one scaling turn
+    /// them into nanoseconds, with no `Duration` in between: W7 showed the round trip through
+    /// `Duration` costing as much as the counter read itself.
+    epoch: u64,
 }
 
 fn timeline() -> &'static Timeline {
     static TIMELINE: OnceLock<Timeline> = OnceLock::new();
     TIMELINE.get_or_init(|| {
         let clock = quanta::Clock::new();
-        let epoch = clock.now();
+        let epoch = clock.raw();
         Timeline { clock, epoch }
     })
 }
@@ -40,6 +43,6 @@ impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Instant {
         let t = timeline();
-        Instant::from_duration(t.clock.now().saturating_duration_since(t.epoch))
+        Instant::from_nanos(t.clock.delta_as_nanos(t.epoch, t.clock.raw()))
     }
 }
