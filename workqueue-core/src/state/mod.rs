@@ -48,7 +48,7 @@ use workqueue_ratelimit::{Instant, duration_to_nanos};
 use crate::Outcome;
 use ready::ReadyQueue;
 pub(crate) use slots::SlotId;
-use slots::{MAX_SLOTS, Slots};
+use slots::{MAX_SLOTS, NO_POS, Slots, stored_bucket};
 pub use timing::Timing;
 use waiting::{Waiting, WaitingHeap};
 
@@ -599,6 +599,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 Some(slot),
                 "key not found under its hash"
             );
+            let bucket = match self.slots.heap_pos(slot) {
+                Some(pos) => self.waiting.get(pos).bucket,
+                None => self.slots.bucket(slot),
+            };
+            let actual = self.index.find_bucket_index(hash, |&s| s == slot);
+            assert!(
+                bucket == NO_POS || Some(bucket as usize) == actual,
+                "a slot's recorded bucket is stale"
+            );
             let q = self.slots.is_queued(slot);
             let p = self.slots.is_processing(slot);
             let w = self.slots.heap_pos(slot).is_some();
@@ -684,8 +693,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let slot = self.slots.insert(key);
         let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index
-            .insert_unique(hash, slot, |&s| hasher.hash_one(slots.key(s)));
+        let bucket = self
+            .index
+            .insert_unique(hash, slot, |&s| hasher.hash_one(slots.key(s)))
+            .bucket_index();
+        self.slots.set_bucket(slot, stored_bucket(bucket));
         slot
     }
 
@@ -705,12 +717,19 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     fn grow_index(&mut self) {
         let live = self.index.len();
         let mut index = HashTable::with_capacity((2 * live).max(live + 1));
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        for (slot, key) in slots.iter_live() {
-            index.insert_unique(hasher.hash_one(key), slot, |&s| {
-                hasher.hash_one(slots.key(s))
-            });
-        }
+        let (hasher, waiting) = (&self.hasher, &mut self.waiting);
+        self.slots.reindex(
+            |slot, key| {
+                // The table has room for every live key, so it never grows here and never
+                // calls the re-hash function.
+                index
+                    .insert_unique(hasher.hash_one(key), slot, |_| {
+                        unreachable!("the new index was sized for every live key")
+                    })
+                    .bucket_index()
+            },
+            |pos, bucket| waiting.set_bucket(pos, bucket),
+        );
         self.index = index;
     }
 
@@ -763,6 +782,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                         deadline,
                         seq,
                         slot,
+                        bucket: self.slots.bucket(slot),
                     },
                     &mut self.slots,
                 );
@@ -777,9 +797,20 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if !self.slots.is_unreferenced(slot) {
             return None;
         }
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        let hash = hasher.hash_one(slots.key(slot));
-        if let Ok(entry) = self.index.find_entry(hash, |&s| s == slot) {
+        let bucket = self.slots.bucket(slot);
+        let entry = if bucket != NO_POS {
+            self.index.get_bucket_entry(bucket as usize).ok()
+        } else {
+            let hash = self.hasher.hash_one(self.slots.key(slot));
+            self.index.find_entry(hash, |&s| s == slot).ok()
+        };
+        if let Some(entry) = entry {
+            debug_assert_eq!(
+                *entry.get(),
+                slot,
+                "a slot's recorded bucket holds another slot"
+            );
+            // Only the control byte is touched: the entry's own value is never read.
             entry.remove();
         }
         let key = self.slots.remove(slot);

@@ -10,10 +10,15 @@ const PROCESSING: u32 = 1 << 30;
 /// The key was added while processing: it goes to the FIFO tail when its lease finishes.
 /// Only set together with `PROCESSING`.
 const DIRTY: u32 = 1 << 29;
-/// Low bits: the slot's position in the waiting heap, or, for a free slot, the next free slot.
-const POS_MASK: u32 = (1 << 29) - 1;
-/// "No position": not waiting, or the end of the free list.
-pub(crate) const NO_POS: u32 = POS_MASK;
+/// The slot is in the waiting heap, and the low bits are its heap position.
+const WAITING: u32 = 1 << 28;
+/// Low bits: the heap position of a waiting slot; the slot's bucket in the hash index for a live
+/// slot that does not wait (its heap entry keeps the bucket meanwhile); the next free slot for a
+/// free one.
+const FIELD: u32 = (1 << 28) - 1;
+/// "None" in the low bits: the end of the free list, or a bucket not recorded (a bucket index
+/// too large for the field, or a slot not in the index yet).
+pub(crate) const NO_POS: u32 = FIELD;
 
 /// The most slots a state can hold at once (and the most waiting entries).
 pub(crate) const MAX_SLOTS: usize = NO_POS as usize;
@@ -22,9 +27,12 @@ pub(crate) const MAX_SLOTS: usize = NO_POS as usize;
 ///
 /// Invariants:
 /// - `keys[i].is_none()` exactly when slot `i` is free; a free slot's `meta` has no flags and its
-///   position bits link the free list (`free_head` is its start, `NO_POS` its end).
-/// - A live slot is referenced: it is queued, processing, or waiting (has a heap position).
-///   The state frees a slot as soon as it stops being referenced.
+///   low bits link the free list (`free_head` is its start, `NO_POS` its end).
+/// - A live slot is referenced: it is queued, processing, or waiting. The state frees a slot as
+///   soon as it stops being referenced.
+/// - A live slot that does not wait records its bucket in the state's hash index, or `NO_POS`;
+///   the state keeps it current when the index is rebuilt. Finishing a key erases its index
+///   entry through that bucket, with no hashing and no probe (and no read of the entry's line).
 /// - `live` counts live slots.
 ///
 /// Keeping the state word apart from the key keeps it at four bytes a slot: with an `Arc<str>` key
@@ -35,6 +43,12 @@ pub(crate) struct Slots<T> {
     meta: Vec<u32>,
     free_head: u32,
     live: usize,
+}
+
+/// A bucket index as stored in a slot or heap entry: `NO_POS` when it does not fit.
+#[inline]
+pub(crate) fn stored_bucket(bucket: usize) -> u32 {
+    u32::try_from(bucket).map_or(NO_POS, |b| b.min(NO_POS))
 }
 
 impl<T> Slots<T> {
@@ -72,7 +86,7 @@ impl<T> Slots<T> {
         if self.free_head != NO_POS {
             let id = self.free_head;
             let i = id as usize;
-            self.free_head = self.meta[i] & POS_MASK;
+            self.free_head = self.meta[i] & FIELD;
             self.meta[i] = NO_POS;
             self.keys[i] = Some(key);
             id
@@ -92,7 +106,7 @@ impl<T> Slots<T> {
     #[inline]
     pub(crate) fn remove(&mut self, id: SlotId) -> T {
         let i = id as usize;
-        debug_assert_eq!(self.meta[i], NO_POS, "freeing a referenced slot");
+        debug_assert!(self.is_unreferenced(id), "freeing a referenced slot");
         self.live -= 1;
         self.meta[i] = self.free_head;
         self.free_head = id;
@@ -105,14 +119,6 @@ impl<T> Slots<T> {
         self.keys = Vec::new();
         self.meta = Vec::new();
         self.free_head = NO_POS;
-    }
-
-    /// The live slots and their keys, in slot order.
-    pub(crate) fn iter_live(&self) -> impl Iterator<Item = (SlotId, &T)> + '_ {
-        self.keys
-            .iter()
-            .enumerate()
-            .filter_map(|(i, k)| k.as_ref().map(|k| (i as SlotId, k)))
     }
 
     #[inline]
@@ -145,26 +151,72 @@ impl<T> Slots<T> {
 
     #[inline]
     pub(crate) fn heap_pos(&self, id: SlotId) -> Option<u32> {
-        let p = self.meta[id as usize] & POS_MASK;
-        (p != NO_POS).then_some(p)
+        let m = self.meta[id as usize];
+        (m & WAITING != 0).then_some(m & FIELD)
     }
 
     /// Whether nothing refers to the slot any more, so it must be freed.
     #[inline]
     pub(crate) fn is_unreferenced(&self, id: SlotId) -> bool {
-        self.meta[id as usize] == NO_POS
+        self.meta[id as usize] & (QUEUED | PROCESSING | WAITING) == 0
     }
 
+    /// The slot's bucket in the hash index (`NO_POS`: not recorded). Only for a slot that does
+    /// not wait: a waiting slot's bucket is in its heap entry.
+    #[inline]
+    pub(crate) fn bucket(&self, id: SlotId) -> u32 {
+        let m = self.meta[id as usize];
+        debug_assert!(
+            m & WAITING == 0,
+            "a waiting slot's bucket is in its heap entry"
+        );
+        m & FIELD
+    }
+
+    /// Records the bucket of a slot that does not wait.
+    #[inline]
+    pub(crate) fn set_bucket(&mut self, id: SlotId, bucket: u32) {
+        let m = &mut self.meta[id as usize];
+        debug_assert!(
+            *m & WAITING == 0,
+            "a waiting slot's bucket is in its heap entry"
+        );
+        *m = (*m & !FIELD) | bucket;
+    }
+
+    /// Records the heap position of a waiting slot (entering the heap, or moving in it). The
+    /// heap entry must already hold the slot's bucket.
     #[inline]
     pub(crate) fn set_heap_pos(&mut self, id: SlotId, pos: u32) {
-        debug_assert!(pos <= NO_POS);
+        debug_assert!(pos < NO_POS);
         let m = &mut self.meta[id as usize];
-        *m = (*m & !POS_MASK) | pos;
+        *m = (*m & !FIELD) | WAITING | pos;
     }
 
+    /// The slot left the heap: it records its bucket again, handed back by its heap entry.
     #[inline]
-    pub(crate) fn clear_heap_pos(&mut self, id: SlotId) {
-        self.meta[id as usize] |= NO_POS;
+    pub(crate) fn leave_heap(&mut self, id: SlotId, bucket: u32) {
+        let m = &mut self.meta[id as usize];
+        *m = (*m & !(FIELD | WAITING)) | bucket;
+    }
+
+    /// Visits every live slot in slot order: `place` puts it in a new hash index and returns its
+    /// bucket there, which is recorded in the slot, or, for a waiting slot, through
+    /// `record_waiting(heap_pos, bucket)`.
+    pub(crate) fn reindex(
+        &mut self,
+        mut place: impl FnMut(SlotId, &T) -> usize,
+        mut record_waiting: impl FnMut(u32, u32),
+    ) {
+        for (i, (key, meta)) in self.keys.iter().zip(self.meta.iter_mut()).enumerate() {
+            let Some(key) = key else { continue };
+            let bucket = stored_bucket(place(i as SlotId, key));
+            if *meta & WAITING != 0 {
+                record_waiting(*meta & FIELD, bucket);
+            } else {
+                *meta = (*meta & !FIELD) | bucket;
+            }
+        }
     }
 
     #[inline]
@@ -220,6 +272,8 @@ mod tests {
     fn flags_and_position_are_independent() {
         let mut s = Slots::new();
         let a = s.insert(1);
+        s.set_bucket(a, 5);
+        assert_eq!(s.bucket(a), 5);
         s.set_heap_pos(a, 7);
         s.set_queued(a);
         assert!(s.is_queued(a));
@@ -228,7 +282,9 @@ mod tests {
         s.set_dirty(a);
         assert!(s.is_processing(a) && s.is_dirty(a) && !s.is_queued(a));
         assert!(s.stop_processing(a));
-        s.clear_heap_pos(a);
+        assert!(!s.is_unreferenced(a));
+        s.leave_heap(a, 5);
         assert!(s.is_unreferenced(a));
+        assert_eq!((s.heap_pos(a), s.bucket(a)), (None, 5));
     }
 }

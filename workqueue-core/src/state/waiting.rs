@@ -10,6 +10,9 @@ pub(crate) struct Waiting {
     /// Insertion order, assigned at each (re)insert: equal deadlines leave FIFO.
     pub(crate) seq: u64,
     pub(crate) slot: SlotId,
+    /// The slot's bucket in the hash index while it waits (the slot's own word holds the heap
+    /// position meanwhile). It fills what would be padding: an entry stays 24 bytes.
+    pub(crate) bucket: u32,
 }
 
 impl Waiting {
@@ -22,7 +25,8 @@ impl Waiting {
 /// A binary min-heap on `(deadline, seq)` whose entries know their position.
 ///
 /// Invariant: for every entry at position `p`, `slots.heap_pos(entry.slot) == Some(p)`. That
-/// index makes earliest-wins a decrease-key and lets an entry be removed in `O(log n)`.
+/// index makes earliest-wins a decrease-key and lets an entry be removed in `O(log n)`. An entry
+/// carries its slot's index bucket and hands it back when it leaves.
 #[derive(Debug, Default)]
 pub(crate) struct WaitingHeap {
     heap: Vec<Waiting>,
@@ -74,7 +78,7 @@ impl WaitingHeap {
             return None;
         }
         let removed = self.heap.swap_remove(pos);
-        slots.clear_heap_pos(removed.slot);
+        slots.leave_heap(removed.slot, removed.bucket);
         if pos < self.heap.len() {
             slots.set_heap_pos(self.heap[pos].slot, pos as u32);
             // The moved entry may belong above or below `pos`.
@@ -86,11 +90,19 @@ impl WaitingHeap {
 
     /// Removes every entry, yielding their slots (positions cleared).
     pub(crate) fn clear<T>(&mut self, slots: &mut Slots<T>) -> Vec<SlotId> {
-        let out: Vec<SlotId> = self.heap.drain(..).map(|e| e.slot).collect();
-        for &s in &out {
-            slots.clear_heap_pos(s);
-        }
-        out
+        self.heap
+            .drain(..)
+            .map(|e| {
+                slots.leave_heap(e.slot, e.bucket);
+                e.slot
+            })
+            .collect()
+    }
+
+    /// Records a new index bucket for the entry at `pos` (the index was rebuilt).
+    #[inline]
+    pub(crate) fn set_bucket(&mut self, pos: u32, bucket: u32) {
+        self.heap[pos as usize].bucket = bucket;
     }
 
     pub(crate) fn shrink(&mut self) {
@@ -169,6 +181,7 @@ mod tests {
                     deadline: d,
                     seq: seq as u64,
                     slot,
+                    bucket: 0,
                 },
                 &mut slots,
             );
