@@ -19,8 +19,12 @@
 //! leaves it when it shuts down), so they stay fresh even when every worker is stuck; call the
 //! queue's `refresh_metrics()` to refresh them at once (tests on a `ManualClock` do).
 //!
-//! Handles are resolved at every emission, so a recorder installed after a queue was built
-//! still receives its metrics. An unnamed queue, or the feature off, emits nothing and keeps no
+//! Each queue caches its handles for the recorder in effect. Every emission checks which recorder
+//! that is (the lookup the `metrics` macros make) and registers new handles when it changed, so a
+//! recorder installed after a queue was built still receives its metrics, while an emission to
+//! an unchanged recorder builds no key and allocates nothing. (Recorders are told apart by
+//! address: a local recorder dropped and replaced by another at the same address, while one queue
+//! emits to both, keeps receiving the first one's handles.) An unnamed queue, or the feature off, emits nothing and keeps no
 //! per-key timing. The library installs no exporter: the binary does (see the `prometheus`
 //! example of `workqueue-tokio`, which sets [`QUEUE_DURATION_BUCKETS`] for the histograms).
 
@@ -79,8 +83,8 @@ mod emit {
     use std::time::Duration;
 
     use metrics::{
-        SharedString, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge,
-        histogram,
+        Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit,
+        describe_counter, describe_gauge, describe_histogram,
     };
 
     use super::*;
@@ -94,9 +98,55 @@ mod emit {
     /// A context the refresh runs in (a tokio queue enters its runtime to read its clock).
     type Context = Box<dyn Fn(&dyn Fn()) + Send + Sync>;
 
+    /// What the `metrics` macros would pass as metadata from this module.
+    static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// One queue's handles, registered with one recorder.
+    struct Handles {
+        /// The address of the recorder they were registered with.
+        recorder: usize,
+        adds: Counter,
+        depth: Gauge,
+        queue_duration: Histogram,
+        work_duration: Histogram,
+        waiting_depth: Gauge,
+        retries: Counter,
+        limiter_delay: Histogram,
+        unfinished: Gauge,
+        longest: Gauge,
+    }
+
+    fn recorder_id(r: &dyn Recorder) -> usize {
+        (r as *const dyn Recorder).cast::<()>() as usize
+    }
+
+    impl Handles {
+        fn register(r: &dyn Recorder, name: &Arc<str>) -> Self {
+            let key = |metric: &'static str| {
+                let label = Label::new(NAME_LABEL, SharedString::from(Arc::clone(name)));
+                Key::from_parts(metric, vec![label])
+            };
+            Handles {
+                recorder: recorder_id(r),
+                adds: r.register_counter(&key(ADDS_TOTAL), &METADATA),
+                depth: r.register_gauge(&key(DEPTH), &METADATA),
+                queue_duration: r.register_histogram(&key(QUEUE_DURATION_SECONDS), &METADATA),
+                work_duration: r.register_histogram(&key(WORK_DURATION_SECONDS), &METADATA),
+                waiting_depth: r.register_gauge(&key(WAITING_DEPTH), &METADATA),
+                retries: r.register_counter(&key(RETRIES_TOTAL), &METADATA),
+                limiter_delay: r.register_histogram(&key(RATE_LIMITER_DELAY_SECONDS), &METADATA),
+                unfinished: r.register_gauge(&key(UNFINISHED_WORK_SECONDS), &METADATA),
+                longest: r.register_gauge(&key(LONGEST_RUNNING_PROCESSOR_SECONDS), &METADATA),
+            }
+        }
+    }
+
     /// The metrics of one named queue.
     pub(crate) struct QueueMetrics {
         name: Arc<str>,
+        /// Handles for the recorder the queue last emitted to (see the module documentation).
+        handles: Mutex<Option<Handles>>,
         id: u64,
         registered: AtomicBool,
         context: OnceLock<Context>,
@@ -156,53 +206,59 @@ mod emit {
             static NEXT_ID: AtomicU64 = AtomicU64::new(0);
             QueueMetrics {
                 name,
+                handles: Mutex::new(None),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 registered: AtomicBool::new(false),
                 context: OnceLock::new(),
             }
         }
 
-        fn label(&self) -> SharedString {
-            SharedString::from(Arc::clone(&self.name))
+        /// Runs `f` with the handles for the recorder in effect, registering them if it changed.
+        fn with_handles(&self, f: impl FnOnce(&Handles)) {
+            describe();
+            metrics::with_recorder(|r| {
+                let mut cache = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+                let handles = match &mut *cache {
+                    Some(h) if h.recorder == recorder_id(r) => h,
+                    stale => stale.insert(Handles::register(r, &self.name)),
+                };
+                f(handles);
+            });
         }
 
         /// Emits what changed in `state` since the last emission (called under the queue's lock).
         pub(crate) fn emit<T, S>(&self, state: &mut QueueState<T, S>) {
             let waiting = state.counts().waiting;
             let Some(t) = state.timing_mut() else { return };
-            describe();
-            let adds = t.take_adds();
-            if adds > 0 {
-                counter!(ADDS_TOTAL, NAME_LABEL => self.label()).increment(adds);
-            }
-            gauge!(DEPTH, NAME_LABEL => self.label()).set(t.depth() as f64);
-            for d in t.drain_queue_latencies() {
-                histogram!(QUEUE_DURATION_SECONDS, NAME_LABEL => self.label())
-                    .record(d.as_secs_f64());
-            }
-            for d in t.drain_work_durations() {
-                histogram!(WORK_DURATION_SECONDS, NAME_LABEL => self.label())
-                    .record(d.as_secs_f64());
-            }
-            gauge!(WAITING_DEPTH, NAME_LABEL => self.label()).set(waiting as f64);
+            self.with_handles(|h| {
+                let adds = t.take_adds();
+                if adds > 0 {
+                    h.adds.increment(adds);
+                }
+                h.depth.set(t.depth() as f64);
+                for d in t.drain_queue_latencies() {
+                    h.queue_duration.record(d.as_secs_f64());
+                }
+                for d in t.drain_work_durations() {
+                    h.work_duration.record(d.as_secs_f64());
+                }
+                h.waiting_depth.set(waiting as f64);
+            });
         }
 
         pub(crate) fn retry(&self) {
-            describe();
-            counter!(RETRIES_TOTAL, NAME_LABEL => self.label()).increment(1);
+            self.with_handles(|h| h.retries.increment(1));
         }
 
         pub(crate) fn limiter_delay(&self, delay: Duration) {
-            describe();
-            histogram!(RATE_LIMITER_DELAY_SECONDS, NAME_LABEL => self.label())
-                .record(delay.as_secs_f64());
+            self.with_handles(|h| h.limiter_delay.record(delay.as_secs_f64()));
         }
 
         pub(crate) fn unfinished(&self, total: Duration, longest: Duration) {
-            describe();
-            gauge!(UNFINISHED_WORK_SECONDS, NAME_LABEL => self.label()).set(total.as_secs_f64());
-            gauge!(LONGEST_RUNNING_PROCESSOR_SECONDS, NAME_LABEL => self.label())
-                .set(longest.as_secs_f64());
+            self.with_handles(|h| {
+                h.unfinished.set(total.as_secs_f64());
+                h.longest.set(longest.as_secs_f64());
+            });
         }
 
         /// Runs `refresh` in the queue's refresh context, if it set one.
