@@ -54,10 +54,15 @@ where
     S: Send + Sync + 'static,
 {
     #[inline]
-    fn wake_getter(&self, _: &Locked<T, S>) {
-        // Stores a permit when nobody waits, so a getter about to wait does not miss it; a
-        // cancelled getter that was notified passes the notification on (tokio guarantees it).
-        self.getters.notify_one();
+    fn wake_getter(&self, locked: &Locked<T, S>) {
+        // A getter counts itself idle under the lock, after enabling its `Notified` and finding
+        // nothing: with none counted, no getter can miss this change, and the busy path skips
+        // `Notify` altogether. A permit stored while a counted getter is not yet waiting is
+        // not lost, and a cancelled getter that was notified passes the notification on (tokio
+        // guarantees both).
+        if locked.idle_getters > 0 {
+            self.getters.notify_one();
+        }
     }
 
     fn wake_all(&self, _: &Locked<T, S>) {
@@ -174,23 +179,26 @@ where
             // Register for wake-ups before looking at the state again, so none is lost in between.
             let mut notified = pin!(getters.notified());
             notified.as_mut().enable();
-            let timer = {
+            let mut idle = {
                 let mut g = self.core.lock();
                 let now = self.core.now_for(&g.state);
                 match self.core.take(&mut g, now) {
                     Ok(lease) => return Some(lease),
                     Err(Get::Empty { next_deadline }) => {
-                        let deadline = self.core.claim_timer(&mut g, next_deadline);
-                        deadline.map(|deadline| TimerClaim {
+                        g.idle_getters += 1;
+                        IdleGetter {
                             core: &self.core,
-                            deadline,
+                            timer: self.core.claim_timer(&mut g, next_deadline),
                             woke: false,
-                        })
+                        }
                     }
                     Err(_) => return None,
                 }
             };
-            match timer.as_ref().and_then(|t| self.clock.to_tokio(t.deadline)) {
+            match idle
+                .timer
+                .and_then(|deadline| self.clock.to_tokio(deadline))
+            {
                 Some(at) => {
                     tokio::select! {
                         biased;
@@ -200,9 +208,7 @@ where
                 }
                 None => notified.await,
             }
-            if let Some(mut timer) = timer {
-                timer.woke = true;
-            }
+            idle.woke = true;
         }
     }
 
@@ -261,28 +267,33 @@ where
     }
 }
 
-/// The timer a waiting `get` claimed. Released when the `get` wakes (it looks at the state again
-/// itself) or is cancelled (then another getter is woken to take the timer over).
-struct TimerClaim<'a, T, S>
+/// A `get` waiting for a key: counted in `Locked::idle_getters` (so adds notify only while some
+/// getter waits), perhaps holding the timer. When the `get` wakes it leaves the count and gives
+/// the timer back (it looks at the state again itself); when it is cancelled it also wakes
+/// another getter to take the timer over.
+struct IdleGetter<'a, T, S>
 where
     T: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Send + Sync + 'static,
 {
     core: &'a QueueCore<T, S, Notifies>,
-    deadline: Instant,
+    timer: Option<Instant>,
     woke: bool,
 }
 
-impl<T, S> Drop for TimerClaim<'_, T, S>
+impl<T, S> Drop for IdleGetter<'_, T, S>
 where
     T: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Send + Sync + 'static,
 {
     fn drop(&mut self) {
         let mut g = self.core.lock();
-        self.core.release_timer(&mut g, self.deadline);
-        if !self.woke {
-            self.core.hand_off_timer(&g);
+        g.idle_getters -= 1;
+        if let Some(deadline) = self.timer {
+            self.core.release_timer(&mut g, deadline);
+            if !self.woke {
+                self.core.hand_off_timer(&g);
+            }
         }
     }
 }
