@@ -25,7 +25,7 @@ impl Waiting {
 /// A binary min-heap on `(deadline, seq)` whose entries know their position.
 ///
 /// Invariant: for every entry at position `p`, `slots.heap_pos(entry.slot) == Some(p)`. That
-/// index makes earliest-wins a decrease-key and lets an entry be removed in `O(log n)`. An entry
+/// index makes earliest-wins a decrease-key. An entry
 /// carries its slot's index bucket and hands it back when it leaves.
 #[derive(Debug, Default)]
 pub(crate) struct WaitingHeap {
@@ -68,24 +68,37 @@ impl WaitingHeap {
     }
 
     /// Removes and returns the earliest entry; its slot's position is cleared.
+    ///
+    /// The last entry replaces the root and usually belongs near the bottom, so the hole is moved
+    /// down to a leaf first (one comparison per level, between the children) and the entry sifted
+    /// up from there, instead of comparing it at every level on the way down (two per level).
     pub(crate) fn pop<T>(&mut self, slots: &mut Slots<T>) -> Option<Waiting> {
-        self.remove_at(0, slots)
-    }
-
-    /// Removes the entry at `pos`; its slot's position is cleared.
-    pub(crate) fn remove_at<T>(&mut self, pos: usize, slots: &mut Slots<T>) -> Option<Waiting> {
-        if pos >= self.heap.len() {
-            return None;
+        let last = self.heap.pop()?;
+        let Some(&root) = self.heap.first() else {
+            slots.leave_heap(last.slot, last.bucket);
+            return Some(last);
+        };
+        slots.leave_heap(root.slot, root.bucket);
+        let n = self.heap.len();
+        let mut hole = 0;
+        loop {
+            let left = 2 * hole + 1;
+            if left >= n {
+                break;
+            }
+            let right = left + 1;
+            let child = if right < n && self.heap[right].before(&self.heap[left]) {
+                right
+            } else {
+                left
+            };
+            self.heap[hole] = self.heap[child];
+            slots.set_heap_pos(self.heap[hole].slot, hole as u32);
+            hole = child;
         }
-        let removed = self.heap.swap_remove(pos);
-        slots.leave_heap(removed.slot, removed.bucket);
-        if pos < self.heap.len() {
-            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
-            // The moved entry may belong above or below `pos`.
-            let pos = self.sift_up(pos, slots);
-            self.sift_down(pos, slots);
-        }
-        Some(removed)
+        self.heap[hole] = last;
+        self.sift_up(hole, slots);
+        Some(root)
     }
 
     /// Removes every entry, yielding their slots (positions cleared).
@@ -129,31 +142,6 @@ impl WaitingHeap {
         pos
     }
 
-    fn sift_down<T>(&mut self, mut pos: usize, slots: &mut Slots<T>) {
-        let entry = self.heap[pos];
-        let n = self.heap.len();
-        loop {
-            let left = 2 * pos + 1;
-            if left >= n {
-                break;
-            }
-            let right = left + 1;
-            let child = if right < n && self.heap[right].before(&self.heap[left]) {
-                right
-            } else {
-                left
-            };
-            if !self.heap[child].before(&entry) {
-                break;
-            }
-            self.heap[pos] = self.heap[child];
-            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
-            pos = child;
-        }
-        self.heap[pos] = entry;
-        slots.set_heap_pos(entry.slot, pos as u32);
-    }
-
     /// Checks the heap order and the position index (for `check_invariants`).
     pub(crate) fn check<T>(&self, slots: &Slots<T>) {
         for (i, e) in self.heap.iter().enumerate() {
@@ -187,11 +175,9 @@ mod tests {
             );
             heap.check(&slots);
         }
-        // Move the 70 to 5, then remove whatever sits at position 2.
+        // Move the 70 to 5.
         let last = *heap.get(slots.heap_pos(4).unwrap());
         heap.decrease(slots.heap_pos(last.slot).unwrap(), 5, 100, &mut slots);
-        heap.check(&slots);
-        let removed = heap.remove_at(2, &mut slots).unwrap();
         heap.check(&slots);
         let mut out = Vec::new();
         while let Some(e) = heap.pop(&mut slots) {
@@ -202,9 +188,74 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(s, &d)| if s == 4 { (5, 100) } else { (d, s as u64) })
-            .filter(|&(d, s)| (d, s) != (removed.deadline, removed.seq))
             .collect();
         expected.sort();
         assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn a_large_heap_pops_in_order_through_pushes_and_decreases() {
+        // A deterministic stream of operations on up to a few thousand entries, with many equal
+        // deadlines (FIFO by sequence among them), checked against a sorted reference.
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut slots = Slots::new();
+        let mut heap = WaitingHeap::new();
+        let mut reference: Vec<(u64, u64, SlotId)> = Vec::new();
+        let mut seq = 0;
+        for step in 0..20_000 {
+            match next() % 8 {
+                0..=3 => {
+                    let slot = slots.insert(step);
+                    let deadline = next() % 500;
+                    heap.push(
+                        Waiting {
+                            deadline,
+                            seq,
+                            slot,
+                            bucket: slot,
+                        },
+                        &mut slots,
+                    );
+                    reference.push((deadline, seq, slot));
+                    seq += 1;
+                }
+                4 if !reference.is_empty() => {
+                    let i = (next() % reference.len() as u64) as usize;
+                    let (d, _, slot) = reference[i];
+                    let deadline = d.saturating_sub(1 + next() % 50);
+                    if deadline == d {
+                        continue; // already 0: the state only moves strictly earlier
+                    }
+                    heap.decrease(slots.heap_pos(slot).unwrap(), deadline, seq, &mut slots);
+                    reference[i] = (deadline, seq, slot);
+                    seq += 1;
+                }
+                _ => {
+                    let min = (0..reference.len()).min_by_key(|&i| reference[i]);
+                    let expected = min.map(|i| reference.swap_remove(i));
+                    let got = heap.pop(&mut slots).map(|w| (w.deadline, w.seq, w.slot));
+                    assert_eq!(got, expected);
+                    if let Some((_, _, slot)) = got {
+                        assert_eq!(slots.bucket(slot), slot, "the bucket came back");
+                    }
+                }
+            }
+            if step % 97 == 0 {
+                heap.check(&slots);
+            }
+        }
+        heap.check(&slots);
+        reference.sort_unstable();
+        for expected in reference {
+            let got = heap.pop(&mut slots).map(|w| (w.deadline, w.seq, w.slot));
+            assert_eq!(got, Some(expected));
+        }
+        assert!(heap.pop(&mut slots).is_none());
     }
 }
