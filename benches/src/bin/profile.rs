@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                 let d = match imp {
                     "ours" => w1::ours(&k),
                     "presized" => w1::ours_presized(&k),
+                    "named" => w1::ours_named(&k),
                     "naive" => w1::naive(&k),
                     "crossbeam" => w1::crossbeam(&k),
                     _ => return unknown(&w, imp),
