@@ -9,7 +9,7 @@
 //! Arguments: `WORKLOAD IMPLEMENTATION [N] [RUNS]`. `N` overrides the workload's main size (keys,
 //! or calls for W6–W8); `RUNS` (default 1) repeats it. Implementations: `ours`, `naive`, and per
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
-//! `presized` (W1, W4), `async` (W5, W10: the tokio queue),
+//! `presized` (W1, W4), `named` (W1), `async` (W5, W10: the tokio queue),
 //! `tokio_sleep` (W5).
 //! Prints the figure of each run on stderr.
 
