@@ -46,8 +46,9 @@ pub trait Notifier<T, S>: Send + Sync + 'static {
 pub struct Locked<T, S> {
     /// The queue's semantics.
     pub state: QueueState<T, S>,
-    /// Getters waiting for a key (maintained by drivers that can count them; the blocking queue
-    /// skips notifications when it is zero).
+    /// Getters waiting for a key. Both drivers count a getter here, under the lock, once it has
+    /// registered for wake-ups and found nothing, and their `wake_getter` does nothing while it
+    /// is zero.
     pub idle_getters: usize,
     /// The deadline the one getter that times the queue sleeps until, if one does. Other idle
     /// getters wait only for notifications, so a deadline wakes one getter, not all of them.
