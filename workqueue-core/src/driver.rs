@@ -33,7 +33,9 @@ use crate::sync::{AtomicBool, Mutex, MutexGuard};
 /// `Notified` must be enabled before the lock is taken).
 pub trait Notifier<T, S>: Send + Sync + 'static {
     /// A key became ready or the earliest deadline moved earlier: wake one getter so it takes the
-    /// key or re-computes its sleep. (It passes the wake-up on if more keys are ready.)
+    /// key or re-computes its sleep. (It passes the wake-up on if more keys are ready.) Called only
+    /// while `locked.idle_getters` is not zero: a getter that has not counted itself idle looks at
+    /// the state again before it waits.
     fn wake_getter(&self, locked: &Locked<T, S>);
     /// The queue shut down: wake every getter and every drain.
     fn wake_all(&self, locked: &Locked<T, S>);
@@ -46,9 +48,8 @@ pub trait Notifier<T, S>: Send + Sync + 'static {
 pub struct Locked<T, S> {
     /// The queue's semantics.
     pub state: QueueState<T, S>,
-    /// Getters waiting for a key. Both drivers count a getter here, under the lock, once it has
-    /// registered for wake-ups and found nothing, and their `wake_getter` does nothing while it
-    /// is zero.
+    /// Getters waiting for a key. A driver counts a getter here, under the lock, once it has
+    /// registered for wake-ups and found nothing; no getter is notified while it is zero.
     pub idle_getters: usize,
     /// The deadline the one getter that times the queue sleeps until, if one does. Other idle
     /// getters wait only for notifications, so a deadline wakes one getter, not all of them.
@@ -212,7 +213,7 @@ where
             (now, before) => now.is_some() && before.is_none(),
         };
         if g.state.ready_len() > ready_before || earlier_deadline {
-            self.notifier.wake_getter(&g);
+            self.wake_getter(&g);
         }
         if g.drains > 0 && self.is_drained(&g) {
             self.notifier.wake_drainers(&g);
@@ -342,13 +343,21 @@ where
         match got {
             Get::Ready(ticket, key) => {
                 if g.state.ready_len() > 0 {
-                    self.notifier.wake_getter(g);
+                    self.wake_getter(g);
                 } else {
                     self.hand_off_timer(g);
                 }
                 Ok(Lease::new(key, ticket, self.clone()))
             }
             other => Err(other),
+        }
+    }
+
+    /// Wakes one idle getter, if any getter is idle (the one place that rule is written).
+    #[inline]
+    fn wake_getter(&self, g: &Locked<T, S>) {
+        if g.idle_getters > 0 {
+            self.notifier.wake_getter(g);
         }
     }
 
@@ -383,7 +392,7 @@ where
     /// getter times them, wake one to take the timer over.
     pub fn hand_off_timer(&self, g: &Locked<T, S>) {
         if g.timer.is_none() && g.state.has_waiting() {
-            self.notifier.wake_getter(g);
+            self.wake_getter(g);
         }
     }
 

@@ -54,15 +54,11 @@ where
     S: Send + Sync + 'static,
 {
     #[inline]
-    fn wake_getter(&self, locked: &Locked<T, S>) {
-        // A getter counts itself idle under the lock, after enabling its `Notified` and finding
-        // nothing: with none counted, no getter can miss this change, and the busy path skips
-        // `Notify` altogether. A permit stored while a counted getter is not yet waiting is
-        // not lost, and a cancelled getter that was notified passes the notification on (tokio
-        // guarantees both).
-        if locked.idle_getters > 0 {
-            self.getters.notify_one();
-        }
+    fn wake_getter(&self, _: &Locked<T, S>) {
+        // Only called while a getter counts itself idle (it enabled its `Notified` before
+        // looking at the state): a permit stored before it waits is not lost, and a cancelled
+        // getter that was notified passes the notification on (tokio guarantees both).
+        self.getters.notify_one();
     }
 
     fn wake_all(&self, _: &Locked<T, S>) {

@@ -75,10 +75,8 @@ where
     S: Send + Sync + 'static,
 {
     #[inline]
-    fn wake_getter(&self, locked: &Locked<T, S>) {
-        if locked.idle_getters > 0 {
-            self.getters.notify_one();
-        }
+    fn wake_getter(&self, _: &Locked<T, S>) {
+        self.getters.notify_one();
     }
 
     fn wake_all(&self, _: &Locked<T, S>) {
