@@ -6,7 +6,6 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 
 /// Number of shards: a power of two, enough that two to a few dozen threads rarely meet on one
@@ -32,6 +31,12 @@ struct Shard<K>(Mutex<HashTable<(K, u32)>>);
 /// - When `limit` is `Some(n)`, `tracked` equals the number of stored keys (it is only changed
 ///   under the lock of the shard being changed), and a new key is only stored while it is below
 ///   `n`. Unbounded counts do not maintain it: the hot path then touches no shared counter.
+///
+/// Panic safety: the key's `Hash`, `Eq`, `Clone` (`to_owned`) and `Drop` are user code. They run
+/// before anything changes (a new key is cloned before the bound is charged for it), and a shard
+/// grows by hashing every key before it switches tables, never through hashbrown's own growth,
+/// which hashes while it moves entries (and, rehashing in place, drops entries when a hash
+/// panics). A panic leaves the counts as they were and propagates to the limiter's caller.
 pub(crate) struct FailureCounts<K, S> {
     shards: Box<[Shard<K>; SHARDS]>,
     hasher: S,
@@ -79,6 +84,13 @@ impl<K, S> FailureCounts<K, S> {
         })
     }
 
+    /// Gives back the slot of a key that is no longer tracked.
+    fn release(&self) {
+        if self.limit.is_some() {
+            self.tracked.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     fn shard(&self, hash: u64) -> &Mutex<HashTable<(K, u32)>> {
         // Truncation is the point: the low bits of the shifted hash pick the shard.
         &self.shards[(hash >> SHARD_SHIFT) as usize % SHARDS].0
@@ -89,7 +101,7 @@ impl<K, S: BuildHasher> FailureCounts<K, S> {
     /// Records one failure of `key` and returns its count, or `None` when `key` is not tracked
     /// and cannot be because the bound is reached.
     ///
-    /// One hash, one lock, one probe.
+    /// One hash, one lock, one probe for a tracked key; a second probe for a new one.
     pub(crate) fn record<Q>(&self, key: &Q) -> Option<u32>
     where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
@@ -97,25 +109,30 @@ impl<K, S: BuildHasher> FailureCounts<K, S> {
     {
         let hash = self.hasher.hash_one(key);
         let mut table = self.shard(hash).lock();
-        let entry = table.entry(
-            hash,
-            |(k, _)| k.borrow() == key,
-            |(k, _)| self.hasher.hash_one(k.borrow()),
-        );
-        match entry {
-            Entry::Occupied(mut occupied) => {
-                let count = &mut occupied.get_mut().1;
-                *count = count.saturating_add(1);
-                Some(*count)
-            }
-            Entry::Vacant(vacant) => {
-                if !self.admit() {
-                    return None;
-                }
-                vacant.insert((key.to_owned(), 1));
-                Some(1)
+        if let Some((_, count)) = table.find_mut(hash, |(k, _)| k.borrow() == key) {
+            *count = count.saturating_add(1);
+            return Some(*count);
+        }
+        let owned = key.to_owned();
+        if !self.admit() {
+            drop(table);
+            drop(owned);
+            return None;
+        }
+        if table.len() == table.capacity() {
+            // Hashing may panic: give the slot back if it does (the table is unchanged).
+            let grown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                grow(&mut table, |k: &K| self.hasher.hash_one(k.borrow()))
+            }));
+            if let Err(panic) = grown {
+                self.release();
+                std::panic::resume_unwind(panic);
             }
         }
+        table.insert_unique(hash, (owned, 1), |_| {
+            unreachable!("the table has room: it was grown before the insert")
+        });
+        Some(1)
     }
 
     /// Failures recorded for `key`; 0 when it is not tracked.
@@ -143,13 +160,25 @@ impl<K, S: BuildHasher> FailureCounts<K, S> {
             Ok(occupied) => occupied.remove().0,
             Err(_) => return,
         };
-        if self.limit.is_some() {
-            self.tracked.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.release();
         // The key's `Drop` runs after the shard is unlocked.
         drop(table);
         drop(removed);
     }
+}
+
+/// Replaces a full table with one of twice the room. Every key is hashed first, so a `hash` that
+/// panics leaves the table untouched; the moves after that call no user code.
+fn grow<K>(table: &mut HashTable<(K, u32)>, hash: impl Fn(&K) -> u64) {
+    let hashes: Vec<u64> = table.iter().map(|(k, _)| hash(k)).collect();
+    let mut grown = HashTable::with_capacity((2 * table.len()).max(4));
+    // `into_iter` visits the entries in the order `iter` did: the table is unchanged in between.
+    for (entry, hash) in std::mem::take(table).into_iter().zip(hashes) {
+        grown.insert_unique(hash, entry, |_| {
+            unreachable!("the new table was sized for every entry")
+        });
+    }
+    *table = grown;
 }
 
 impl<K, S> fmt::Debug for FailureCounts<K, S> {

@@ -200,24 +200,20 @@ where
     }
 
     /// Runs `op` on the locked data, then wakes a getter if it made a key ready or moved the
-    /// earliest deadline earlier.
+    /// earliest deadline earlier, and emits metrics.
+    ///
+    /// `op` may call user code (a key's `Hash` or `Eq`, a batch's iterator) and panic part-way,
+    /// after some of its changes: the wake-ups are sent from a guard's `Drop`, so they follow
+    /// whatever `op` did, panic or not. Metrics (a recorder is user code too) are emitted last,
+    /// once the state is consistent and everyone who must be woken was.
     #[inline]
     fn mutate<R>(&self, op: impl FnOnce(&mut Locked<T, S>) -> R) -> R {
         let mut g = self.lock();
-        let ready_before = g.state.ready_len();
-        let deadline_before = g.state.next_deadline();
-        let r = op(&mut g);
-        self.emit(&mut g.state);
-        let earlier_deadline = match (g.state.next_deadline(), deadline_before) {
-            (Some(now), Some(before)) => now < before,
-            (now, before) => now.is_some() && before.is_none(),
+        let r = {
+            let wake = WakeOnChange::new(self, &mut g);
+            op(wake.locked)
         };
-        if g.state.ready_len() > ready_before || earlier_deadline {
-            self.wake_getter(&g);
-        }
-        if g.drains > 0 && self.is_drained(&g) {
-            self.notifier.wake_drainers(&g);
-        }
+        self.emit(&mut g.state);
         r
     }
 
@@ -330,8 +326,37 @@ where
     /// Takes a ready key under the lock, as a lease. `Err` carries why none was taken.
     ///
     /// Passes the wake-up on when more keys are ready, so one notification per ready key suffices.
+    ///
+    /// Panic safety: the key is cloned before it is marked processing (in the state), and a
+    /// metrics recorder that panics after the get undoes it, so a panic leaves the key queued at
+    /// the head, exactly as before; it then propagates to the caller.
     pub fn take(self: &Arc<Self>, g: &mut Locked<T, S>, now: Instant) -> Result<Lease<T>, Get<T>> {
-        let got = g.state.get(now);
+        match g.state.get(now) {
+            Get::Ready(ticket, key) => {
+                if g.state.ready_len() > 0 {
+                    self.wake_getter(g);
+                } else {
+                    self.hand_off_timer(g);
+                }
+                let lease = Lease::new(key, ticket, self.clone());
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.emit_get(g))) {
+                    let (key, ticket) = lease.into_parts();
+                    g.state.unget(ticket);
+                    drop(key);
+                    resume_unwind(panic);
+                }
+                Ok(lease)
+            }
+            other => {
+                self.emit_get(g);
+                Err(other)
+            }
+        }
+    }
+
+    /// The metrics of a get; a named queue joins the refresher at its first get.
+    #[inline]
+    fn emit_get(self: &Arc<Self>, g: &mut Locked<T, S>) {
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.metrics {
             m.emit(&mut g.state);
@@ -340,17 +365,8 @@ where
                 weak as std::sync::Weak<dyn crate::metrics::RefreshMetrics>
             });
         }
-        match got {
-            Get::Ready(ticket, key) => {
-                if g.state.ready_len() > 0 {
-                    self.wake_getter(g);
-                } else {
-                    self.hand_off_timer(g);
-                }
-                Ok(Lease::new(key, ticket, self.clone()))
-            }
-            other => Err(other),
-        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = g;
     }
 
     /// Wakes one idle getter, if any getter is idle (the one place that rule is written).
@@ -397,14 +413,32 @@ where
     }
 
     /// Takes up to `max` ready keys without waiting.
+    ///
+    /// If a take panics (see [`QueueCore::take`]), the keys taken before it go back to the head
+    /// in their order, so the batch takes all or nothing; the panic then propagates.
     pub fn take_batch(self: &Arc<Self>, max: usize) -> Vec<Lease<T>> {
         let mut out = Vec::new();
         let mut g = self.lock();
         let now = self.now_for(&g.state);
         while out.len() < max {
-            match self.take(&mut g, now) {
-                Ok(lease) => out.push(lease),
-                Err(_) => break,
+            match catch_unwind(AssertUnwindSafe(|| self.take(&mut g, now))) {
+                Ok(Ok(lease)) => out.push(lease),
+                Ok(Err(_)) => break,
+                Err(panic) => {
+                    // Dropping these leases would finish them, re-locking the queue.
+                    let keys: Vec<T> = out
+                        .into_iter()
+                        .rev()
+                        .map(|lease| {
+                            let (key, ticket) = lease.into_parts();
+                            g.state.unget(ticket);
+                            key
+                        })
+                        .collect();
+                    drop(g);
+                    drop(keys);
+                    resume_unwind(panic);
+                }
             }
         }
         out
@@ -424,11 +458,12 @@ where
         let released = g.state.shut_down();
         self.shutting_down.store(true, Ordering::Release);
         self.notifier.wake_all(g);
-        self.emit(&mut g.state);
         #[cfg(feature = "metrics")]
         if let Some(m) = &self.metrics {
             m.deregister();
         }
+        // Last: a recorder that panics finds the queue shut down and everyone woken.
+        self.emit(&mut g.state);
         released
     }
 
@@ -521,6 +556,60 @@ where
     }
 }
 
+/// Sends the wake-ups a change calls for when it ends, normally or by a panic (see
+/// [`QueueCore::mutate`]): one getter when a key became ready or the earliest deadline moved
+/// earlier, every drain when the queue may be drained.
+struct WakeOnChange<'a, 'g, T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    core: &'a QueueCore<T, S, N>,
+    locked: &'g mut Locked<T, S>,
+    ready_before: usize,
+    deadline_before: Option<Instant>,
+}
+
+impl<'a, 'g, T, S, N> WakeOnChange<'a, 'g, T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    #[inline]
+    fn new(core: &'a QueueCore<T, S, N>, locked: &'g mut Locked<T, S>) -> Self {
+        WakeOnChange {
+            core,
+            ready_before: locked.state.ready_len(),
+            deadline_before: locked.state.next_deadline(),
+            locked,
+        }
+    }
+}
+
+impl<T, S, N> Drop for WakeOnChange<'_, '_, T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    #[inline]
+    fn drop(&mut self) {
+        let g = &*self.locked;
+        let earlier_deadline = match (g.state.next_deadline(), self.deadline_before) {
+            (Some(now), Some(before)) => now < before,
+            (now, before) => now.is_some() && before.is_none(),
+        };
+        if g.state.ready_len() > self.ready_before || earlier_deadline {
+            self.core.wake_getter(g);
+        }
+        if g.drains > 0 && self.core.is_drained(g) {
+            self.core.notifier.wake_drainers(g);
+        }
+    }
+}
+
 /// A registered drain (see [`QueueCore::begin_drain`]).
 #[derive(Debug)]
 pub struct Drain<'a, T, S, N: Notifier<T, S>> {
@@ -577,38 +666,46 @@ where
     S: BuildHasher + Send + Sync + 'static,
     N: Notifier<T, S>,
 {
+    /// Panic safety: the limiter (`when`, `forget`) and the clock run before the lock and are
+    /// caught, so the key is finished whatever they do (a `Retry` whose limiter panicked is
+    /// finished without a re-add); the state's `finish` calls no user code. Only then do the
+    /// metrics recorder and the released key's `Drop` run. The first panic of any of them
+    /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
     fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
-        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
-        let now = needs_time.then(|| self.clock.now());
-        // The limiter is user code: if it panics, the key is still finished (never leaked), and
-        // the panic continues once the queue is consistent.
-        let limiter = catch_unwind(AssertUnwindSafe(|| {
-            outcome.consult_limiter(
+        let before_lock = catch_unwind(AssertUnwindSafe(|| {
+            let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
+            let now = needs_time.then(|| self.clock.now());
+            let delay = outcome.consult_limiter(
                 &*self.limiter,
                 key,
                 now.unwrap_or_default(),
                 self.is_shutting_down(),
-            )
+            );
+            (now, delay)
         }));
-        let delay = limiter.as_ref().ok().copied().flatten();
-        self.observe_limiter_delay(delay);
+        let (now, delay) = before_lock.as_ref().map_or((None, None), |&r| r);
         let readd = match outcome {
             Outcome::Retry => delay.is_some(),
             Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
             _ => false,
         };
-        let (finished, rejected) = self.mutate(|g| {
-            let now = now.unwrap_or_else(|| self.now_for(&g.state));
+        let (finished, rejected, clock) = self.mutate(|g| {
+            // A clock is user code too; one that panics finishes the key at the state's time.
+            let clock = match now {
+                Some(now) => Ok(now),
+                None => catch_unwind(AssertUnwindSafe(|| self.now_for(&g.state))),
+            };
+            let now = clock.as_ref().map_or_else(|_| g.state.now(), |&now| now);
             let rejected = g.state.is_shutting_down();
-            (g.state.finish(ticket, outcome, delay, now), rejected)
+            (g.state.finish(ticket, outcome, delay, now), rejected, clock)
         });
-        self.count_retry(readd && !rejected);
-        drop(finished.released);
-        if let Err(panic) = limiter
-            && !std::thread::panicking()
-        {
+        if let Some(panic) = before_lock.err().or(clock.err()) {
+            drop(finished.released);
             resume_unwind(panic);
         }
+        self.observe_limiter_delay(delay);
+        self.count_retry(readd && !rejected);
+        drop(finished.released);
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::Deref;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use crate::state::Ticket;
 ///
 /// Implemented by the blocking [`WorkQueue`](crate::WorkQueue) and by the tokio queue; a driver
 /// for another runtime implements it to hand out the same `Lease` type. An implementation must
-/// not panic: it runs in `Drop`, possibly while the thread is already panicking.
+/// finish the key even when user code it calls (a limiter, a metrics recorder) panics, and may
+/// then let that panic propagate: [`Lease`]'s `Drop` catches it, and swallows it while the
+/// thread is already unwinding (a second panic there would abort the process).
 pub trait LeaseOwner<T>: Send + Sync {
     /// Finishes the key `ticket` was issued for, as `outcome` says.
     fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome);
@@ -33,6 +36,11 @@ pub trait LeaseOwner<T>: Send + Sync {
 /// | [`requeue_after(d)`](Lease::requeue_after) | limiter forgets the key, re-add after `d`, done |
 /// | dropped while the thread panics | as `retry`: a panic is a failure |
 ///
+/// User code that runs when a lease ends (the rate limiter, a metrics recorder, the key's own
+/// `Drop`) may panic. The key is finished first, whatever that code does, so it is never stranded;
+/// then the panic propagates out of the consuming method or the `Drop`. While the thread is
+/// already unwinding, a `Drop` swallows such a panic, so it never aborts the process.
+///
 /// Traps, all documented rather than silent:
 /// - `queue.get();` discards the lease at once, finishing a key nobody processed (hence
 ///   `#[must_use]`).
@@ -52,7 +60,10 @@ pub trait LeaseOwner<T>: Send + Sync {
 /// ```
 #[must_use = "dropping a lease at once finishes a key that was never processed"]
 pub struct Lease<T> {
-    key: T,
+    /// `Some` until the lease ends: `Drop` takes the key to drop it where a panic of its `Drop`
+    /// can be caught.
+    key: Option<T>,
+    /// `Some` until the lease is finished (or taken apart by its driver).
     ticket: Option<Ticket>,
     owner: Arc<dyn LeaseOwner<T>>,
 }
@@ -61,15 +72,23 @@ impl<T> Lease<T> {
     /// A lease for `key`, finished through `owner` with `ticket`. For queue drivers.
     pub fn new(key: T, ticket: Ticket, owner: Arc<dyn LeaseOwner<T>>) -> Self {
         Lease {
-            key,
+            key: Some(key),
             ticket: Some(ticket),
             owner,
         }
     }
 
+    /// Takes the lease apart without finishing it, for a driver that gives the key back to its
+    /// state by other means (a hand-out undone under the queue's lock).
+    pub(crate) fn into_parts(mut self) -> (T, Ticket) {
+        let key = self.key.take().expect("a live lease has its key");
+        let ticket = self.ticket.take().expect("a live lease has its ticket");
+        (key, ticket)
+    }
+
     /// The leased key.
     pub fn key(&self) -> &T {
-        &self.key
+        self.key.as_ref().expect("a live lease has its key")
     }
 
     /// Finishes processing: the key is done. It is queued again if it was re-added meanwhile.
@@ -104,20 +123,31 @@ impl<T> Lease<T> {
     }
 
     fn finish_with(&mut self, outcome: Outcome) {
-        if let Some(ticket) = self.ticket.take() {
-            self.owner.finish(ticket, &self.key, outcome);
+        if let (Some(ticket), Some(key)) = (self.ticket.take(), &self.key) {
+            self.owner.finish(ticket, key, outcome);
         }
     }
 }
 
 impl<T> Drop for Lease<T> {
     fn drop(&mut self) {
-        let outcome = if std::thread::panicking() {
+        let unwinding = std::thread::panicking();
+        let outcome = if unwinding {
             Outcome::Retry
         } else {
             Outcome::Done
         };
-        self.finish_with(outcome);
+        // The owner finishes the key before any user code it runs can panic; the key's own
+        // `Drop` runs here too, inside the catch.
+        let ended = catch_unwind(AssertUnwindSafe(|| {
+            self.finish_with(outcome);
+            drop(self.key.take());
+        }));
+        if let Err(panic) = ended
+            && !unwinding
+        {
+            resume_unwind(panic);
+        }
     }
 }
 
@@ -125,12 +155,12 @@ impl<T> Deref for Lease<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        &self.key
+        self.key()
     }
 }
 
 impl<T: fmt::Debug> fmt::Debug for Lease<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Lease").field(&self.key).finish()
+        f.debug_tuple("Lease").field(self.key()).finish()
     }
 }

@@ -82,8 +82,10 @@ where
             if chunk >= chunks {
                 return;
             }
+            // `chunk < chunks` keeps `start < pieces`; the end saturates, as a chunk as large as
+            // `usize::MAX / 2 + 2` would overflow `start + chunk_size`.
             let start = chunk * chunk_size;
-            for piece in start..(start + chunk_size).min(pieces) {
+            for piece in start..start.saturating_add(chunk_size).min(pieces) {
                 if cancelled.load(Ordering::Relaxed) {
                     was_cancelled.store(true, Ordering::Relaxed);
                     return;

@@ -134,6 +134,30 @@ fn parallelize_until_degenerate_shapes() {
         })
     );
     for (workers, pieces, chunk) in [(3, 10, 0), (64, 5, 1), (1, 7, 100), (usize::MAX, 9, 2)] {
+        run_every_piece_once(workers, pieces, chunk);
+    }
+}
+
+/// A chunk so large that the second chunk's `start + chunk_size` overflows: every piece of a
+/// small run still runs once, and in a huge run the worker that takes the second chunk finds
+/// its end saturated (the first piece cancels the run, so it ends).
+#[test]
+fn parallelize_with_a_huge_chunk_size_does_not_overflow() {
+    for chunk in [usize::MAX / 2 + 2, usize::MAX] {
+        run_every_piece_once(2, 9, chunk);
+    }
+    let cancelled = AtomicBool::new(false);
+    let result = parallelize(2, usize::MAX, usize::MAX / 2 + 2, &cancelled, |_| {
+        cancelled.store(true, Ordering::Relaxed);
+    })
+    .expect("no piece panics");
+    // Each worker runs at most the first piece of its chunk before it sees the cancellation.
+    assert!(result.cancelled && (1..=2).contains(&result.completed));
+}
+
+fn run_every_piece_once(workers: usize, pieces: usize, chunk: usize) {
+    let never = AtomicBool::new(false);
+    {
         let seen = counters(pieces);
         let result = parallelize(workers, pieces, chunk, &never, |p| {
             seen[p].fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,12 @@
 //! harness compares each result and every observable, and runs `check_invariants()`. The key space
 //! is small (six keys) so that de-duplication, dirty re-adds and earliest-wins collide often.
 //!
+//! Panic injection: the `..._with_panics` properties arm a fault before random operations (a key's
+//! `Clone`, `Hash` or `Eq` panics at its `n`-th call), over more keys so that the index grows
+//! while a `Hash` may panic, and on states that record few index buckets. After every caught
+//! panic the state must match the model (the interrupted operation changed nothing but the
+//! promotion it made) and keep its invariants.
+//!
 //! A failure shrinks to a short, readable `Vec<Op>`; replay it with `replay(&[...])` in a unit
 //! test of its own.
 
@@ -15,6 +21,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use workqueue_core::Outcome;
 use workqueue_model::differential::{Op, StateHarness};
+use workqueue_model::faults::Fault;
 
 const KEYS: u8 = 6;
 
@@ -58,6 +65,21 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// [`op`] over 20 keys (the index grows at 4, 8 and 15), with a fault armed before a third of
+/// the operations.
+fn faulty_op() -> impl Strategy<Value = Op> {
+    let fault = prop_oneof![Just(Fault::Clone), Just(Fault::Hash), Just(Fault::Eq)];
+    prop_oneof![
+        3 => op().prop_map(|op| match op {
+            Op::Add(k) => Op::Add(k * 3 + 1),
+            Op::AddAfter(k, d) => Op::AddAfter(k * 3 + 2, d),
+            Op::ShutDown => Op::Len,
+            op => op,
+        }),
+        1 => (fault, 1u8..20).prop_map(|(f, n)| Op::Fault(f, n)),
+    ]
+}
+
 /// Like [`op`], but shutdown is rare, so long runs explore the live queue.
 fn live_op() -> impl Strategy<Value = Op> {
     op().prop_filter("rare shutdown", |o| *o != Op::ShutDown)
@@ -91,6 +113,18 @@ proptest! {
     #[test]
     fn live_state_agrees_with_model(ops in proptest::collection::vec(live_op(), 1..150)) {
         replay(&ops);
+    }
+
+    #[test]
+    fn state_agrees_with_model_with_panics(
+        ops in proptest::collection::vec(faulty_op(), 1..200),
+        limit in prop_oneof![Just(u32::MAX), Just(0u32), 1u32..16],
+    ) {
+        let mut h = StateHarness::new().with_bucket_limit(limit);
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
     }
 
     #[test]

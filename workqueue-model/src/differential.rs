@@ -6,14 +6,25 @@
 //! observable of the two (counts, FIFO order, processing set, per-key status and deadline,
 //! `next_deadline`, `now`) and runs [`QueueState::check_invariants`]. Any difference panics with
 //! the step number and the operation.
+//!
+//! Panic injection: the queue's keys are [`FaultyKey`]s, and [`Op::Fault`] arms a fault for the
+//! next operation (its `n`-th `Clone`, `Hash` or `Eq` panics). Only the operations that call user
+//! code may panic (adds and `get`, which hash, compare and clone keys); one that panics must leave
+//! the state as the model's [`Model::interrupted`] says (the promotion it made, nothing else),
+//! with every invariant intact. Finishing a ticket, shutting down and `len` call no user code, so
+//! an injected fault must never strike in them: that is checked too, also on a state that records
+//! few index buckets ([`StateHarness::with_bucket_limit`]), where freeing a key takes the path
+//! that would otherwise hash it.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::panic::resume_unwind;
 use std::time::Duration;
 
 use workqueue_core::state::{DefaultHashBuilder, Get, QueueState, Ticket};
 
+use crate::faults::{self, Fault, FaultyKey};
 use crate::{AddStatus, Instant, Model, ModelFinished, ModelGet, Outcome};
 
 /// One step of a differential run. Keys are small integers, named `k{n}` in the queue.
@@ -42,6 +53,10 @@ pub enum Op {
     Rewind(Duration),
     /// `get` + `finish(Done)` until nothing is ready.
     Drain,
+    /// Arms a fault for the next operation: its `n`-th call of that user code panics (1 is the
+    /// first; 0 arms nothing). [`Fault::Drop`] and [`Fault::Limiter`] never strike here: the
+    /// state drops no key and calls no limiter.
+    Fault(Fault, u8),
 }
 
 /// The queue-side name of key `k`.
@@ -49,14 +64,27 @@ pub fn key_name(k: u8) -> String {
     format!("k{k}")
 }
 
-/// `QueueState<String, S>` and `Model<String>` driven in lock step.
+/// The queue-side key `k`.
+fn faulty(k: u8) -> FaultyKey {
+    FaultyKey::from(key_name(k).as_str())
+}
+
+fn names(keys: Vec<FaultyKey>) -> Vec<String> {
+    keys.iter().map(|k| k.as_str().to_owned()).collect()
+}
+
+/// `QueueState<FaultyKey, S>` and `Model<String>` driven in lock step.
 pub struct StateHarness<S = DefaultHashBuilder> {
-    state: QueueState<String, S>,
+    state: QueueState<FaultyKey, S>,
     model: Model<String>,
     held: Vec<(Ticket, String)>,
     seen: BTreeSet<String>,
     now: u64,
     step: usize,
+    /// The fault armed for the next operation.
+    fault: Option<(Fault, u32)>,
+    /// Operations an injected panic interrupted.
+    panics: usize,
 }
 
 impl<S> fmt::Debug for StateHarness<S> {
@@ -93,12 +121,26 @@ impl<S: BuildHasher> StateHarness<S> {
             seen: BTreeSet::new(),
             now: 0,
             step: 0,
+            fault: None,
+            panics: 0,
         }
     }
 
+    /// The same harness on a state that records only index buckets below `limit` in its slots
+    /// (see [`QueueState::limit_recorded_buckets`]), so it takes the path of huge queues.
+    pub fn with_bucket_limit(mut self, limit: u32) -> Self {
+        self.state.limit_recorded_buckets(limit);
+        self
+    }
+
     /// The state under test.
-    pub fn state(&self) -> &QueueState<String, S> {
+    pub fn state(&self) -> &QueueState<FaultyKey, S> {
         &self.state
+    }
+
+    /// How many operations an injected panic interrupted so far.
+    pub fn panics(&self) -> usize {
+        self.panics
     }
 
     /// The model.
@@ -123,33 +165,56 @@ impl<S: BuildHasher> StateHarness<S> {
             step: self.step,
             op,
         };
+        if let Op::Fault(fault, n) = *op {
+            self.fault = (n > 0).then_some((fault, u32::from(n)));
+            return;
+        }
         match *op {
             Op::Add(k) => {
                 let key = key_name(k);
                 self.seen.insert(key.clone());
                 let tracked = self.model.is_tracked(&key);
+                let qkey = faulty(k);
+                let Some((status, back)) = self.on_state(ctx, true, |s| s.add_or_return(qkey, now))
+                else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
                 let expected = self.model.add(key.clone(), now);
-                let (status, back) = self.state.add_or_return(key.clone(), now);
                 assert_eq!(status, expected, "{ctx}: add status");
                 let stored = !tracked && status != AddStatus::ShutDown;
                 assert_eq!(back.is_none(), stored, "{ctx}: add_or_return hands back");
                 if let Some(b) = back {
-                    assert_eq!(b, key, "{ctx}: add_or_return handed back another key");
+                    assert_eq!(
+                        b.as_str(),
+                        key,
+                        "{ctx}: add_or_return handed back another key"
+                    );
                 }
             }
             Op::AddRef(k) => {
                 let key = key_name(k);
                 self.seen.insert(key.clone());
+                let Some(status) = self.on_state(ctx, true, |s| s.add_ref(key.as_str(), now))
+                else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
                 let expected = self.model.add(key.clone(), now);
-                let status = self.state.add_ref(key.as_str(), now);
                 assert_eq!(status, expected, "{ctx}: add_ref status");
             }
             Op::AddAfter(k, delay) => {
                 let key = key_name(k);
                 self.seen.insert(key.clone());
                 let tracked = self.model.is_tracked(&key);
+                let qkey = faulty(k);
+                let Some((status, back)) =
+                    self.on_state(ctx, true, |s| s.add_after_or_return(qkey, delay, now))
+                else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
                 let expected = self.model.add_after(key.clone(), delay, now);
-                let (status, back) = self.state.add_after_or_return(key.clone(), delay, now);
                 assert_eq!(status, expected, "{ctx}: add_after status");
                 let stored = !tracked && !matches!(status, AddStatus::ShutDown | AddStatus::Never);
                 assert_eq!(
@@ -180,13 +245,15 @@ impl<S: BuildHasher> StateHarness<S> {
             }
             Op::ShutDown => {
                 let expected = self.model.shut_down();
-                let mut released = self.state.shut_down();
+                let released = self.on_state(ctx, false, |s| s.shut_down());
+                let mut released = names(released.expect("shut_down calls no user code"));
                 released.sort();
                 assert_eq!(released, expected, "{ctx}: keys released by shut_down");
             }
             Op::Len => {
                 let expected = self.model.len(now);
-                assert_eq!(self.state.len(now), expected, "{ctx}: len");
+                let len = self.on_state(ctx, false, |s| s.len(now));
+                assert_eq!(len, Some(expected), "{ctx}: len");
             }
             Op::Advance(d) => {
                 self.now = self.now.saturating_add(nanos(d));
@@ -195,6 +262,8 @@ impl<S: BuildHasher> StateHarness<S> {
                 self.now = self.now.saturating_sub(nanos(d));
             }
             Op::Drain => {
+                // A loop of gets and finishes: a fault would strike at an arbitrary get of it.
+                self.fault = None;
                 for _ in 0..1024 {
                     let ready = self.model.len(now);
                     assert_eq!(self.state.len(now), ready, "{ctx}: len while draining");
@@ -206,18 +275,53 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.finish(ctx, last, Outcome::Done, None, now);
                 }
             }
+            Op::Fault(..) => unreachable!("handled above"),
         }
+        // A fault is armed for one operation only, struck or not.
+        self.fault = None;
         self.compare(ctx);
     }
 
+    /// Runs the state's side of an operation with the armed fault, if any: `None` when an
+    /// injected panic interrupted it, which only an operation that `may_panic` may do (any other
+    /// panic fails the run as it is).
+    fn on_state<R>(
+        &mut self,
+        ctx: Ctx<'_>,
+        may_panic: bool,
+        op: impl FnOnce(&mut QueueState<FaultyKey, S>) -> R,
+    ) -> Option<R> {
+        let Some((fault, nth)) = self.fault.take() else {
+            return Some(op(&mut self.state));
+        };
+        let state = &mut self.state;
+        match faults::with_fault(fault, nth, || op(state)) {
+            Ok(r) => Some(r),
+            Err(p) if faults::is_injected(&*p) => {
+                assert!(
+                    may_panic,
+                    "{ctx}: called user code ({fault:?}) but must not"
+                );
+                self.panics += 1;
+                None
+            }
+            Err(p) => resume_unwind(p),
+        }
+    }
+
     fn get(&mut self, ctx: Ctx<'_>, now: Instant) {
+        let Some(got) = self.on_state(ctx, true, |s| s.get(now)) else {
+            self.model.interrupted(now);
+            return;
+        };
         let expected = self.model.get(now);
-        match (self.state.get(now), expected) {
+        match (got, expected) {
             (Get::Ready(ticket, key), ModelGet::Ready(k)) => {
+                let key = key.as_str().to_owned();
                 assert_eq!(key, k, "{ctx}: get handed out another key");
                 assert_eq!(
-                    self.state.ticket_key(&ticket),
-                    Some(&key),
+                    self.state.ticket_key(&ticket).map(FaultyKey::as_str),
+                    Some(key.as_str()),
                     "{ctx}: ticket_key"
                 );
                 assert!(
@@ -247,15 +351,17 @@ impl<S: BuildHasher> StateHarness<S> {
     ) {
         let (ticket, key) = self.held.remove(i);
         assert_eq!(
-            self.state.ticket_key(&ticket),
-            Some(&key),
+            self.state.ticket_key(&ticket).map(FaultyKey::as_str),
+            Some(key.as_str()),
             "{ctx}: ticket_key of a held ticket"
         );
         let expected: ModelFinished = self
             .model
             .finish(&key, outcome, delay, now)
             .unwrap_or_else(|| panic!("{ctx}: the model does not process {key}"));
-        let f = self.state.finish(ticket, outcome, delay, now);
+        let f = self
+            .on_state(ctx, false, |s| s.finish(ticket, outcome, delay, now))
+            .expect("finish calls no user code");
         let got = ModelFinished {
             requeued: f.requeued,
             waiting: f.waiting,
@@ -266,7 +372,7 @@ impl<S: BuildHasher> StateHarness<S> {
             "{ctx}: finish({key}, {outcome:?}, {delay:?})"
         );
         if let Some(k) = f.released {
-            assert_eq!(k, key, "{ctx}: finish released another key");
+            assert_eq!(k.as_str(), key, "{ctx}: finish released another key");
         }
     }
 
@@ -276,8 +382,8 @@ impl<S: BuildHasher> StateHarness<S> {
         s.check_invariants();
         assert_eq!(s.counts(), m.counts(), "{ctx}: counts");
         assert_eq!(s.ready_len(), m.counts().ready, "{ctx}: ready_len");
-        assert_eq!(s.ready_keys(), m.ready_keys(), "{ctx}: FIFO");
-        let mut processing = s.processing_keys();
+        assert_eq!(names(s.ready_keys()), m.ready_keys(), "{ctx}: FIFO");
+        let mut processing = names(s.processing_keys());
         processing.sort();
         assert_eq!(processing, m.processing_keys(), "{ctx}: processing");
         assert_eq!(s.next_deadline(), m.next_deadline(), "{ctx}: next_deadline");
@@ -399,6 +505,24 @@ mod tests {
             h.apply(&op);
         }
         h.wind_down();
+    }
+
+    /// Faults before every operation that can and cannot call user code, on a state that records
+    /// no bucket (so freeing a key would hash it, were it not stored).
+    #[test]
+    fn a_scripted_run_with_faults_agrees() {
+        for limit in [u32::MAX, 0] {
+            let mut h = StateHarness::new().with_bucket_limit(limit);
+            for op in script() {
+                for fault in [Fault::Clone, Fault::Hash, Fault::Eq] {
+                    h.apply(&Op::Fault(fault, 1));
+                    h.apply(&op);
+                }
+                h.apply(&op);
+            }
+            assert!(h.panics() > 0, "no fault struck");
+            h.wind_down();
+        }
     }
 
     #[test]

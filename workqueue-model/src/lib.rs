@@ -32,6 +32,7 @@
 //! [`QueueState`]: workqueue_core::state::QueueState
 
 pub mod differential;
+pub mod faults;
 mod ledger;
 mod rng;
 
@@ -182,6 +183,15 @@ impl<K: Ord + Clone> Model<K> {
             return AddStatus::Never;
         }
         self.schedule(key, deadline)
+    }
+
+    /// What an add or a `get` that user code interrupted leaves behind (a key's `Clone`, `Hash` or
+    /// `Eq` that panicked): the promotion of the keys due at `now`, which every operation makes
+    /// before it looks at a key, and nothing else. The rule the state follows (DESIGN.md 3.6):
+    /// user code runs before the operation changes anything, so a panic leaves the state as it
+    /// was. Finishing, shutting down and `len` call no user code, so nothing interrupts them.
+    pub fn interrupted(&mut self, now: Instant) {
+        self.promote(now);
     }
 
     /// `get()` without blocking: the FIFO head, or why there is none.

@@ -42,13 +42,13 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use hashbrown::HashTable;
+use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::{Instant, duration_to_nanos};
 
 use crate::Outcome;
 use ready::ReadyQueue;
 pub(crate) use slots::SlotId;
-use slots::{MAX_SLOTS, NO_POS, Slots, stored_bucket};
+use slots::{MAX_SLOTS, NO_POS, Slots};
 pub use timing::Timing;
 use waiting::{Waiting, WaitingHeap};
 
@@ -180,6 +180,12 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     id: u32,
     /// Per-key timing for metrics; `None` (no per-key bytes) unless a driver enables it.
     timing: Option<Box<Timing>>,
+    /// The hashes of the live slots whose index bucket does not fit their slot word (only in
+    /// tables of more than 2^27 buckets), so that freeing a slot never hashes its key: hashing is
+    /// user code, and freeing happens in the middle of a change.
+    unrecorded: HashMap<SlotId, u64>,
+    /// Buckets at or above this are not recorded in slots (`NO_POS`; tests lower it).
+    bucket_limit: u32,
 }
 
 /// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
@@ -294,12 +300,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             seq: 0,
             id: next_state_id(),
             timing: None,
+            unrecorded: HashMap::new(),
+            bucket_limit: NO_POS,
         }
     }
 
     /// The hasher keys are hashed with.
     pub fn hasher(&self) -> &S {
         &self.hasher
+    }
+
+    /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
+    /// if the index were larger than a slot word can address (which takes over 117 million keys),
+    /// so tests and fuzzers reach the path that such queues take with a handful of keys.
+    #[doc(hidden)]
+    pub fn limit_recorded_buckets(&mut self, limit: u32) {
+        self.bucket_limit = limit.min(NO_POS);
     }
 
     // ---- adds ----------------------------------------------------------------------------------
@@ -395,8 +411,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// is empty: it never waits for a deadline then.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
-        match self.ready.pop() {
+        match self.ready.peek() {
             Some(slot) => {
+                // User code first: a `Clone` that panics leaves the key queued at the head.
+                let key = self.slots.key(slot).clone();
+                self.ready.pop();
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
@@ -406,12 +425,31 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                     slot,
                     state: self.id,
                 };
-                Get::Ready(ticket, self.slots.key(slot).clone())
+                Get::Ready(ticket, key)
             }
             None if self.shutting_down => Get::ShutDown,
             None => Get::Empty {
                 next_deadline: self.next_deadline(),
             },
+        }
+    }
+
+    /// Undoes the [`get`](QueueState::get) that issued `ticket`: the key goes back to the head of
+    /// the ready FIFO as if it had not been handed out (a re-add made meanwhile merges into it).
+    ///
+    /// For a driver whose hand-out fails after the get, under the same lock (a metrics recorder
+    /// that panics): the state is then as it was before the get. A foreign ticket is ignored.
+    pub(crate) fn unget(&mut self, ticket: Ticket) {
+        let slot = ticket.slot;
+        if ticket.state != self.id || !self.slots.is_live(slot) || !self.slots.is_processing(slot) {
+            return;
+        }
+        self.processing -= 1;
+        let dirty = self.slots.stop_processing(slot);
+        self.slots.set_queued(slot);
+        self.ready.push_front(slot);
+        if let Some(t) = &mut self.timing {
+            t.on_unget(slot, self.now, dirty);
         }
     }
 
@@ -577,6 +615,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             + self.ready.allocated_bytes()
             + self.waiting.allocated_bytes()
             + self.timing.as_ref().map_or(0, |t| t.allocated_bytes())
+            + self.unrecorded.allocation_size()
     }
 
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
@@ -585,6 +624,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let mut queued = 0;
         let mut processing = 0;
         let mut waiting = 0;
+        let mut unrecorded = 0;
         assert_eq!(
             self.index.len(),
             self.slots.live(),
@@ -604,10 +644,20 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 None => self.slots.bucket(slot),
             };
             let actual = self.index.find_bucket_index(hash, |&s| s == slot);
-            assert!(
-                bucket == NO_POS || Some(bucket as usize) == actual,
-                "a slot's recorded bucket is stale"
-            );
+            if bucket == NO_POS {
+                assert_eq!(
+                    self.unrecorded.get(&slot),
+                    Some(&hash),
+                    "a slot without a recorded bucket has no stored hash"
+                );
+                unrecorded += 1;
+            } else {
+                assert_eq!(
+                    Some(bucket as usize),
+                    actual,
+                    "a slot's recorded bucket is stale"
+                );
+            }
             let q = self.slots.is_queued(slot);
             let p = self.slots.is_processing(slot);
             let w = self.slots.heap_pos(slot).is_some();
@@ -635,6 +685,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             assert!(seen.insert(slot), "FIFO holds a slot twice");
         }
         assert_eq!(processing, self.processing, "processing count is off");
+        assert_eq!(
+            unrecorded,
+            self.unrecorded.len(),
+            "hashes stored for slots that record their bucket"
+        );
         assert_eq!(
             waiting,
             self.waiting.len(),
@@ -697,7 +752,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             .index
             .insert_unique(hash, slot, |&s| hasher.hash_one(slots.key(s)))
             .bucket_index();
-        self.slots.set_bucket(slot, stored_bucket(bucket));
+        let stored = stored_bucket(bucket, self.bucket_limit);
+        if stored == NO_POS {
+            self.unrecorded.insert(slot, hash);
+        }
+        self.slots.set_bucket(slot, stored);
         slot
     }
 
@@ -710,23 +769,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// not depend on each other, so they overlap. The old and new tables are briefly both
     /// allocated, as in hashbrown's own resize.
     ///
+    /// Panic safety: hashing is user code, so every key is hashed first, into a vector, before
+    /// anything changes. A `Hash` that panics leaves the old index and every recorded bucket as
+    /// they were; the build after it calls no user code.
+    ///
     /// The new table holds twice the live keys: with no tombstones that doubles the bucket count,
     /// as hashbrown does; with many (erased entries in full groups use up room), it shrinks.
     #[cold]
     #[inline(never)]
     fn grow_index(&mut self) {
         let live = self.index.len();
+        let hasher = &self.hasher;
+        let hashes: Vec<u64> = self
+            .slots
+            .iter_live()
+            .map(|(_, key)| hasher.hash_one(key))
+            .collect();
         let mut index = HashTable::with_capacity((2 * live).max(live + 1));
-        let (hasher, waiting) = (&self.hasher, &mut self.waiting);
+        let mut hashes = hashes.into_iter();
+        let (limit, unrecorded, waiting) =
+            (self.bucket_limit, &mut self.unrecorded, &mut self.waiting);
+        unrecorded.clear();
         self.slots.reindex(
-            |slot, key| {
+            |slot| {
+                let hash = hashes.next().expect("one hash per live slot");
                 // The table has room for every live key, so it never grows here and never
                 // calls the re-hash function.
-                index
-                    .insert_unique(hasher.hash_one(key), slot, |_| {
+                let bucket = index
+                    .insert_unique(hash, slot, |_| {
                         unreachable!("the new index was sized for every live key")
                     })
-                    .bucket_index()
+                    .bucket_index();
+                let stored = stored_bucket(bucket, limit);
+                if stored == NO_POS {
+                    unrecorded.insert(slot, hash);
+                }
+                stored
             },
             |pos, bucket| waiting.set_bucket(pos, bucket),
         );
@@ -798,11 +876,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             return None;
         }
         let bucket = self.slots.bucket(slot);
+        // No user code here: the slot is already unreferenced, and a panic now would leave it
+        // live with nothing pointing at it. A slot without a recorded bucket has its hash stored.
         let entry = if bucket != NO_POS {
             self.index.get_bucket_entry(bucket as usize).ok()
         } else {
-            let hash = self.hasher.hash_one(self.slots.key(slot));
-            self.index.find_entry(hash, |&s| s == slot).ok()
+            let hash = self.unrecorded.remove(&slot);
+            debug_assert!(hash.is_some(), "a slot without a bucket has no stored hash");
+            hash.and_then(|hash| self.index.find_entry(hash, |&s| s == slot).ok())
         };
         if let Some(entry) = entry {
             debug_assert_eq!(
@@ -825,6 +906,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if self.index.capacity() > SHRINK_ABOVE {
             self.index = HashTable::new();
         }
+        if self.unrecorded.capacity() > SHRINK_ABOVE {
+            self.unrecorded = HashMap::new();
+        }
         if self.slots.allocated_bytes() > SHRINK_ABOVE * size_of::<T>() {
             self.slots.reset();
         }
@@ -837,6 +921,17 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if let Some(t) = &mut self.timing {
             t.shrink_if_large(SHRINK_ABOVE);
         }
+    }
+}
+
+/// A bucket index as a slot records it: `NO_POS` when it is not below `limit` (which is at most
+/// `NO_POS`, the largest value the slot word's field holds).
+#[inline]
+fn stored_bucket(bucket: usize, limit: u32) -> u32 {
+    if bucket < limit as usize {
+        bucket as u32
+    } else {
+        NO_POS
     }
 }
 

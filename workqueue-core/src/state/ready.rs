@@ -30,6 +30,17 @@ impl ReadyQueue {
         self.fifo.push_back(slot);
     }
 
+    /// The slot handed out next.
+    #[inline]
+    pub(crate) fn peek(&self) -> Option<SlotId> {
+        self.fifo.front().copied()
+    }
+
+    /// Puts a slot back at the head (a get that is undone).
+    pub(crate) fn push_front(&mut self, slot: SlotId) {
+        self.fifo.push_front(slot);
+    }
+
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<SlotId> {
         self.fifo.pop_front()

@@ -45,12 +45,6 @@ pub(crate) struct Slots<T> {
     live: usize,
 }
 
-/// A bucket index as stored in a slot or heap entry: `NO_POS` when it does not fit.
-#[inline]
-pub(crate) fn stored_bucket(bucket: usize) -> u32 {
-    u32::try_from(bucket).map_or(NO_POS, |b| b.min(NO_POS))
-}
-
 impl<T> Slots<T> {
     #[cfg(test)]
     pub(crate) const fn new() -> Self {
@@ -200,17 +194,27 @@ impl<T> Slots<T> {
         *m = (*m & !(FIELD | WAITING)) | bucket;
     }
 
-    /// Visits every live slot in slot order: `place` puts it in a new hash index and returns its
-    /// bucket there, which is recorded in the slot, or, for a waiting slot, through
-    /// `record_waiting(heap_pos, bucket)`.
+    /// The live slots and their keys, in slot order.
+    pub(crate) fn iter_live(&self) -> impl Iterator<Item = (SlotId, &T)> + '_ {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, key)| Some((i as SlotId, key.as_ref()?)))
+    }
+
+    /// Visits every live slot in slot order (as [`Slots::iter_live`]): `place` puts it in a new
+    /// hash index and returns the bucket to record (`NO_POS` for none), which is recorded in the
+    /// slot, or, for a waiting slot, through `record_waiting(heap_pos, bucket)`.
     pub(crate) fn reindex(
         &mut self,
-        mut place: impl FnMut(SlotId, &T) -> usize,
+        mut place: impl FnMut(SlotId) -> u32,
         mut record_waiting: impl FnMut(u32, u32),
     ) {
         for (i, (key, meta)) in self.keys.iter().zip(self.meta.iter_mut()).enumerate() {
-            let Some(key) = key else { continue };
-            let bucket = stored_bucket(place(i as SlotId, key));
+            if key.is_none() {
+                continue;
+            }
+            let bucket = place(i as SlotId);
             if *meta & WAITING != 0 {
                 record_waiting(*meta & FIELD, bucket);
             } else {

@@ -57,6 +57,16 @@ impl Timing {
         }
     }
 
+    /// The get of the key in `slot` was undone (see `QueueState::unget`): it is queued again, and
+    /// its queue latency counts from `now` (the first one was already observed).
+    pub(crate) fn on_unget(&mut self, slot: SlotId, now: u64, dirty: bool) {
+        *entry(&mut self.started, slot) = NONE;
+        if !dirty {
+            self.depth += 1;
+            *entry(&mut self.added, slot) = now;
+        }
+    }
+
     /// The key in `slot` was finished.
     #[inline]
     pub(crate) fn on_finish(&mut self, slot: SlotId, now: u64) {
