@@ -8,9 +8,15 @@
 //! no key is held by two leases, every held key is processing, no limiter answer is left unused.
 //! `counts()` promotes due keys, so it is an operation of its own (checking it after every step
 //! would promote everything before the next operation, hiding promotions inside the others).
+//!
+//! Panic injection: `PanicLimiter` makes the limiter panic at its next call (in the next
+//! operation only). The panic must reach the caller, and the queue must behave as the driver
+//! documents: `add_rate_limited` and `forget` change nothing; a lease whose limiter panics is
+//! still finished, with no re-add for a `Retry` (the limiter gave no delay).
 #![no_main]
 
 use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +24,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use workqueue_core::{Clock, DrainStop, Lease, ManualClock, Outcome, WorkQueue};
 use workqueue_fuzz::{FDelay, FOutcome};
+use workqueue_model::faults::{self, Fault};
 use workqueue_model::{Model, ModelGet};
 use workqueue_ratelimit::{
     ExponentialFailure, FastSlow, Instant, RateLimiter, TokenBucket,
@@ -84,6 +91,8 @@ enum QOp {
     DrainTimeoutZero(u8),
     /// `shut_down_with_drain()`, issued only when no lease is held (it returns at once then).
     DrainWhenIdle(u8),
+    /// The limiter panics at its next call, in the next operation.
+    PanicLimiter,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -100,11 +109,13 @@ struct Recording {
 
 impl RateLimiter<Key> for Recording {
     fn when(&self, key: &Key, now: Instant) -> Duration {
+        faults::strike(Fault::Limiter);
         let d = self.inner.when(key, now);
         self.answers.lock().unwrap().push(d);
         d
     }
     fn forget(&self, key: &Key) {
+        faults::strike(Fault::Limiter);
         self.inner.forget(key)
     }
     fn num_requeues(&self, key: &Key) -> u32 {
@@ -161,6 +172,8 @@ struct Harness {
     model: Model<Key>,
     answers: Arc<Mutex<Vec<Duration>>>,
     held: Vec<Lease<Key>>,
+    /// Whether the limiter panics at its next call, in the current operation.
+    limiter_panics: bool,
 }
 
 fn key(k: u8) -> Key {
@@ -196,36 +209,33 @@ impl Harness {
         let lease = self.held.remove(i);
         let k = lease.key().clone();
         let outcome = match *how {
-            Finish::Drop => {
-                drop(lease);
-                Outcome::Done
-            }
-            Finish::Done => {
-                lease.done();
-                Outcome::Done
-            }
-            Finish::Forget => {
-                lease.forget();
-                Outcome::Forget
-            }
-            Finish::Retry => {
-                lease.retry();
-                Outcome::Retry
-            }
-            Finish::RetryAfter(d) => {
-                lease.retry_after(d.get());
-                Outcome::RetryAfter(d.get())
-            }
-            Finish::RequeueAfter(d) => {
-                lease.requeue_after(d.get());
-                Outcome::RequeueAfter(d.get())
-            }
-            Finish::Outcome(o) => {
-                lease.finish(o.get());
-                o.get()
-            }
+            Finish::Drop | Finish::Done => Outcome::Done,
+            Finish::Forget => Outcome::Forget,
+            Finish::Retry => Outcome::Retry,
+            Finish::RetryAfter(d) => Outcome::RetryAfter(d.get()),
+            Finish::RequeueAfter(d) => Outcome::RequeueAfter(d.get()),
+            Finish::Outcome(o) => o.get(),
         };
+        let finished = catch_unwind(AssertUnwindSafe(|| match *how {
+            Finish::Drop => drop(lease),
+            Finish::Done => lease.done(),
+            Finish::Forget => lease.forget(),
+            Finish::Retry => lease.retry(),
+            Finish::RetryAfter(d) => lease.retry_after(d.get()),
+            Finish::RequeueAfter(d) => lease.requeue_after(d.get()),
+            Finish::Outcome(o) => lease.finish(o.get()),
+        }));
         let delay = self.answer();
+        if finished.is_err() {
+            // The limiter panicked before it answered: the key is finished without its delay.
+            assert!(self.limiter_panics, "a lease panicked with no fault armed");
+            assert!(delay.is_none(), "the panicking limiter answered");
+            let now = self.now();
+            self.model
+                .finish(&k, outcome, None, now)
+                .expect("the model was processing the key");
+            return;
+        }
         if outcome == Outcome::Retry {
             assert_eq!(
                 delay.is_some(),
@@ -242,6 +252,21 @@ impl Harness {
     }
 
     fn apply(&mut self, op: &QOp) {
+        if let QOp::PanicLimiter = op {
+            self.limiter_panics = true;
+            return;
+        }
+        if self.limiter_panics {
+            faults::silence_injected_panics();
+            faults::arm(Fault::Limiter, 1);
+        }
+        self.apply_armed(op);
+        faults::disarm_all();
+        self.limiter_panics = false;
+        self.check();
+    }
+
+    fn apply_armed(&mut self, op: &QOp) {
         let now = self.now();
         match op {
             QOp::Add(k) => {
@@ -268,8 +293,13 @@ impl Harness {
                 );
             }
             QOp::AddRateLimited(k) => {
-                let status = self.queue.add_rate_limited(key(*k));
+                let status =
+                    catch_unwind(AssertUnwindSafe(|| self.queue.add_rate_limited(key(*k))));
                 let delay = self.answer();
+                let Ok(status) = status else {
+                    assert!(self.limiter_panics && delay.is_none(), "add_rate_limited panicked");
+                    return;
+                };
                 assert_eq!(
                     delay.is_some(),
                     !self.model.is_shutting_down(),
@@ -313,7 +343,10 @@ impl Harness {
                     self.finish(i, how);
                 }
             }
-            QOp::Forget(k) => self.queue.forget(&key(*k)),
+            QOp::Forget(k) => {
+                let forgot = catch_unwind(AssertUnwindSafe(|| self.queue.forget(&key(*k))));
+                assert!(forgot.is_ok() || self.limiter_panics, "forget panicked");
+            }
             QOp::NumRequeues(k) => {
                 let _ = self.queue.num_requeues(&key(*k));
             }
@@ -350,8 +383,8 @@ impl Harness {
                 }
             }
             QOp::ShutDown(_) | QOp::DrainTimeoutZero(_) | QOp::DrainWhenIdle(_) => {}
+            QOp::PanicLimiter => unreachable!("handled in apply"),
         }
-        self.check();
     }
 
     fn check(&self) {
@@ -395,6 +428,7 @@ fuzz_target!(|input: Input| {
         model: Model::new(),
         answers,
         held: Vec::new(),
+        limiter_panics: false,
     };
     for op in input.ops.iter().take(1024) {
         h.apply(op);

@@ -4,6 +4,11 @@
 //! `workqueue_model::differential`): every result and every observable must agree, and
 //! `check_invariants()` must hold after every step. The hasher is chosen by the input too: the
 //! default random one, a fixed SipHash, or one under which every key collides.
+//!
+//! Panic injection: `Fault` arms a panic in the next operation's `n`-th key `Clone`, `Hash` or
+//! `Eq`; the harness checks that only operations that may call user code panic, and that the
+//! state then matches the model and keeps its invariants. The input also chooses how many index
+//! buckets the state records in its slots, so freeing keys takes the path of huge queues.
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -12,6 +17,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use workqueue_fuzz::{FDelay, FOutcome};
 use workqueue_model::differential::{Op, StateHarness};
+use workqueue_model::faults::Fault;
 
 #[derive(Debug, Arbitrary)]
 enum FOp {
@@ -27,6 +33,14 @@ enum FOp {
     Advance(FDelay),
     Rewind(FDelay),
     Drain,
+    Fault(FFault, u8),
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum FFault {
+    Clone,
+    Hash,
+    Eq,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -39,6 +53,8 @@ enum HasherChoice {
 #[derive(Debug, Arbitrary)]
 struct Input {
     hasher: HasherChoice,
+    /// Index buckets at or above this are not recorded in slots (`u32::MAX`: as in production).
+    bucket_limit: Option<u8>,
     ops: Vec<FOp>,
 }
 
@@ -53,7 +69,8 @@ impl Hasher for Collide {
     fn write(&mut self, _: &[u8]) {}
 }
 
-const KEYS: u8 = 8;
+/// Enough keys that the index grows three times (at 4, 8 and 15 keys), also while a `Hash` panics.
+const KEYS: u8 = 20;
 
 fn op(f: &FOp) -> Option<Op> {
     Some(match *f {
@@ -69,10 +86,19 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Advance(d) => Op::Advance(d.get()),
         FOp::Rewind(d) => Op::Rewind(d.get()),
         FOp::Drain => Op::Drain,
+        FOp::Fault(f, n) => Op::Fault(
+            match f {
+                FFault::Clone => Fault::Clone,
+                FFault::Hash => Fault::Hash,
+                FFault::Eq => Fault::Eq,
+            },
+            n % 24,
+        ),
     })
 }
 
-fn run<S: BuildHasher>(mut h: StateHarness<S>, ops: &[FOp]) {
+fn run<S: BuildHasher>(h: StateHarness<S>, limit: Option<u8>, ops: &[FOp]) {
+    let mut h = h.with_bucket_limit(limit.map_or(u32::MAX, u32::from));
     for f in ops.iter().take(2048) {
         if let Some(op) = op(f) {
             h.apply(&op);
@@ -83,13 +109,15 @@ fn run<S: BuildHasher>(mut h: StateHarness<S>, ops: &[FOp]) {
 
 fuzz_target!(|input: Input| {
     match input.hasher {
-        HasherChoice::Random => run(StateHarness::new(), &input.ops),
+        HasherChoice::Random => run(StateHarness::new(), input.bucket_limit, &input.ops),
         HasherChoice::Sip => run(
             StateHarness::with_hasher(BuildHasherDefault::<DefaultHasher>::default()),
+            input.bucket_limit,
             &input.ops,
         ),
         HasherChoice::Collide => run(
             StateHarness::with_hasher(BuildHasherDefault::<Collide>::default()),
+            input.bucket_limit,
             &input.ops,
         ),
     }

@@ -666,31 +666,37 @@ where
     S: BuildHasher + Send + Sync + 'static,
     N: Notifier<T, S>,
 {
-    /// Panic safety: the limiter (`when`, `forget`) and the clock run before the lock and are
-    /// caught, so the key is finished whatever they do (a `Retry` whose limiter panicked is
-    /// finished without a re-add); the state's `finish` calls no user code. Only then do the
+    /// Panic safety: the clock and the limiter (`when`, `forget`) run before the lock, each
+    /// caught, so the key is finished whatever they do (a `Retry` whose limiter or clock panicked
+    /// is finished without a re-add); the state's `finish` calls no user code. Only then do the
     /// metrics recorder and the released key's `Drop` run. The first panic of any of them
     /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
     fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
-        let before_lock = catch_unwind(AssertUnwindSafe(|| {
-            let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
-            let now = needs_time.then(|| self.clock.now());
-            let delay = outcome.consult_limiter(
-                &*self.limiter,
-                key,
-                now.unwrap_or_default(),
-                self.is_shutting_down(),
-            );
-            (now, delay)
-        }));
-        let (now, delay) = before_lock.as_ref().map_or((None, None), |&r| r);
+        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
+        let clock = match needs_time {
+            true => catch_unwind(AssertUnwindSafe(|| Some(self.clock.now()))),
+            false => Ok(None),
+        };
+        let limiter = match &clock {
+            Ok(now) => catch_unwind(AssertUnwindSafe(|| {
+                outcome.consult_limiter(
+                    &*self.limiter,
+                    key,
+                    now.unwrap_or_default(),
+                    self.is_shutting_down(),
+                )
+            })),
+            Err(_) => Ok(None),
+        };
+        let now = clock.as_ref().ok().copied().flatten();
+        let delay = limiter.as_ref().ok().copied().flatten();
         let readd = match outcome {
             Outcome::Retry => delay.is_some(),
             Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
             _ => false,
         };
-        let (finished, rejected, clock) = self.mutate(|g| {
-            // A clock is user code too; one that panics finishes the key at the state's time.
+        let (finished, rejected, locked_clock) = self.mutate(|g| {
+            // A clock that panics finishes the key at the state's latest time.
             let clock = match now {
                 Some(now) => Ok(now),
                 None => catch_unwind(AssertUnwindSafe(|| self.now_for(&g.state))),
@@ -699,7 +705,7 @@ where
             let rejected = g.state.is_shutting_down();
             (g.state.finish(ticket, outcome, delay, now), rejected, clock)
         });
-        if let Some(panic) = before_lock.err().or(clock.err()) {
+        if let Some(panic) = clock.err().or(limiter.err()).or(locked_clock.err()) {
             drop(finished.released);
             resume_unwind(panic);
         }
