@@ -24,6 +24,36 @@
 //! assert_eq!(*lease, "default/web");
 //! lease.forget(); // succeeded: reset the backoff
 //! ```
+//!
+//! # User code that panics
+//!
+//! User code runs inside the queue: a key's `Clone`, `Hash`, `Eq` and `Drop`, the rate limiter,
+//! the clock, a `metrics` recorder, the iterator given to a batch add. The rule: user code runs
+//! outside the queue's lock, or at a point where a panic leaves the state exactly as it was before
+//! the call (keys are cloned before they are marked, the index is rebuilt completely before it
+//! replaces the old one, wake-ups are sent from a guard's `Drop`). A panic propagates to the
+//! caller of the operation; the queue stays usable, with every invariant intact, and no key is
+//! stranded. Place by place:
+//!
+//! | where | user code | after a panic |
+//! |---|---|---|
+//! | `add`, `add_ref`, `add_after` | `Hash`, `Eq`; `From<&Q>` (`add_ref`) | the key is not added; keys that came due were promoted |
+//! | index growth (in an add) | `Hash` of every key | the old index is kept; the key is not added |
+//! | `add_batch` | the iterator, `Hash`, `Eq` | the keys before the panic are added, and waiting getters are woken for them |
+//! | `add_rate_limited` | the limiter's `when` | nothing changed |
+//! | `get`, `try_get`, `get_timeout` | `Clone`; the recorder | the key stays queued at the head |
+//! | `try_get_batch` | `Clone`; the recorder | every key taken goes back to the head, in order |
+//! | a lease ends | the limiter, the clock | the key is finished; a `Retry` is not re-added (no delay) |
+//! | a lease ends | the recorder, the released key's `Drop` | the key is finished, as asked |
+//! | a lease is dropped while the thread unwinds | any of the above | as above, and the panic is swallowed (a second panic would abort) |
+//! | any operation | the recorder | the operation is done and waiters are woken; only metrics are lost |
+//! | `forget`, `num_requeues` | the limiter | nothing changed in the queue |
+//!
+//! The freeing of a key (when a lease ends, at shutdown) calls no user code: a key whose index
+//! bucket does not fit its slot (only in tables of more than 2^27 buckets) has its hash stored.
+//! [`state::QueueState`] itself follows the same rule; the reference model in `workqueue-model`
+//! states it (`Model::interrupted`), and the differential property test and fuzz target inject
+//! panics at chosen calls and check the state against the model after each.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -31,6 +31,10 @@ macro_rules! queue_handle_methods {
         }
 
         /// Adds every key under one lock acquisition.
+        ///
+        /// The iterator runs under the queue's lock: keep it cheap. If it (or a key's `Hash` or
+        /// `Eq`) panics, the keys before the panic stay added and waiting getters are woken for
+        /// them; the panic then propagates.
         pub fn add_batch(&self, keys: impl ::core::iter::IntoIterator<Item = T>) {
             self.core.add_batch(keys)
         }
@@ -68,6 +72,9 @@ macro_rules! queue_handle_methods {
         }
 
         /// Leases up to `max` ready keys without waiting.
+        ///
+        /// All or nothing under panics: if a key's `Clone` (or a metrics recorder) panics, the
+        /// keys already taken go back to the head of the queue in their order.
         pub fn try_get_batch(&self, max: usize) -> ::std::vec::Vec<$crate::Lease<T>> {
             self.core.take_batch(max)
         }
