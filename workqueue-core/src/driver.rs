@@ -556,6 +556,51 @@ where
     }
 }
 
+/// What finishing a lease learnt before taking the lock: the time (for outcomes that re-add),
+/// the limiter's delay (for a `Retry`), and the first panic of the clock or the limiter.
+#[derive(Default)]
+struct BeforeLock {
+    now: Option<Instant>,
+    delay: Option<Duration>,
+    panic: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl<T, S, N> QueueCore<T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    /// The clock and the limiter half of `outcome`, each caught: a `Retry` whose clock or limiter
+    /// panicked gets no delay, so it is finished without a re-add.
+    fn before_lock(&self, key: &T, outcome: Outcome) -> BeforeLock {
+        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
+        let mut before = BeforeLock::default();
+        if needs_time {
+            match catch_unwind(AssertUnwindSafe(|| self.clock.now())) {
+                Ok(now) => before.now = Some(now),
+                Err(panic) => {
+                    before.panic = Some(panic);
+                    return before;
+                }
+            }
+        }
+        let limiter = catch_unwind(AssertUnwindSafe(|| {
+            outcome.consult_limiter(
+                &*self.limiter,
+                key,
+                before.now.unwrap_or_default(),
+                self.is_shutting_down(),
+            )
+        }));
+        match limiter {
+            Ok(delay) => before.delay = delay,
+            Err(panic) => before.panic = Some(panic),
+        }
+        before
+    }
+}
+
 /// Sends the wake-ups a change calls for when it ends, normally or by a panic (see
 /// [`QueueCore::mutate`]): one getter when a key became ready or the earliest deadline moved
 /// earlier, every drain when the queue may be drained.
@@ -672,44 +717,36 @@ where
     /// metrics recorder and the released key's `Drop` run. The first panic of any of them
     /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
     fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
-        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
-        let clock = match needs_time {
-            true => catch_unwind(AssertUnwindSafe(|| Some(self.clock.now()))),
-            false => Ok(None),
+        // `Done`, the common case, needs neither the clock nor the limiter before the lock.
+        let mut before = match outcome {
+            Outcome::Done => BeforeLock::default(),
+            _ => self.before_lock(key, outcome),
         };
-        let limiter = match &clock {
-            Ok(now) => catch_unwind(AssertUnwindSafe(|| {
-                outcome.consult_limiter(
-                    &*self.limiter,
-                    key,
-                    now.unwrap_or_default(),
-                    self.is_shutting_down(),
-                )
-            })),
-            Err(_) => Ok(None),
-        };
-        let now = clock.as_ref().ok().copied().flatten();
-        let delay = limiter.as_ref().ok().copied().flatten();
         let readd = match outcome {
-            Outcome::Retry => delay.is_some(),
+            Outcome::Retry => before.delay.is_some(),
             Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
             _ => false,
         };
-        let (finished, rejected, locked_clock) = self.mutate(|g| {
-            // A clock that panics finishes the key at the state's latest time.
-            let clock = match now {
-                Some(now) => Ok(now),
-                None => catch_unwind(AssertUnwindSafe(|| self.now_for(&g.state))),
+        let (finished, rejected) = self.mutate(|g| {
+            let now = match before.now {
+                Some(now) => now,
+                None if g.state.has_waiting() || self.has_metrics() => {
+                    // A clock that panics finishes the key at the state's latest time.
+                    catch_unwind(AssertUnwindSafe(|| self.clock.now())).unwrap_or_else(|panic| {
+                        before.panic.get_or_insert(panic);
+                        g.state.now()
+                    })
+                }
+                None => g.state.now(),
             };
-            let now = clock.as_ref().map_or_else(|_| g.state.now(), |&now| now);
             let rejected = g.state.is_shutting_down();
-            (g.state.finish(ticket, outcome, delay, now), rejected, clock)
+            (g.state.finish(ticket, outcome, before.delay, now), rejected)
         });
-        if let Some(panic) = clock.err().or(limiter.err()).or(locked_clock.err()) {
+        if let Some(panic) = before.panic {
             drop(finished.released);
             resume_unwind(panic);
         }
-        self.observe_limiter_delay(delay);
+        self.observe_limiter_delay(before.delay);
         self.count_retry(readd && !rejected);
         drop(finished.released);
     }

@@ -132,6 +132,10 @@ impl<T> Lease<T> {
 impl<T> Drop for Lease<T> {
     fn drop(&mut self) {
         let unwinding = std::thread::panicking();
+        if self.ticket.is_none() && !unwinding {
+            // Finished by a consuming method: the key drops like any value.
+            return;
+        }
         let outcome = if unwinding {
             Outcome::Retry
         } else {

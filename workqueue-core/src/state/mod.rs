@@ -779,12 +779,12 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[inline(never)]
     fn grow_index(&mut self) {
         let live = self.index.len();
-        let hasher = &self.hasher;
-        let hashes: Vec<u64> = self
-            .slots
-            .iter_live()
-            .map(|(_, key)| hasher.hash_one(key))
-            .collect();
+        let mut hashes = Vec::with_capacity(live);
+        hashes.extend(
+            self.slots
+                .iter_live()
+                .map(|(_, key)| self.hasher.hash_one(key)),
+        );
         let mut index = HashTable::with_capacity((2 * live).max(live + 1));
         let mut hashes = hashes.into_iter();
         let (limit, unrecorded, waiting) =
