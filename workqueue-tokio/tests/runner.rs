@@ -666,6 +666,83 @@ async fn timeout_is_per_reconcile() {
     assert_report(&report, (3, 0, 0, 0), (0, 0, 0, 0));
 }
 
+/// A cancel grace too long to represent as an instant (`Duration::MAX`) means "no limit": a
+/// timed-out reconcile that ignores its cancelled context runs until it returns (it still counts
+/// as a timeout), and the worker goes on with the next key. The grace's end must not be computed
+/// as an overflowing `Instant + Duration`.
+#[tokio::test(start_paused = true)]
+async fn cancel_grace_of_duration_max_waits_without_limit() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let dropped: Log<(Key, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, dropped) = (log.clone(), dropped.clone());
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            let probe = DropProbe(dropped.clone(), key);
+            async move {
+                let _probe = probe;
+                if key == "slow" && n == 1 {
+                    sleep(secs(3600)).await; // ignores ctx
+                }
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .reconcile_timeout(secs(10))
+        .cancel_grace(Duration::MAX);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["slow", "next"]);
+    sleep(secs(7200)).await;
+    assert!(!handle.is_finished(), "run returned before the queue shut down");
+    assert_eq!(
+        log.get(),
+        [
+            run("slow", ms(0), 0),
+            run("next", secs(3600), 0),
+            run("slow", secs(3600) + ms(5), 1),
+        ]
+    );
+    assert_eq!(dropped.get()[0], ("slow", secs(3600)), "never dropped early");
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (0, 1, 0, 0));
+}
+
+/// `shutdown_grace` and `cancel_grace` of `Duration::MAX` at shutdown: the runner waits for the
+/// in-flight reconcile without limit instead of overflowing a deadline.
+#[tokio::test(start_paused = true)]
+async fn shutdown_graces_of_duration_max_wait_without_limit() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            async move {
+                sleep(secs(3600)).await;
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .shutdown_grace(Duration::MAX)
+        .cancel_grace(Duration::MAX)
+        .reconcile_timeout(Duration::MAX);
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(runner.run(stop.clone()));
+    queue.add("a");
+    sleep(secs(1)).await;
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(log.elapsed(), secs(3600));
+    assert_report(&report, (1, 0, 0, 0), (0, 0, 0, 0));
+}
+
 // ---- shutdown -----------------------------------------------------------------------------------
 
 /// Graceful shutdown with work in flight (shutdown grace 10 s, cancel grace 2 s; the token is

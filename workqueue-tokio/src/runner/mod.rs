@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::task::JoinSet;
-use tokio::time::{sleep, sleep_until, timeout};
+use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use workqueue_core::state::DefaultHashBuilder;
@@ -122,21 +122,23 @@ impl<T, R, P, S> Runner<T, R, P, S> {
     }
 
     /// A time limit per reconcile: past it the reconcile's context is cancelled, its future is
-    /// dropped after the cancel grace, and it counts as [`Failure::Timeout`].
+    /// dropped after the cancel grace, and it counts as [`Failure::Timeout`]. A limit too long to
+    /// represent as an instant (`Duration::MAX`) is no limit.
     pub fn reconcile_timeout(mut self, limit: Duration) -> Self {
         self.timeout = Some(limit);
         self
     }
 
     /// How long a reconcile whose context was cancelled may take to return before its future is
-    /// dropped. Default 5 s.
+    /// dropped. Default 5 s. A grace too long to represent as an instant (`Duration::MAX`) is no
+    /// limit: the runner waits until the reconcile returns.
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
         self.cancel_grace = grace;
         self
     }
 
     /// How long in-flight reconciles may run after shutdown before their contexts are cancelled.
-    /// Default 30 s.
+    /// Default 30 s. A grace too long to represent as an instant (`Duration::MAX`) is no limit.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
@@ -197,9 +199,9 @@ where
         tokio::select! {
             biased;
             () = shared.intake.cancelled() => {
-                if timeout(self.shutdown_grace, join_all(&mut workers)).await.is_err() {
+                if !join_within(&mut workers, self.shutdown_grace).await {
                     shared.abort.cancel();
-                    if timeout(self.cancel_grace, join_all(&mut workers)).await.is_err() {
+                    if !join_within(&mut workers, self.cancel_grace).await {
                         shared.hard_stop.cancel();
                         join_all(&mut workers).await;
                     }
@@ -208,6 +210,25 @@ where
             () = join_all(&mut workers) => {}
         }
         shared.counters.report(shared.queue.len())
+    }
+}
+
+/// Joins every worker unless `limit` passes first; whether they were all joined.
+async fn join_within(workers: &mut JoinSet<()>, limit: Duration) -> bool {
+    tokio::select! {
+        biased;
+        () = join_all(workers) => true,
+        () = sleep_or_never(limit) => false,
+    }
+}
+
+/// Completes `d` from now, or never when that instant cannot be represented: a limit that far
+/// away is no limit. (tokio's `sleep` and `timeout` would end about 30 years from now instead;
+/// `Instant + Duration` would panic.) Every runner deadline goes through here.
+async fn sleep_or_never(d: Duration) {
+    match tokio::time::Instant::now().checked_add(d) {
+        Some(end) => sleep_until(end).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -322,7 +343,7 @@ where
         };
         let limit = async {
             match self.timeout {
-                Some(t) => sleep(t).await,
+                Some(t) => sleep_or_never(t).await,
                 None => std::future::pending().await,
             }
         };
@@ -332,11 +353,10 @@ where
             () = self.hard_stop.cancelled() => Ran::Interrupted,
             () = limit => {
                 token.cancel();
-                let grace_end = tokio::time::Instant::now() + self.cancel_grace;
                 tokio::select! {
                     biased;
                     _ = &mut fut => {}
-                    () = sleep_until(grace_end) => {}
+                    () = sleep_or_never(self.cancel_grace) => {}
                     () = self.hard_stop.cancelled() => {}
                 }
                 Ran::TimedOut
