@@ -8,7 +8,7 @@
 //!
 //! The panic tests print the reconciles' panic messages to stderr; that is expected.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{
-    Action, Context, Decision, Failure, MaxRetries, Report, RetryAlways, Runner,
+    Action, Context, Decision, Failure, GET_PANIC_PAUSE, MaxRetries, Report, RetryAlways, Runner,
 };
 
 fn ms(n: u64) -> Duration {
@@ -697,7 +697,10 @@ async fn cancel_grace_of_duration_max_waits_without_limit() {
 
     queue.add_batch(["slow", "next"]);
     sleep(secs(7200)).await;
-    assert!(!handle.is_finished(), "run returned before the queue shut down");
+    assert!(
+        !handle.is_finished(),
+        "run returned before the queue shut down"
+    );
     assert_eq!(
         log.get(),
         [
@@ -706,7 +709,11 @@ async fn cancel_grace_of_duration_max_waits_without_limit() {
             run("slow", secs(3600) + ms(5), 1),
         ]
     );
-    assert_eq!(dropped.get()[0], ("slow", secs(3600)), "never dropped early");
+    assert_eq!(
+        dropped.get()[0],
+        ("slow", secs(3600)),
+        "never dropped early"
+    );
 
     queue.shut_down();
     let report = within(handle).await.unwrap();
@@ -1170,4 +1177,368 @@ async fn panicking_rate_limiter_does_not_kill_the_worker() {
     queue.shut_down();
     let report = within(handle).await.unwrap();
     assert_eq!(report.processed, 1);
+}
+
+/// A rate limiter whose `num_requeues` panics the first time it is asked about `bad-count`.
+struct PanickyNumRequeues {
+    inner: ExponentialFailure<Key>,
+    armed: AtomicBool,
+}
+
+impl workqueue_ratelimit::RateLimiter<Key> for PanickyNumRequeues {
+    fn when(&self, key: &Key, now: workqueue_ratelimit::Instant) -> Duration {
+        self.inner.when(key, now)
+    }
+
+    fn forget(&self, key: &Key) {
+        self.inner.forget(key)
+    }
+
+    fn num_requeues(&self, key: &Key) -> u32 {
+        if *key == "bad-count" && self.armed.swap(false, SeqCst) {
+            panic!("num_requeues panicked (expected by this test)");
+        }
+        self.inner.num_requeues(key)
+    }
+}
+
+/// A policy that records each failure as `(key, "panic: <message>" or the failure, requeues)` and
+/// retries after a fixed 7 s.
+fn recording_policy<K: Copy + Send + Sync + 'static>(
+    failures: &Log<(K, String, u32)>,
+) -> impl Fn(&K, &Failure<&'static str>, u32) -> Decision + Send + Sync + 'static {
+    let failures = failures.clone();
+    move |key: &K, failure: &Failure<&'static str>, requeues: u32| {
+        let what = match failure {
+            Failure::Panic(message) => format!("panic: {message}"),
+            other => format!("{other:?}"),
+        };
+        failures.push((*key, what, requeues));
+        Decision::RetryAfter(secs(7))
+    }
+}
+
+/// The runner asks the limiter for a key's failure count before the reconcile; a panic there is
+/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 requeues, the
+/// count being unknown), whose decision finishes the lease. The key is not reconciled that time,
+/// the single worker survives, and `run` keeps running until the queue is shut down.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_num_requeues_does_not_kill_the_worker() {
+    let queue: WorkQueue<Key> = WorkQueue::builder()
+        .rate_limiter(PanickyNumRequeues {
+            inner: ExponentialFailure::new(ms(5), secs(1000)),
+            armed: AtomicBool::new(true),
+        })
+        .build();
+    let log = Log::new(Instant::now());
+    let failures: Log<(Key, String, u32)> = Log::new(log.start);
+    let runner = Runner::new(queue.clone(), fail_first(&log, 0))
+        .workers(1)
+        .error_policy(recording_policy(&failures));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["bad-count", "good"]);
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        log.get(),
+        [run("good", ms(0), 0), run("bad-count", secs(7), 0)],
+        "bad-count is retried by the policy's decision, after the next key"
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!((failures[0].0, failures[0].2), ("bad-count", 0));
+    assert!(
+        failures[0].1.starts_with("panic: num_requeues panicked"),
+        "{failures:?}"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// What makes a [`Fragile`] key's `Clone` or `Debug` panic: the 1-based number of the call.
+struct Trap {
+    clones: AtomicU32,
+    debugs: AtomicU32,
+    clone_panics: fn(u32) -> bool,
+    debug_panics: fn(u32) -> bool,
+}
+
+/// A key whose `Clone` and `Debug` are user code that can panic. Equality and hashing see only
+/// its name and id.
+struct Fragile {
+    name: &'static str,
+    id: u32,
+    trap: Arc<Trap>,
+}
+
+impl Fragile {
+    fn new(
+        name: &'static str,
+        clone_panics: fn(u32) -> bool,
+        debug_panics: fn(u32) -> bool,
+    ) -> Self {
+        let trap = Trap {
+            clones: AtomicU32::new(0),
+            debugs: AtomicU32::new(0),
+            clone_panics,
+            debug_panics,
+        };
+        Fragile {
+            name,
+            id: 0,
+            trap: Arc::new(trap),
+        }
+    }
+
+    fn sturdy(name: &'static str) -> Self {
+        Fragile::new(name, |_| false, |_| false)
+    }
+}
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        let n = self.trap.clones.fetch_add(1, SeqCst) + 1;
+        if (self.trap.clone_panics)(n) {
+            panic!(
+                "clone {n} of {} panicked (expected by this test)",
+                self.name
+            );
+        }
+        Fragile {
+            name: self.name,
+            id: self.id,
+            trap: self.trap.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Fragile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.trap.debugs.fetch_add(1, SeqCst) + 1;
+        if (self.trap.debug_panics)(n) {
+            panic!(
+                "debug {n} of {} panicked (expected by this test)",
+                self.name
+            );
+        }
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for Fragile {
+    fn eq(&self, other: &Self) -> bool {
+        (self.name, self.id) == (other.name, other.id)
+    }
+}
+
+impl Eq for Fragile {}
+
+impl std::hash::Hash for Fragile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.name, self.id).hash(state)
+    }
+}
+
+fn fragile_queue() -> WorkQueue<Fragile> {
+    WorkQueue::builder()
+        .rate_limiter(ExponentialFailure::new(ms(5), secs(1000)))
+        .build()
+}
+
+/// A reconcile over `Fragile` keys that logs `(name, when, attempt)` and succeeds.
+fn fragile_reconcile(
+    log: &Log<Run>,
+) -> impl Fn(Fragile, Context) -> std::future::Ready<Result<Action, &'static str>> + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |key, ctx| {
+        log.record(key.name, &ctx);
+        std::future::ready(Ok(Action::Done))
+    }
+}
+
+/// The runner clones the leased key to hand it to the reconcile; a `Clone` that panics there is a
+/// `Failure::Panic` for that key, given to the policy, whose decision finishes the lease. (The
+/// queue's `get` clones the key once, so the second clone is the runner's.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_key_clone_does_not_kill_the_worker() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let failures: Log<(&'static str, String, u32)> = Log::new(log.start);
+    let policy = {
+        let failures = failures.clone();
+        let record = recording_policy(&failures);
+        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
+            record(&key.name, failure, requeues)
+        }
+    };
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-clone", |n| n == 2, |_| false));
+    queue.add(Fragile::sturdy("good"));
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        log.get(),
+        [run("good", ms(0), 0), run("bad-clone", secs(7), 0)]
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!((failures[0].0, failures[0].2), ("bad-clone", 0));
+    assert!(
+        failures[0]
+            .1
+            .starts_with("panic: clone 2 of bad-clone panicked"),
+        "{failures:?}"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// A tracing subscriber that formats every field, as real ones do (so a key's `Debug` runs when
+/// the runner's span is created).
+struct Formatting;
+
+struct FormatFields;
+
+impl tracing::field::Visit for FormatFields {
+    fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let _ = format!("{value:?}");
+    }
+}
+
+impl tracing::Subscriber for Formatting {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        span.record(&mut FormatFields);
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        values.record(&mut FormatFields);
+    }
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        event.record(&mut FormatFields);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The key's `Debug` runs when the runner's span for the reconcile is recorded; a panic there is
+/// a `Failure::Panic` for that key, given to the policy. (A current-thread runtime: the
+/// thread-local subscriber sees every task.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
+    let _subscriber = tracing::subscriber::set_default(Formatting);
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let failures: Log<(&'static str, String, u32)> = Log::new(log.start);
+    let policy = {
+        let failures = failures.clone();
+        let record = recording_policy(&failures);
+        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
+            record(&key.name, failure, requeues)
+        }
+    };
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-debug", |_| false, |n| n == 1));
+    queue.add(Fragile::sturdy("good"));
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        log.get(),
+        [run("good", ms(0), 0), run("bad-debug", secs(7), 0)]
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0]
+            .1
+            .starts_with("panic: debug 1 of bad-debug panicked"),
+        "{failures:?}"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// A panic that escapes the queue's `get` (here the key's `Clone`, which `get` calls) leases no
+/// key: the worker logs and counts it (`Report::get_panics`), pauses for `GET_PANIC_PAUSE`, and
+/// goes on. It does not die, and `run` keeps running until the queue is shut down.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_get_does_not_kill_the_worker() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log)).workers(1);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-get", |n| n == 1, |_| false));
+    queue.add(Fragile::sturdy("good"));
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert!(
+        log.get().contains(&run("good", GET_PANIC_PAUSE, 0)),
+        "the worker goes on after the pause: {:?}",
+        log.get()
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_eq!(report.get_panics, 1, "{report:?}");
+    assert_eq!(report.panics, 0, "no key was leased: {report:?}");
+}
+
+/// A `get` that panics on every call (keys whose `Clone` always panics) is not retried in a busy
+/// loop: the worker pauses `GET_PANIC_PAUSE` after each panic. The pause ends at once when the
+/// shutdown token is cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log)).workers(1);
+    let handle = tokio::spawn(runner.run(stop.clone()));
+
+    // Many keys: a key whose get panicked may stay queued or stay marked processing; either way
+    // the next get panics too.
+    for id in 0..1000 {
+        queue.add(Fragile {
+            id,
+            ..Fragile::new("always-panics", |_| true, |_| false)
+        });
+    }
+    let waited = ms(950);
+    sleep(waited).await;
+    let cancelled_at = Instant::now();
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(
+        cancelled_at.elapsed(),
+        Duration::ZERO,
+        "the pause ends when the token is cancelled"
+    );
+    let expected = (waited.as_nanos() / GET_PANIC_PAUSE.as_nanos()) as u64 + 1;
+    assert_eq!(report.get_panics, expected, "{report:?}");
+    assert_eq!(log.len(), 0);
 }

@@ -52,11 +52,14 @@ pub enum Decision {
     GiveUp,
 }
 
-/// The result of one reconcile, as the runner saw it.
+/// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
 pub(crate) enum Reconciled<E> {
     Ok(Action),
     Failed(Failure<E>, Decision),
+    /// Dropped at shutdown after the grace periods: retried, so the key is not lost if the queue
+    /// lives on.
+    Interrupted,
 }
 
 impl<E> Reconciled<E> {
@@ -68,6 +71,7 @@ impl<E> Reconciled<E> {
             Reconciled::Failed(_, Decision::Retry) => Outcome::Retry,
             Reconciled::Failed(_, Decision::RetryAfter(d)) => Outcome::RetryAfter(*d),
             Reconciled::Failed(_, Decision::GiveUp) => Outcome::Forget,
+            Reconciled::Interrupted => Outcome::Retry,
         }
     }
 }
@@ -79,7 +83,7 @@ mod tests {
     #[test]
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
-        let cases: [(Reconciled<()>, Outcome); 5] = [
+        let cases: [(Reconciled<()>, Outcome); 6] = [
             (Reconciled::Ok(Action::Done), Outcome::Forget),
             (
                 Reconciled::Ok(Action::RequeueAfter(s)),
@@ -97,6 +101,7 @@ mod tests {
                 Reconciled::Failed(Failure::Panic("x".into()), Decision::GiveUp),
                 Outcome::Forget,
             ),
+            (Reconciled::Interrupted, Outcome::Retry),
         ];
         for (r, o) in cases {
             assert_eq!(r.outcome(), o, "{r:?}");

@@ -19,6 +19,10 @@
 
 use std::time::Duration;
 
+use workqueue_core::Outcome;
+
+use super::action::{Decision, Failure, Reconciled};
+
 /// The label that carries the controller's (queue's) name.
 pub const CONTROLLER_LABEL: &str = "controller";
 /// The label of [`RECONCILE_TOTAL`] that carries the result.
@@ -52,7 +56,7 @@ pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
 
 /// How one reconcile ended, for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
+enum Ended {
     Success,
     RequeueAfter,
     Error,
@@ -63,6 +67,32 @@ pub(crate) enum Ended {
         timeout: bool,
         panic: bool,
     },
+}
+
+impl Ended {
+    /// How `verdict` is counted; `None` for a reconcile interrupted at shutdown. What a success
+    /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
+    fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
+        Some(match verdict {
+            Reconciled::Ok(_) => match verdict.outcome() {
+                Outcome::RequeueAfter(_) => Ended::RequeueAfter,
+                _ => Ended::Success,
+            },
+            Reconciled::Interrupted => return None,
+            Reconciled::Failed(failure, decision) => {
+                let (timeout, panic) = (
+                    matches!(failure, Failure::Timeout),
+                    matches!(failure, Failure::Panic(_)),
+                );
+                match decision {
+                    Decision::GiveUp => Ended::GivenUp { timeout, panic },
+                    _ if panic => Ended::Panic,
+                    _ if timeout => Ended::Timeout,
+                    _ => Ended::Error,
+                }
+            }
+        })
+    }
 }
 
 /// The runner's metrics (a no-op without the `metrics` feature).
@@ -159,8 +189,12 @@ impl RunnerMetrics {
         let _ = delta;
     }
 
-    /// A reconcile ended with `result` after `elapsed`.
-    pub(crate) fn reconciled(&self, result: Ended, elapsed: Duration) {
+    /// A reconcile ended with `verdict` after `elapsed` (nothing for one interrupted at
+    /// shutdown).
+    pub(crate) fn reconciled<E>(&self, verdict: &Reconciled<E>, elapsed: Duration) {
+        let Some(result) = Ended::of(verdict) else {
+            return;
+        };
         #[cfg(feature = "metrics")]
         {
             use metrics::{counter, histogram};
