@@ -766,6 +766,52 @@ async fn lease_outcomes_on_the_paused_clock() {
     assert_eq!(queue.counts(), Counts::default());
 }
 
+/// A `get` that finds a key ready takes part in tokio's cooperative budget, as tokio's channels
+/// do: in a task that keeps taking ready keys without yielding, a `get` returns `Pending` once the
+/// budget is spent (and takes nothing), so the task yields to the runtime.
+#[tokio::test(start_paused = true)]
+async fn ready_gets_take_part_in_the_cooperative_budget() {
+    const KEYS: usize = 1_000;
+    let queue: WorkQueue<usize> = WorkQueue::new();
+    for key in 0..KEYS {
+        queue.add(key);
+    }
+    let mut taken = 0;
+    loop {
+        let mut get = Box::pin(queue.get());
+        match poll_once(&mut get).await {
+            Poll::Ready(lease) => {
+                lease.unwrap().done();
+                taken += 1;
+            }
+            Poll::Pending => break,
+        }
+        assert!(taken < KEYS, "every ready get returned at once: no budget");
+    }
+    assert!(taken > 0);
+    assert_eq!(queue.len(), KEYS - taken, "the pending get took nothing");
+    assert_eq!(queue.counts().processing, 0);
+    // After yielding, the task has a fresh budget.
+    tokio::task::yield_now().await;
+    within(queue.get()).await.unwrap().done();
+}
+
+/// `get`'s future is `Send`, so it can be awaited in a task on a multi-thread runtime (checked at
+/// compile time).
+#[tokio::test]
+async fn get_future_is_send() {
+    fn assert_send<F: Future + Send>(f: F) -> F {
+        f
+    }
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    queue.add("a");
+    let q = queue.clone();
+    let lease = tokio::spawn(async move { assert_send(q.get()).await.map(|l| *l) })
+        .await
+        .unwrap();
+    assert_eq!(lease, Some("a"));
+}
+
 /// `try_get_batch` takes up to `max` ready keys in FIFO order.
 #[tokio::test]
 async fn try_get_batch_takes_in_fifo_order() {
