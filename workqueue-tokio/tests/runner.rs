@@ -8,6 +8,7 @@
 //!
 //! The panic tests print the reconciles' panic messages to stderr; that is expected.
 
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -1541,4 +1542,136 @@ async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() 
     let expected = (waited.as_nanos() / GET_PANIC_PAUSE.as_nanos()) as u64 + 1;
     assert_eq!(report.get_panics, expected, "{report:?}");
     assert_eq!(log.len(), 0);
+}
+
+// ---- cooperation with the runtime ---------------------------------------------------------------
+
+/// A bound on reconciles before a starved sibling task (the test body) gets to run: tokio's
+/// cooperative budget is 128 operations per poll.
+const SIBLING_WITHIN: u64 = 1_000;
+
+/// A runner that never yields would never let the test body run again, so the reconciles of these
+/// tests stop the run themselves (shut the queue down) after this many: such a runner then fails
+/// the assertions instead of hanging the test.
+const VALVE: u64 = 20_000;
+
+/// Counts a reconcile; shuts `queue` down at the `VALVE`-th.
+fn count_reconcile<K: Hash + Eq + Clone + Send + Sync + 'static>(
+    reconciles: &AtomicU64,
+    queue: &WorkQueue<K>,
+) {
+    if reconciles.fetch_add(1, SeqCst) + 1 == VALVE {
+        queue.shut_down();
+    }
+}
+
+/// Spawns `run` on the test's current-thread runtime, waits until it reconciles, and checks that
+/// the test body, a sibling task, is served again within `SIBLING_WITHIN` reconciles.
+async fn spawn_and_check_a_sibling_is_served<F>(
+    run: F,
+    reconciles: &AtomicU64,
+) -> tokio::task::JoinHandle<Report>
+where
+    F: std::future::Future<Output = Report> + Send + 'static,
+{
+    let handle = tokio::spawn(run);
+    while reconciles.load(SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::task::yield_now().await;
+    let served_after = reconciles.load(SeqCst);
+    assert!(
+        served_after < SIBLING_WITHIN,
+        "the sibling task ran only after {served_after} reconciles"
+    );
+    handle
+}
+
+/// Cancels `stop` from the test body and checks that the runner stops within `SIBLING_WITHIN`
+/// further reconciles.
+async fn cancel_and_check_the_runner_stops(
+    handle: tokio::task::JoinHandle<Report>,
+    stop: &CancellationToken,
+    reconciles: &AtomicU64,
+) -> Report {
+    stop.cancel();
+    let cancelled_at = reconciles.load(SeqCst);
+    let report = within(handle).await.unwrap();
+    let after_cancel = reconciles.load(SeqCst) - cancelled_at;
+    assert!(
+        after_cancel < SIBLING_WITHIN,
+        "the runner went on for {after_cancel} reconciles after the token was cancelled"
+    );
+    report
+}
+
+/// `RequeueAfter(Duration::ZERO)` is a rate-limited requeue without forget (controller-runtime's
+/// `Requeue: true`), not an unthrottled loop on one key: the key's runs back off (5 ms, 10 ms,
+/// 20 ms) and keep their failure count, the runtime serves a sibling task, and cancelling the
+/// token stops the runner. Each run counts as processed (a success).
+#[tokio::test(start_paused = true)]
+async fn requeue_after_zero_is_a_rate_limited_requeue_and_does_not_starve_the_runtime() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let reconcile = {
+        let (log, reconciles, q) = (log.clone(), reconciles.clone(), queue.clone());
+        move |key: Key, ctx: Context| {
+            count_reconcile(&reconciles, &q);
+            log.record(key, &ctx);
+            std::future::ready(Ok::<_, &'static str>(Action::RequeueAfter(Duration::ZERO)))
+        }
+    };
+    let stop = CancellationToken::new();
+    queue.add("k");
+    let runner = Runner::new(queue.clone(), reconcile).run(stop.clone());
+    let handle = spawn_and_check_a_sibling_is_served(runner, &reconciles).await;
+    sleep(ms(40)).await;
+    let report = cancel_and_check_the_runner_stops(handle, &stop, &reconciles).await;
+    assert_eq!(log.len(), 4, "runs in 40 ms");
+    assert_eq!(
+        log.get(),
+        [
+            run("k", ms(0), 0),
+            run("k", ms(5), 1),
+            run("k", ms(15), 2),
+            run("k", ms(35), 3),
+        ],
+        "RequeueAfter(0) requeues with the limiter's backoff, without forgetting"
+    );
+    assert_eq!(queue.num_requeues(&"k"), 4);
+    assert_report(&report, (4, 0, 0, 0), (0, 0, 0, 0));
+}
+
+/// A source that keeps every worker busy (10,000 ready keys, a reconcile that returns without
+/// awaiting, one worker) does not starve the runtime: the queue's `get` takes part in tokio's
+/// cooperative budget, so the worker yields, a sibling task is served, and cancelling the token
+/// stops the runner.
+#[tokio::test(start_paused = true)]
+async fn a_busy_runner_does_not_starve_the_runtime() {
+    const KEYS: u32 = 10_000;
+    let queue: WorkQueue<u32> = WorkQueue::new();
+    for key in 0..KEYS {
+        queue.add(key);
+    }
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let reconcile = {
+        let (reconciles, q) = (reconciles.clone(), queue.clone());
+        move |_key: u32, _ctx: Context| {
+            count_reconcile(&reconciles, &q);
+            std::future::ready(Ok::<_, &'static str>(Action::Done))
+        }
+    };
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .run(stop.clone());
+    let handle = spawn_and_check_a_sibling_is_served(runner, &reconciles).await;
+    let report = cancel_and_check_the_runner_stops(handle, &stop, &reconciles).await;
+    assert_eq!(report.processed, reconciles.load(SeqCst));
+    assert_eq!(
+        report.still_queued as u64,
+        u64::from(KEYS) - report.processed,
+        "{report:?}"
+    );
 }

@@ -387,3 +387,47 @@ async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
     let report = run.await.unwrap();
     assert_eq!((report.get_panics, report.panics), (1, 0), "{report:?}");
 }
+
+/// `Action::RequeueAfter(Duration::ZERO)` is counted as result `requeue` (controller-runtime's
+/// `Requeue: true`), every result is zeroed at the start, and the queue counts the rate-limited
+/// requeue as a retry.
+#[tokio::test(start_paused = true)]
+async fn requeue_after_zero_counts_as_result_requeue() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let q: WorkQueue<&'static str> = WorkQueue::builder().name("rq").build();
+    q.add("k");
+    let runner = Runner::new(
+        q.clone(),
+        |_key: &'static str, ctx: workqueue_tokio::runner::Context| {
+            std::future::ready(Ok::<_, ()>(if ctx.attempt() < 2 {
+                Action::RequeueAfter(Duration::ZERO)
+            } else {
+                Action::Done
+            }))
+        },
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(runner.run(stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(report.processed, 3, "{report:?}");
+
+    let m = snapshot(&recorder);
+    let ctl = ("controller", "rq");
+    for result in RESULTS {
+        let expected = match result {
+            "requeue" => 2,
+            "success" => 1,
+            _ => 0,
+        };
+        assert_eq!(
+            counter(&m, RECONCILE_TOTAL, &[ctl, ("result", result)]),
+            expected,
+            "{result}"
+        );
+    }
+    assert_eq!(counter(&m, RECONCILE_ERRORS_TOTAL, &[ctl]), 0);
+    assert_eq!(counter(&m, qm::RETRIES_TOTAL, &[("name", "rq")]), 2);
+}

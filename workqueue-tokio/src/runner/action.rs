@@ -14,6 +14,12 @@ pub enum Action {
     Done,
     /// Run again after this delay (polling an external state). The backoff is reset: a fixed delay
     /// is for polling, never for errors (return the error and let the limiter back off).
+    ///
+    /// `RequeueAfter(Duration::ZERO)` is different: it asks to run again "soon", which the rate
+    /// limiter paces. The key is requeued after the limiter's delay and its backoff is *not* reset
+    /// (controller-runtime's deprecated `Requeue: true`), so a reconcile that always returns it
+    /// backs off instead of looping on its key. It still counts as a success (`processed`; metric
+    /// result `requeue`).
     RequeueAfter(Duration),
 }
 
@@ -67,6 +73,8 @@ impl<E> Reconciled<E> {
     pub(crate) fn outcome(&self) -> Outcome {
         match self {
             Reconciled::Ok(Action::Done) => Outcome::Forget,
+            // "Again, as soon as the limiter allows": never an unthrottled loop on one key.
+            Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)) => Outcome::Retry,
             Reconciled::Ok(Action::RequeueAfter(d)) => Outcome::RequeueAfter(*d),
             Reconciled::Failed(_, Decision::Retry) => Outcome::Retry,
             Reconciled::Failed(_, Decision::RetryAfter(d)) => Outcome::RetryAfter(*d),
@@ -83,11 +91,19 @@ mod tests {
     #[test]
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
-        let cases: [(Reconciled<()>, Outcome); 6] = [
+        let cases: [(Reconciled<()>, Outcome); 8] = [
             (Reconciled::Ok(Action::Done), Outcome::Forget),
             (
                 Reconciled::Ok(Action::RequeueAfter(s)),
                 Outcome::RequeueAfter(s),
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)),
+                Outcome::Retry,
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(Duration::from_nanos(1))),
+                Outcome::RequeueAfter(Duration::from_nanos(1)),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Decision::Retry),

@@ -6,7 +6,8 @@
 //! | reconcile returned | queue operation |
 //! |---|---|
 //! | `Ok(Action::Done)` | forget + done |
-//! | `Ok(Action::RequeueAfter(d))` | forget + add_after(d) + done |
+//! | `Ok(Action::RequeueAfter(d))`, `d > 0` | forget + add_after(d) + done |
+//! | `Ok(Action::RequeueAfter(Duration::ZERO))` | add_rate_limited (no forget) + done: controller-runtime's `Requeue: true`, never an unthrottled loop |
 //! | `Err(e)`, a panic, or a timeout | the [`ErrorPolicy`] decides: `Retry` (rate-limited, the default), `RetryAfter(d)`, or `GiveUp` (forget + done) |
 //!
 //! A panic is a [`Failure::Panic`] wherever it happens while a key is leased: in the reconcile, or
