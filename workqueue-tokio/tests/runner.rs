@@ -8,11 +8,14 @@
 //!
 //! The panic tests print the reconciles' panic messages to stderr; that is expected.
 
+mod common;
+
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::Fragile;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::Counts;
@@ -509,7 +512,8 @@ async fn panics_are_caught_counted_and_retried() {
     assert_report(&report, (4, 2, 0, 0), (2, 0, 0, 0));
 }
 
-/// A panicking policy is user code too: the worker survives and the key is retried.
+/// A panicking policy is user code too: its panic is the key's failure (`Failure::Panic`), about
+/// which it is asked once more; when it panics again the key is retried. The worker survives.
 #[tokio::test(start_paused = true)]
 async fn panicking_policy_retries() {
     let queue = queue();
@@ -526,7 +530,44 @@ async fn panicking_policy_retries() {
     assert_eq!(log.get(), [run("a", ms(0), 0), run("a", ms(5), 1)]);
     queue.shut_down();
     let report = within(handle).await.unwrap();
-    assert_report(&report, (1, 1, 0, 1), (0, 0, 0, 0));
+    assert_report(&report, (1, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// A policy that panics about one failure is asked again about its own panic, as about any panic
+/// in the code the runner calls for a key, and that decision finishes the lease.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_error_policy_is_asked_about_its_own_panic() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let asked: Log<String> = Log::new(log.start);
+    let policy = {
+        let asked = asked.clone();
+        move |_: &Key, failure: &Failure<&'static str>, _: u32| {
+            asked.push(failure.to_string());
+            match failure {
+                Failure::Error(_) => panic!("policy panicked (expected by this test)"),
+                _ => Decision::GiveUp,
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), fail_first(&log, 1))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add("a");
+    sleep(secs(1)).await;
+    assert_eq!(log.get(), [run("a", ms(0), 0)], "given up: not retried");
+    assert_eq!(
+        asked.get(),
+        [
+            "reconcile failed: transient".to_string(),
+            "reconcile panicked: policy panicked (expected by this test)".to_string(),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"a"), 0, "GiveUp forgets the key");
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (0, 0, 1, 0), (1, 0, 0, 0));
 }
 
 // ---- per-reconcile timeout ----------------------------------------------------------------------
@@ -1259,90 +1300,6 @@ async fn a_panicking_num_requeues_does_not_kill_the_worker() {
     assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
 }
 
-/// What makes a [`Fragile`] key's `Clone` or `Debug` panic: the 1-based number of the call.
-struct Trap {
-    clones: AtomicU32,
-    debugs: AtomicU32,
-    clone_panics: fn(u32) -> bool,
-    debug_panics: fn(u32) -> bool,
-}
-
-/// A key whose `Clone` and `Debug` are user code that can panic. Equality and hashing see only
-/// its name and id.
-struct Fragile {
-    name: &'static str,
-    id: u32,
-    trap: Arc<Trap>,
-}
-
-impl Fragile {
-    fn new(
-        name: &'static str,
-        clone_panics: fn(u32) -> bool,
-        debug_panics: fn(u32) -> bool,
-    ) -> Self {
-        let trap = Trap {
-            clones: AtomicU32::new(0),
-            debugs: AtomicU32::new(0),
-            clone_panics,
-            debug_panics,
-        };
-        Fragile {
-            name,
-            id: 0,
-            trap: Arc::new(trap),
-        }
-    }
-
-    fn sturdy(name: &'static str) -> Self {
-        Fragile::new(name, |_| false, |_| false)
-    }
-}
-
-impl Clone for Fragile {
-    fn clone(&self) -> Self {
-        let n = self.trap.clones.fetch_add(1, SeqCst) + 1;
-        if (self.trap.clone_panics)(n) {
-            panic!(
-                "clone {n} of {} panicked (expected by this test)",
-                self.name
-            );
-        }
-        Fragile {
-            name: self.name,
-            id: self.id,
-            trap: self.trap.clone(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Fragile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.trap.debugs.fetch_add(1, SeqCst) + 1;
-        if (self.trap.debug_panics)(n) {
-            panic!(
-                "debug {n} of {} panicked (expected by this test)",
-                self.name
-            );
-        }
-        f.write_str(self.name)
-    }
-}
-
-impl PartialEq for Fragile {
-    fn eq(&self, other: &Self) -> bool {
-        (self.name, self.id) == (other.name, other.id)
-    }
-}
-
-impl Eq for Fragile {}
-
-impl std::hash::Hash for Fragile {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.name, self.id).hash(state)
-    }
-}
-
 fn fragile_queue() -> WorkQueue<Fragile> {
     WorkQueue::builder()
         .rate_limiter(ExponentialFailure::new(ms(5), secs(1000)))
@@ -1404,86 +1361,6 @@ async fn a_panicking_key_clone_does_not_kill_the_worker() {
     assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
 }
 
-/// A tracing subscriber that formats every field, as real ones do (so a key's `Debug` runs when
-/// the runner's span is created).
-struct Formatting;
-
-struct FormatFields;
-
-impl tracing::field::Visit for FormatFields {
-    fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let _ = format!("{value:?}");
-    }
-}
-
-impl tracing::Subscriber for Formatting {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        span.record(&mut FormatFields);
-        tracing::span::Id::from_u64(1)
-    }
-
-    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-        values.record(&mut FormatFields);
-    }
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        event.record(&mut FormatFields);
-    }
-
-    fn enter(&self, _: &tracing::span::Id) {}
-
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// The key's `Debug` runs when the runner's span for the reconcile is recorded; a panic there is
-/// a `Failure::Panic` for that key, given to the policy. (A current-thread runtime: the
-/// thread-local subscriber sees every task.)
-#[tokio::test(start_paused = true)]
-async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
-    let _subscriber = tracing::subscriber::set_default(Formatting);
-    let queue = fragile_queue();
-    let log = Log::new(Instant::now());
-    let failures: Log<(&'static str, String, u32)> = Log::new(log.start);
-    let policy = {
-        let failures = failures.clone();
-        let record = recording_policy(&failures);
-        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
-            record(&key.name, failure, requeues)
-        }
-    };
-    let runner = Runner::new(queue.clone(), fragile_reconcile(&log))
-        .workers(1)
-        .error_policy(policy);
-    let handle = tokio::spawn(runner.run(CancellationToken::new()));
-
-    queue.add(Fragile::new("bad-debug", |_| false, |n| n == 1));
-    queue.add(Fragile::sturdy("good"));
-    sleep(secs(60)).await;
-    assert!(!handle.is_finished(), "run returned: its only worker died");
-    assert_eq!(
-        log.get(),
-        [run("good", ms(0), 0), run("bad-debug", secs(7), 0)]
-    );
-    let failures = failures.get();
-    assert_eq!(failures.len(), 1, "{failures:?}");
-    assert!(
-        failures[0]
-            .1
-            .starts_with("panic: debug 1 of bad-debug panicked"),
-        "{failures:?}"
-    );
-
-    queue.shut_down();
-    let report = within(handle).await.unwrap();
-    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
-}
-
 /// A panic that escapes the queue's `get` (here the key's `Clone`, which `get` calls) leases no
 /// key: the worker logs and counts it (`Report::get_panics`), pauses for `GET_PANIC_PAUSE`, and
 /// goes on. It does not die, and `run` keeps running until the queue is shut down.
@@ -1524,10 +1401,7 @@ async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() 
     // Many keys: a key whose get panicked may stay queued or stay marked processing; either way
     // the next get panics too.
     for id in 0..1000 {
-        queue.add(Fragile {
-            id,
-            ..Fragile::new("always-panics", |_| true, |_| false)
-        });
+        queue.add(Fragile::new("always-panics", |_| true, |_| false).with_id(id));
     }
     let waited = ms(950);
     sleep(waited).await;

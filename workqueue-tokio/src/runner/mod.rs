@@ -12,7 +12,8 @@
 //!
 //! A panic is a [`Failure::Panic`] wherever it happens while a key is leased: in the reconcile, or
 //! in anything the runner calls for the key (its `Clone` and `Debug`, the rate limiter, a metrics
-//! recorder). A panicking policy retries. A worker never dies of a panic (see [`Runner::run`]).
+//! recorder, the error policy itself, which is then asked about its own panic; a second panic
+//! retries). A worker never dies of a panic (see [`Runner::run`]).
 //!
 //! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
 //! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
@@ -433,9 +434,15 @@ where
         verdict
     }
 
-    /// The policy's decision on `failure`. The policy is user code too: a panicking policy
-    /// retries.
+    /// The policy's decision on `failure`. The policy is user code too: its panic becomes the
+    /// key's failure, about which it is asked once more; a second panic retries. Never panics.
     fn decide(&self, key: &T, failure: Failure<R::Error>, attempt: u32) -> Reconciled<R::Error> {
+        let message = match catch(|| self.policy.decide(key, &failure, attempt)) {
+            Ok(decision) => return Reconciled::Failed(failure, decision),
+            Err(message) => message,
+        };
+        let _ = catch(|| tracing::error!(panic = %message, "the error policy panicked"));
+        let failure = Failure::Panic(message);
         let decision =
             catch(|| self.policy.decide(key, &failure, attempt)).unwrap_or(Decision::Retry);
         Reconciled::Failed(failure, decision)
