@@ -415,7 +415,9 @@ where
     }
 
     /// The verdict on a key whose handling panicked outside the reconcile's own catches. Nothing
-    /// here may panic out: it is what finishes the lease.
+    /// here may panic out: it is what finishes the lease. (A metrics recorder that panics after
+    /// the policy decided makes this ask the policy again, about that panic; the later decision
+    /// counts.)
     fn after_panic(
         &self,
         span: &tracing::Span,
