@@ -8,6 +8,10 @@ use workqueue_core::{Clock, Instant};
 /// `#[tokio::test(start_paused = true)]` move the queue's deadlines, its timers and the rate
 /// limiter's `now` on one timeline. Each queue takes its epoch when it is built
 /// ([`WorkQueue::clock`](crate::WorkQueue::clock) returns it).
+///
+/// The clock is exact (nanoseconds, paused or not), so the queue's state sees a deadline at its
+/// exact instant. tokio's timers, which wake a blocked `get`, are not: they fire on whole
+/// milliseconds, at the first tick at or after the deadline.
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     epoch: tokio::time::Instant,

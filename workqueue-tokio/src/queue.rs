@@ -18,7 +18,11 @@ use crate::clock::TokioClock;
 /// The same operations and semantics as the blocking
 /// [`workqueue_core::WorkQueue`], driven by the same state machine: adds are plain methods
 /// (informer callbacks are synchronous), [`get`](WorkQueue::get) and the drains are `async`.
-/// Time is tokio's: with `tokio::time::pause()` every delay is exact and instant.
+/// Time is tokio's: with `tokio::time::pause()` delays take no real time. The queue's state is
+/// exact: every operation (`len`, `try_get`, ...) sees a key at its exact deadline. A blocked
+/// [`get`](WorkQueue::get) sleeps on tokio's timer, which fires on whole milliseconds, so it
+/// returns at the first 1 ms tick at or after the deadline (a key due at 1.5 ms: at 2 ms), or
+/// earlier if another operation finds the key due and wakes it. The same holds on real time.
 ///
 /// No task runs per queue or per delayed key: a waiting `get` sleeps until the earliest deadline
 /// or until it is notified.
@@ -158,16 +162,29 @@ where
     /// Cancel-safe: dropping the future (in `select!`, on a timeout) never loses or holds a key.
     /// A key is taken from the queue and returned in the same poll, and a wake-up addressed to a
     /// dropped `get` is passed on to another.
+    ///
+    /// Takes part in tokio's cooperative scheduling, as tokio's channels do: a `get` that finds a
+    /// key ready spends one unit of the task's budget, and once the budget is spent it returns
+    /// `Pending` (taking nothing) so that a task looping over a busy queue yields to the runtime.
     pub async fn get(&self) -> Option<Lease<T>> {
         // The busy path: a key is ready, so no wake-up registration is needed. (Registering costs
         // about as much as the rest of `get`.)
         {
+            // Not held across an await: `RestoreOnPending` is !Send. Dropped without
+            // `made_progress` (nothing ready), it gives the budget unit back.
+            let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
             let mut g = self.core.lock();
             let now = self.core.now_for(&g.state);
             match self.core.take(&mut g, now) {
-                Ok(lease) => return Some(lease),
+                Ok(lease) => {
+                    coop.made_progress();
+                    return Some(lease);
+                }
                 Err(Get::Empty { .. }) => {}
-                Err(_) => return None,
+                Err(_) => {
+                    coop.made_progress();
+                    return None;
+                }
             }
         }
         let getters = &self.core.notifier().getters;

@@ -1,8 +1,9 @@
 //! The async driver itself: cancel safety of `get`, wake-ups, shutdown and drains, leases, and
 //! a multi-thread stress test.
 //!
-//! Time-dependent tests run on tokio's paused clock (`start_paused = true`), so every delay is
-//! exact and instant. The multi-thread tests make no timing assertions; their only timeout is a
+//! Time-dependent tests run on tokio's paused clock (`start_paused = true`), so delays take no real
+//! time; the queue's state is exact, and a blocked `get` wakes at tokio's next 1 ms timer tick at
+//! or after a deadline. The multi-thread tests make no timing assertions; their only timeout is a
 //! generous watchdog that turns a hang (a lost wake-up) into a failure.
 
 use std::collections::HashSet;
@@ -427,6 +428,52 @@ async fn deadline_is_kept_when_the_getter_timing_it_leaves() {
     assert_eq!(queue.counts(), Counts::default());
 }
 
+/// Paused time is exact for the queue's state but not for tokio's timer, which fires on whole
+/// milliseconds: `len` sees a key due at 1.5 ms at exactly 1.5 ms, while a blocked `get` sleeping
+/// until then returns at the first 1 ms tick at or after it, 2 ms. (Another operation that finds
+/// the key due, `len` included, wakes the getter at once.)
+#[tokio::test(start_paused = true)]
+async fn delays_on_paused_time_are_exact_for_len_and_rounded_up_to_a_tick_for_a_blocked_get() {
+    let us = Duration::from_micros;
+
+    // A blocked get alone: it returns at the 2 ms tick.
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    let start = Instant::now();
+    queue.add_after("k", us(1500));
+    let getter = spawn_getter(&queue);
+    tokio::task::yield_now().await; // the getter blocks
+    tokio::time::advance(us(1500)).await;
+    tokio::task::yield_now().await;
+    assert!(
+        !getter.is_finished(),
+        "the get returned before a timer tick"
+    );
+    tokio::time::advance(us(500)).await;
+    let (lease, at) = within(getter).await.unwrap();
+    assert_eq!(*lease.unwrap(), "k");
+    assert_eq!(at - start, ms(2));
+
+    // `len` at exactly 1.5 ms sees the key, before the getter's timer has fired; it wakes the
+    // getter, which then takes the key at 1.5 ms.
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    let start = Instant::now();
+    queue.add_after("k", us(1500));
+    let getter = spawn_getter(&queue);
+    tokio::task::yield_now().await;
+    tokio::time::advance(us(1499)).await;
+    assert_eq!(queue.len(), 0);
+    tokio::time::advance(us(1)).await;
+    tokio::task::yield_now().await;
+    assert!(
+        !getter.is_finished(),
+        "the get returned before a timer tick"
+    );
+    assert_eq!(queue.len(), 1, "len sees the key at its exact instant");
+    let (lease, at) = within(getter).await.unwrap();
+    assert_eq!(*lease.unwrap(), "k");
+    assert_eq!(at - start, us(1500));
+}
+
 /// `shut_down` wakes every waiting `get` at once, including one sleeping until a deadline; they
 /// return `None`.
 #[tokio::test(start_paused = true)]
@@ -717,6 +764,52 @@ async fn lease_outcomes_on_the_paused_clock() {
     assert_eq!(queue.num_requeues(&"k"), 0);
     assert!(timeout(secs(3600), queue.get()).await.is_err());
     assert_eq!(queue.counts(), Counts::default());
+}
+
+/// A `get` that finds a key ready takes part in tokio's cooperative budget, as tokio's channels
+/// do: in a task that keeps taking ready keys without yielding, a `get` returns `Pending` once the
+/// budget is spent (and takes nothing), so the task yields to the runtime.
+#[tokio::test(start_paused = true)]
+async fn ready_gets_take_part_in_the_cooperative_budget() {
+    const KEYS: usize = 1_000;
+    let queue: WorkQueue<usize> = WorkQueue::new();
+    for key in 0..KEYS {
+        queue.add(key);
+    }
+    let mut taken = 0;
+    loop {
+        let mut get = Box::pin(queue.get());
+        match poll_once(&mut get).await {
+            Poll::Ready(lease) => {
+                lease.unwrap().done();
+                taken += 1;
+            }
+            Poll::Pending => break,
+        }
+        assert!(taken < KEYS, "every ready get returned at once: no budget");
+    }
+    assert!(taken > 0);
+    assert_eq!(queue.len(), KEYS - taken, "the pending get took nothing");
+    assert_eq!(queue.counts().processing, 0);
+    // After yielding, the task has a fresh budget.
+    tokio::task::yield_now().await;
+    within(queue.get()).await.unwrap().done();
+}
+
+/// `get`'s future is `Send`, so it can be awaited in a task on a multi-thread runtime (checked at
+/// compile time).
+#[tokio::test]
+async fn get_future_is_send() {
+    fn assert_send<F: Future + Send>(f: F) -> F {
+        f
+    }
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    queue.add("a");
+    let q = queue.clone();
+    let lease = tokio::spawn(async move { assert_send(q.get()).await.map(|l| *l) })
+        .await
+        .unwrap();
+    assert_eq!(lease, Some("a"));
 }
 
 /// `try_get_batch` takes up to `max` ready keys in FIFO order.

@@ -8,10 +8,14 @@
 //!
 //! The panic tests print the reconciles' panic messages to stderr; that is expected.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+mod common;
+
+use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::Fragile;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::Counts;
@@ -19,7 +23,7 @@ use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{
-    Action, Context, Decision, Failure, MaxRetries, Report, RetryAlways, Runner,
+    Action, Context, Decision, Failure, GET_PANIC_PAUSE, MaxRetries, Report, RetryAlways, Runner,
 };
 
 fn ms(n: u64) -> Duration {
@@ -508,7 +512,8 @@ async fn panics_are_caught_counted_and_retried() {
     assert_report(&report, (4, 2, 0, 0), (2, 0, 0, 0));
 }
 
-/// A panicking policy is user code too: the worker survives and the key is retried.
+/// A panicking policy is user code too: its panic is the key's failure (`Failure::Panic`), about
+/// which it is asked once more; when it panics again the key is retried. The worker survives.
 #[tokio::test(start_paused = true)]
 async fn panicking_policy_retries() {
     let queue = queue();
@@ -525,7 +530,44 @@ async fn panicking_policy_retries() {
     assert_eq!(log.get(), [run("a", ms(0), 0), run("a", ms(5), 1)]);
     queue.shut_down();
     let report = within(handle).await.unwrap();
-    assert_report(&report, (1, 1, 0, 1), (0, 0, 0, 0));
+    assert_report(&report, (1, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// A policy that panics about one failure is asked again about its own panic, as about any panic
+/// in the code the runner calls for a key, and that decision finishes the lease.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_error_policy_is_asked_about_its_own_panic() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let asked: Log<String> = Log::new(log.start);
+    let policy = {
+        let asked = asked.clone();
+        move |_: &Key, failure: &Failure<&'static str>, _: u32| {
+            asked.push(failure.to_string());
+            match failure {
+                Failure::Error(_) => panic!("policy panicked (expected by this test)"),
+                _ => Decision::GiveUp,
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), fail_first(&log, 1))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    queue.add("a");
+    sleep(secs(1)).await;
+    assert_eq!(log.get(), [run("a", ms(0), 0)], "given up: not retried");
+    assert_eq!(
+        asked.get(),
+        [
+            "reconcile failed: transient".to_string(),
+            "reconcile panicked: policy panicked (expected by this test)".to_string(),
+        ]
+    );
+    assert_eq!(queue.num_requeues(&"a"), 0, "GiveUp forgets the key");
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (0, 0, 1, 0), (1, 0, 0, 0));
 }
 
 // ---- per-reconcile timeout ----------------------------------------------------------------------
@@ -664,6 +706,90 @@ async fn timeout_is_per_reconcile() {
     queue.shut_down();
     let report = within(handle).await.unwrap();
     assert_report(&report, (3, 0, 0, 0), (0, 0, 0, 0));
+}
+
+/// A cancel grace too long to represent as an instant (`Duration::MAX`) means "no limit": a
+/// timed-out reconcile that ignores its cancelled context runs until it returns (it still counts
+/// as a timeout), and the worker goes on with the next key. The grace's end must not be computed
+/// as an overflowing `Instant + Duration`.
+#[tokio::test(start_paused = true)]
+async fn cancel_grace_of_duration_max_waits_without_limit() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let dropped: Log<(Key, Duration)> = Log::new(log.start);
+    let reconcile = {
+        let (log, dropped) = (log.clone(), dropped.clone());
+        move |key: Key, ctx: Context| {
+            let n = log.record(key, &ctx);
+            let probe = DropProbe(dropped.clone(), key);
+            async move {
+                let _probe = probe;
+                if key == "slow" && n == 1 {
+                    sleep(secs(3600)).await; // ignores ctx
+                }
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .reconcile_timeout(secs(10))
+        .cancel_grace(Duration::MAX);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["slow", "next"]);
+    sleep(secs(7200)).await;
+    assert!(
+        !handle.is_finished(),
+        "run returned before the queue shut down"
+    );
+    assert_eq!(
+        log.get(),
+        [
+            run("slow", ms(0), 0),
+            run("next", secs(3600), 0),
+            run("slow", secs(3600) + ms(5), 1),
+        ]
+    );
+    assert_eq!(
+        dropped.get()[0],
+        ("slow", secs(3600)),
+        "never dropped early"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (0, 1, 0, 0));
+}
+
+/// `shutdown_grace` and `cancel_grace` of `Duration::MAX` at shutdown: the runner waits for the
+/// in-flight reconcile without limit instead of overflowing a deadline.
+#[tokio::test(start_paused = true)]
+async fn shutdown_graces_of_duration_max_wait_without_limit() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconcile = {
+        let log = log.clone();
+        move |key: Key, ctx: Context| {
+            log.record(key, &ctx);
+            async move {
+                sleep(secs(3600)).await;
+                Ok::<_, &'static str>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .shutdown_grace(Duration::MAX)
+        .cancel_grace(Duration::MAX)
+        .reconcile_timeout(Duration::MAX);
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(runner.run(stop.clone()));
+    queue.add("a");
+    sleep(secs(1)).await;
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(log.elapsed(), secs(3600));
+    assert_report(&report, (1, 0, 0, 0), (0, 0, 0, 0));
 }
 
 // ---- shutdown -----------------------------------------------------------------------------------
@@ -1093,4 +1219,333 @@ async fn panicking_rate_limiter_does_not_kill_the_worker() {
     queue.shut_down();
     let report = within(handle).await.unwrap();
     assert_eq!(report.processed, 1);
+}
+
+/// A rate limiter whose `num_requeues` panics the first time it is asked about `bad-count`.
+struct PanickyNumRequeues {
+    inner: ExponentialFailure<Key>,
+    armed: AtomicBool,
+}
+
+impl workqueue_ratelimit::RateLimiter<Key> for PanickyNumRequeues {
+    fn when(&self, key: &Key, now: workqueue_ratelimit::Instant) -> Duration {
+        self.inner.when(key, now)
+    }
+
+    fn forget(&self, key: &Key) {
+        self.inner.forget(key)
+    }
+
+    fn num_requeues(&self, key: &Key) -> u32 {
+        if *key == "bad-count" && self.armed.swap(false, SeqCst) {
+            panic!("num_requeues panicked (expected by this test)");
+        }
+        self.inner.num_requeues(key)
+    }
+}
+
+/// A policy that records each failure as `(key, "panic: <message>" or the failure, requeues)` and
+/// retries after a fixed 7 s.
+fn recording_policy<K: Copy + Send + Sync + 'static>(
+    failures: &Log<(K, String, u32)>,
+) -> impl Fn(&K, &Failure<&'static str>, u32) -> Decision + Send + Sync + 'static {
+    let failures = failures.clone();
+    move |key: &K, failure: &Failure<&'static str>, requeues: u32| {
+        let what = match failure {
+            Failure::Panic(message) => format!("panic: {message}"),
+            other => format!("{other:?}"),
+        };
+        failures.push((*key, what, requeues));
+        Decision::RetryAfter(secs(7))
+    }
+}
+
+/// The runner asks the limiter for a key's failure count before the reconcile; a panic there is
+/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 requeues, the
+/// count being unknown), whose decision finishes the lease. The key is not reconciled that time,
+/// the single worker survives, and `run` keeps running until the queue is shut down.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_num_requeues_does_not_kill_the_worker() {
+    let queue: WorkQueue<Key> = WorkQueue::builder()
+        .rate_limiter(PanickyNumRequeues {
+            inner: ExponentialFailure::new(ms(5), secs(1000)),
+            armed: AtomicBool::new(true),
+        })
+        .build();
+    let log = Log::new(Instant::now());
+    let failures: Log<(Key, String, u32)> = Log::new(log.start);
+    let runner = Runner::new(queue.clone(), fail_first(&log, 0))
+        .workers(1)
+        .error_policy(recording_policy(&failures));
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add_batch(["bad-count", "good"]);
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        log.get(),
+        [run("good", ms(0), 0), run("bad-count", secs(7), 0)],
+        "bad-count is retried by the policy's decision, after the next key"
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!((failures[0].0, failures[0].2), ("bad-count", 0));
+    assert!(
+        failures[0].1.starts_with("panic: num_requeues panicked"),
+        "{failures:?}"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
+}
+
+fn fragile_queue() -> WorkQueue<Fragile> {
+    WorkQueue::builder()
+        .rate_limiter(ExponentialFailure::new(ms(5), secs(1000)))
+        .build()
+}
+
+/// A reconcile over `Fragile` keys that logs `(name, when, attempt)` and succeeds.
+fn fragile_reconcile(
+    log: &Log<Run>,
+) -> impl Fn(Fragile, Context) -> std::future::Ready<Result<Action, &'static str>> + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |key, ctx| {
+        log.record(key.name, &ctx);
+        std::future::ready(Ok(Action::Done))
+    }
+}
+
+/// The runner clones the leased key to hand it to the reconcile; a `Clone` that panics there is a
+/// `Failure::Panic` for that key, given to the policy, whose decision finishes the lease. (The
+/// queue's `get` clones the key once, so the second clone is the runner's.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_key_clone_does_not_kill_the_worker() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let failures: Log<(&'static str, String, u32)> = Log::new(log.start);
+    let policy = {
+        let failures = failures.clone();
+        let record = recording_policy(&failures);
+        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
+            record(&key.name, failure, requeues)
+        }
+    };
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log))
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-clone", |n| n == 2, |_| false));
+    queue.add(Fragile::sturdy("good"));
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        log.get(),
+        [run("good", ms(0), 0), run("bad-clone", secs(7), 0)]
+    );
+    let failures = failures.get();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!((failures[0].0, failures[0].2), ("bad-clone", 0));
+    assert!(
+        failures[0]
+            .1
+            .starts_with("panic: clone 2 of bad-clone panicked"),
+        "{failures:?}"
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_report(&report, (2, 1, 0, 0), (1, 0, 0, 0));
+}
+
+/// A panic that escapes the queue's `get` (here the key's `Clone`, which `get` calls) leases no
+/// key: the worker logs and counts it (`Report::get_panics`), pauses for `GET_PANIC_PAUSE`, and
+/// goes on. It does not die, and `run` keeps running until the queue is shut down.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_get_does_not_kill_the_worker() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log)).workers(1);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-get", |n| n == 1, |_| false));
+    queue.add(Fragile::sturdy("good"));
+    sleep(secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert!(
+        log.get().contains(&run("good", GET_PANIC_PAUSE, 0)),
+        "the worker goes on after the pause: {:?}",
+        log.get()
+    );
+
+    queue.shut_down();
+    let report = within(handle).await.unwrap();
+    assert_eq!(report.get_panics, 1, "{report:?}");
+    assert_eq!(report.panics, 0, "no key was leased: {report:?}");
+}
+
+/// A `get` that panics on every call (keys whose `Clone` always panics) is not retried in a busy
+/// loop: the worker pauses `GET_PANIC_PAUSE` after each panic. The pause ends at once when the
+/// shutdown token is cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log)).workers(1);
+    let handle = tokio::spawn(runner.run(stop.clone()));
+
+    // Many keys: a key whose get panicked may stay queued or stay marked processing; either way
+    // the next get panics too.
+    for id in 0..1000 {
+        queue.add(Fragile::new("always-panics", |_| true, |_| false).with_id(id));
+    }
+    let waited = ms(950);
+    sleep(waited).await;
+    let cancelled_at = Instant::now();
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(
+        cancelled_at.elapsed(),
+        Duration::ZERO,
+        "the pause ends when the token is cancelled"
+    );
+    let expected = (waited.as_nanos() / GET_PANIC_PAUSE.as_nanos()) as u64 + 1;
+    assert_eq!(report.get_panics, expected, "{report:?}");
+    assert_eq!(log.len(), 0);
+}
+
+// ---- cooperation with the runtime ---------------------------------------------------------------
+
+/// A bound on reconciles before a starved sibling task (the test body) gets to run: tokio's
+/// cooperative budget is 128 operations per poll.
+const SIBLING_WITHIN: u64 = 1_000;
+
+/// A runner that never yields would never let the test body run again, so the reconciles of these
+/// tests stop the run themselves (shut the queue down) after this many: such a runner then fails
+/// the assertions instead of hanging the test.
+const VALVE: u64 = 20_000;
+
+/// Counts a reconcile; shuts `queue` down at the `VALVE`-th.
+fn count_reconcile<K: Hash + Eq + Clone + Send + Sync + 'static>(
+    reconciles: &AtomicU64,
+    queue: &WorkQueue<K>,
+) {
+    if reconciles.fetch_add(1, SeqCst) + 1 == VALVE {
+        queue.shut_down();
+    }
+}
+
+/// Spawns `run` on the test's current-thread runtime, waits until it reconciles, and checks that
+/// the test body, a sibling task, is served again within `SIBLING_WITHIN` reconciles.
+async fn spawn_and_check_a_sibling_is_served<F>(
+    run: F,
+    reconciles: &AtomicU64,
+) -> tokio::task::JoinHandle<Report>
+where
+    F: std::future::Future<Output = Report> + Send + 'static,
+{
+    let handle = tokio::spawn(run);
+    while reconciles.load(SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::task::yield_now().await;
+    let served_after = reconciles.load(SeqCst);
+    assert!(
+        served_after < SIBLING_WITHIN,
+        "the sibling task ran only after {served_after} reconciles"
+    );
+    handle
+}
+
+/// Cancels `stop` from the test body and checks that the runner stops within `SIBLING_WITHIN`
+/// further reconciles.
+async fn cancel_and_check_the_runner_stops(
+    handle: tokio::task::JoinHandle<Report>,
+    stop: &CancellationToken,
+    reconciles: &AtomicU64,
+) -> Report {
+    stop.cancel();
+    let cancelled_at = reconciles.load(SeqCst);
+    let report = within(handle).await.unwrap();
+    let after_cancel = reconciles.load(SeqCst) - cancelled_at;
+    assert!(
+        after_cancel < SIBLING_WITHIN,
+        "the runner went on for {after_cancel} reconciles after the token was cancelled"
+    );
+    report
+}
+
+/// `RequeueAfter(Duration::ZERO)` is a rate-limited requeue without forget (controller-runtime's
+/// `Requeue: true`), not an unthrottled loop on one key: the key's runs back off (5 ms, 10 ms,
+/// 20 ms) and keep their failure count, the runtime serves a sibling task, and cancelling the
+/// token stops the runner. Each run counts as processed (a success).
+#[tokio::test(start_paused = true)]
+async fn requeue_after_zero_is_a_rate_limited_requeue_and_does_not_starve_the_runtime() {
+    let queue = queue();
+    let log = Log::new(Instant::now());
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let reconcile = {
+        let (log, reconciles, q) = (log.clone(), reconciles.clone(), queue.clone());
+        move |key: Key, ctx: Context| {
+            count_reconcile(&reconciles, &q);
+            log.record(key, &ctx);
+            std::future::ready(Ok::<_, &'static str>(Action::RequeueAfter(Duration::ZERO)))
+        }
+    };
+    let stop = CancellationToken::new();
+    queue.add("k");
+    let runner = Runner::new(queue.clone(), reconcile).run(stop.clone());
+    let handle = spawn_and_check_a_sibling_is_served(runner, &reconciles).await;
+    sleep(ms(40)).await;
+    let report = cancel_and_check_the_runner_stops(handle, &stop, &reconciles).await;
+    assert_eq!(log.len(), 4, "runs in 40 ms");
+    assert_eq!(
+        log.get(),
+        [
+            run("k", ms(0), 0),
+            run("k", ms(5), 1),
+            run("k", ms(15), 2),
+            run("k", ms(35), 3),
+        ],
+        "RequeueAfter(0) requeues with the limiter's backoff, without forgetting"
+    );
+    assert_eq!(queue.num_requeues(&"k"), 4);
+    assert_report(&report, (4, 0, 0, 0), (0, 0, 0, 0));
+}
+
+/// A source that keeps every worker busy (10,000 ready keys, a reconcile that returns without
+/// awaiting, one worker) does not starve the runtime: the queue's `get` takes part in tokio's
+/// cooperative budget, so the worker yields, a sibling task is served, and cancelling the token
+/// stops the runner.
+#[tokio::test(start_paused = true)]
+async fn a_busy_runner_does_not_starve_the_runtime() {
+    const KEYS: u32 = 10_000;
+    let queue: WorkQueue<u32> = WorkQueue::new();
+    for key in 0..KEYS {
+        queue.add(key);
+    }
+    let reconciles = Arc::new(AtomicU64::new(0));
+    let reconcile = {
+        let (reconciles, q) = (reconciles.clone(), queue.clone());
+        move |_key: u32, _ctx: Context| {
+            count_reconcile(&reconciles, &q);
+            std::future::ready(Ok::<_, &'static str>(Action::Done))
+        }
+    };
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .run(stop.clone());
+    let handle = spawn_and_check_a_sibling_is_served(runner, &reconciles).await;
+    let report = cancel_and_check_the_runner_stops(handle, &stop, &reconciles).await;
+    assert_eq!(report.processed, reconciles.load(SeqCst));
+    assert_eq!(
+        report.still_queued as u64,
+        u64::from(KEYS) - report.processed,
+        "{report:?}"
+    );
 }

@@ -4,16 +4,20 @@
 #![cfg(feature = "metrics")]
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use workqueue_core::metrics as qm;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::metrics::*;
-use workqueue_tokio::runner::{Action, Decision, Runner};
+use workqueue_tokio::runner::{Action, Decision, Failure, GET_PANIC_PAUSE, Runner};
 
 type Metrics = HashMap<(String, Vec<(String, String)>), DebugValue>;
 
@@ -180,4 +184,250 @@ async fn active_workers_counts_reconciles_in_flight_and_unnamed_is_labelled() {
         counter(&m, RECONCILE_TOTAL, &[unnamed[0], ("result", "success")]),
         3
     );
+}
+
+/// Where a [`Trapping`] recorder panics.
+#[derive(Debug, Clone, Copy)]
+enum Trap {
+    /// Registering the `n`-th handle (1-based) named `name`.
+    Register(&'static str, u32),
+    /// The first value recorded into the histogram `name`.
+    FirstRecord(&'static str),
+}
+
+/// A recorder that records into a `DebuggingRecorder`, except that it panics once, where its
+/// [`Trap`] says: a metrics recorder is user code in the runner's and the queue's paths.
+struct Trapping {
+    inner: DebuggingRecorder,
+    trap: Trap,
+    registered: AtomicU32,
+    armed: Arc<AtomicBool>,
+}
+
+impl Trapping {
+    fn new(trap: Trap) -> Self {
+        Trapping {
+            inner: DebuggingRecorder::new(),
+            trap,
+            registered: AtomicU32::new(0),
+            armed: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn registering(&self, key: &Key) {
+        if let Trap::Register(name, n) = self.trap
+            && key.name() == name
+            && self.registered.fetch_add(1, SeqCst) + 1 == n
+        {
+            panic!("registering {name} #{n} panicked (expected by this test)");
+        }
+    }
+}
+
+/// A histogram whose first record panics while `armed`.
+struct PanicOnce(Histogram, Arc<AtomicBool>);
+
+impl HistogramFn for PanicOnce {
+    fn record(&self, value: f64) {
+        if self.1.swap(false, SeqCst) {
+            panic!("recording a histogram panicked (expected by this test)");
+        }
+        self.0.record(value);
+    }
+}
+
+impl Recorder for Trapping {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_counter(key, unit, description)
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_gauge(key, unit, description)
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_histogram(key, unit, description)
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.registering(key);
+        self.inner.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.registering(key);
+        self.inner.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.registering(key);
+        let histogram = self.inner.register_histogram(key, metadata);
+        match self.trap {
+            Trap::FirstRecord(name) if key.name() == name => {
+                Histogram::from_arc(Arc::new(PanicOnce(histogram, self.armed.clone())))
+            }
+            _ => histogram,
+        }
+    }
+}
+
+/// A recorder that panics in any of the runner's emissions does not kill a worker: at the start of
+/// `run` it is logged and ignored; for a leased key (the active-workers gauge before or after the
+/// reconcile, the reconcile's result) it is a `Failure::Panic` for that key, given to the policy,
+/// whose decision finishes the lease, and counted as result `panic`.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
+    // (trap, reconciles, panics): the registrations of the active-workers gauge are `start`'s
+    // (#1), then +1 and -1 around each reconcile.
+    let cases = [
+        (Trap::Register(MAX_CONCURRENT_RECONCILES, 1), 1, 0),
+        (Trap::Register(ACTIVE_WORKERS, 2), 1, 1),
+        (Trap::Register(ACTIVE_WORKERS, 3), 2, 1),
+        (Trap::Register(RECONCILE_TIME_SECONDS, 1), 2, 1),
+    ];
+    for (trap, reconciles, panics) in cases {
+        let recorder = Trapping::new(trap);
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let q: WorkQueue<&'static str> = WorkQueue::new();
+        let calls = Arc::new(AtomicU32::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let runner = Runner::new(q.clone(), {
+            let calls = calls.clone();
+            move |_key: &'static str, _ctx| {
+                calls.fetch_add(1, SeqCst);
+                std::future::ready(Ok::<_, &'static str>(Action::Done))
+            }
+        })
+        .error_policy({
+            let failures = failures.clone();
+            move |_: &&'static str, failure: &Failure<&'static str>, _| {
+                failures.lock().unwrap().push(format!("{failure}"));
+                Decision::RetryAfter(Duration::from_secs(1))
+            }
+        });
+        let run = tokio::spawn(runner.run(CancellationToken::new()));
+        q.add("k");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            !run.is_finished(),
+            "{trap:?}: run returned (its worker died)"
+        );
+        q.shut_down();
+        let report = run.await.unwrap();
+        assert_eq!(calls.load(SeqCst), reconciles, "{trap:?}");
+        assert_eq!(
+            (report.processed, report.panics),
+            (1, panics),
+            "{trap:?}: {report:?}"
+        );
+        let failures = failures.lock().unwrap().clone();
+        assert_eq!(failures.len() as u64, panics, "{trap:?}: {failures:?}");
+        assert!(
+            failures
+                .iter()
+                .all(|f| f.contains("(expected by this test)")),
+            "{trap:?}: {failures:?}"
+        );
+        let m = snapshot(&recorder.inner);
+        let unnamed = [("controller", UNNAMED)];
+        // (A recorder that panicked in `start` missed the zeroing of the other results.)
+        let result = |r: &'static str| {
+            let labels = [unnamed[0], ("result", r)];
+            let zeroed = m.contains_key(&(
+                RECONCILE_TOTAL.to_string(),
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ));
+            if zeroed {
+                counter(&m, RECONCILE_TOTAL, &labels)
+            } else {
+                0
+            }
+        };
+        assert_eq!(
+            (result("success"), result("panic")),
+            (1, panics),
+            "{trap:?}"
+        );
+        assert_eq!(gauge(&m, ACTIVE_WORKERS, &unnamed), 0.0, "{trap:?}");
+    }
+}
+
+/// A recorder that panics inside the queue's `get` (it emits the queue's metrics) leases no key:
+/// the worker counts it (`Report::get_panics`), pauses, and goes on.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
+    let recorder = Trapping::new(Trap::FirstRecord(qm::QUEUE_DURATION_SECONDS));
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let q: WorkQueue<&'static str> = WorkQueue::builder().name("q").build();
+    q.add("a");
+    q.add("b");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let runner = Runner::new(q.clone(), {
+        let seen = seen.clone();
+        move |key: &'static str, _ctx| {
+            seen.lock()
+                .unwrap()
+                .push((key, tokio::time::Instant::now()));
+            std::future::ready(Ok::<_, &'static str>(Action::Done))
+        }
+    });
+    let start = tokio::time::Instant::now();
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!run.is_finished(), "run returned (its worker died)");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains(&("b", start + GET_PANIC_PAUSE)),
+        "the worker goes on after the pause: {seen:?}"
+    );
+    q.shut_down();
+    let report = run.await.unwrap();
+    assert_eq!((report.get_panics, report.panics), (1, 0), "{report:?}");
+}
+
+/// `Action::RequeueAfter(Duration::ZERO)` is counted as result `requeue` (controller-runtime's
+/// `Requeue: true`), every result is zeroed at the start, and the queue counts the rate-limited
+/// requeue as a retry.
+#[tokio::test(start_paused = true)]
+async fn requeue_after_zero_counts_as_result_requeue() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let q: WorkQueue<&'static str> = WorkQueue::builder().name("rq").build();
+    q.add("k");
+    let runner = Runner::new(
+        q.clone(),
+        |_key: &'static str, ctx: workqueue_tokio::runner::Context| {
+            std::future::ready(Ok::<_, ()>(if ctx.attempt() < 2 {
+                Action::RequeueAfter(Duration::ZERO)
+            } else {
+                Action::Done
+            }))
+        },
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(runner.run(stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(report.processed, 3, "{report:?}");
+
+    let m = snapshot(&recorder);
+    let ctl = ("controller", "rq");
+    for result in RESULTS {
+        let expected = match result {
+            "requeue" => 2,
+            "success" => 1,
+            _ => 0,
+        };
+        assert_eq!(
+            counter(&m, RECONCILE_TOTAL, &[ctl, ("result", result)]),
+            expected,
+            "{result}"
+        );
+    }
+    assert_eq!(counter(&m, RECONCILE_ERRORS_TOTAL, &[ctl]), 0);
+    assert_eq!(counter(&m, qm::RETRIES_TOTAL, &[("name", "rq")]), 2);
 }

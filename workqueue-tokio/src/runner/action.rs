@@ -14,6 +14,12 @@ pub enum Action {
     Done,
     /// Run again after this delay (polling an external state). The backoff is reset: a fixed delay
     /// is for polling, never for errors (return the error and let the limiter back off).
+    ///
+    /// `RequeueAfter(Duration::ZERO)` is different: it asks to run again "soon", which the rate
+    /// limiter paces. The key is requeued after the limiter's delay and its backoff is *not* reset
+    /// (controller-runtime's deprecated `Requeue: true`), so a reconcile that always returns it
+    /// backs off instead of looping on its key. It still counts as a success (`processed`; metric
+    /// result `requeue`).
     RequeueAfter(Duration),
 }
 
@@ -52,11 +58,14 @@ pub enum Decision {
     GiveUp,
 }
 
-/// The result of one reconcile, as the runner saw it.
+/// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
 pub(crate) enum Reconciled<E> {
     Ok(Action),
     Failed(Failure<E>, Decision),
+    /// Dropped at shutdown after the grace periods: retried, so the key is not lost if the queue
+    /// lives on.
+    Interrupted,
 }
 
 impl<E> Reconciled<E> {
@@ -64,10 +73,13 @@ impl<E> Reconciled<E> {
     pub(crate) fn outcome(&self) -> Outcome {
         match self {
             Reconciled::Ok(Action::Done) => Outcome::Forget,
+            // "Again, as soon as the limiter allows": never an unthrottled loop on one key.
+            Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)) => Outcome::Retry,
             Reconciled::Ok(Action::RequeueAfter(d)) => Outcome::RequeueAfter(*d),
             Reconciled::Failed(_, Decision::Retry) => Outcome::Retry,
             Reconciled::Failed(_, Decision::RetryAfter(d)) => Outcome::RetryAfter(*d),
             Reconciled::Failed(_, Decision::GiveUp) => Outcome::Forget,
+            Reconciled::Interrupted => Outcome::Retry,
         }
     }
 }
@@ -79,11 +91,19 @@ mod tests {
     #[test]
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
-        let cases: [(Reconciled<()>, Outcome); 5] = [
+        let cases: [(Reconciled<()>, Outcome); 8] = [
             (Reconciled::Ok(Action::Done), Outcome::Forget),
             (
                 Reconciled::Ok(Action::RequeueAfter(s)),
                 Outcome::RequeueAfter(s),
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)),
+                Outcome::Retry,
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(Duration::from_nanos(1))),
+                Outcome::RequeueAfter(Duration::from_nanos(1)),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Decision::Retry),
@@ -97,6 +117,7 @@ mod tests {
                 Reconciled::Failed(Failure::Panic("x".into()), Decision::GiveUp),
                 Outcome::Forget,
             ),
+            (Reconciled::Interrupted, Outcome::Retry),
         ];
         for (r, o) in cases {
             assert_eq!(r.outcome(), o, "{r:?}");

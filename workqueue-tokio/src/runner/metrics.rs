@@ -5,7 +5,7 @@
 //!
 //! | metric | kind | what |
 //! |---|---|---|
-//! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `requeue_after`, `error`, `panic`, `given_up` |
+//! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `requeue`, `requeue_after`, `error`, `panic`, `given_up` |
 //! | [`RECONCILE_ERRORS_TOTAL`] | counter | failed reconciles (errors, panics, timeouts) |
 //! | [`RECONCILE_PANICS_TOTAL`] | counter | reconciles that panicked |
 //! | [`RECONCILE_TIMEOUTS_TOTAL`] | counter | reconciles that timed out |
@@ -13,11 +13,17 @@
 //! | [`ACTIVE_WORKERS`] | gauge | workers reconciling now |
 //! | [`MAX_CONCURRENT_RECONCILES`] | gauge | the runner's number of workers |
 //!
-//! The `result` of a failure is `given_up` when the error policy gave up, else `panic` for a
-//! panic, else `error` (an error or a timeout). A reconcile interrupted at shutdown counts in no
-//! `result` (its key is retried).
+//! The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with `d > 0`,
+//! `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
+//! controller-runtime's `Requeue: true`), else `success`. The `result` of a failure is `given_up`
+//! when the error policy gave up, else `panic` for a panic, else `error` (an error or a timeout).
+//! A reconcile interrupted at shutdown counts in no `result` (its key is retried).
 
 use std::time::Duration;
+
+use workqueue_core::Outcome;
+
+use super::action::{Decision, Failure, Reconciled};
 
 /// The label that carries the controller's (queue's) name.
 pub const CONTROLLER_LABEL: &str = "controller";
@@ -41,7 +47,14 @@ pub const ACTIVE_WORKERS: &str = "controller_runtime_active_workers";
 pub const MAX_CONCURRENT_RECONCILES: &str = "controller_runtime_max_concurrent_reconciles";
 
 /// The `result` values of [`RECONCILE_TOTAL`].
-pub const RESULTS: [&str; 5] = ["success", "requeue_after", "error", "panic", "given_up"];
+pub const RESULTS: [&str; 6] = [
+    "success",
+    "requeue",
+    "requeue_after",
+    "error",
+    "panic",
+    "given_up",
+];
 
 /// controller-runtime's buckets for [`RECONCILE_TIME_SECONDS`].
 pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
@@ -52,8 +65,9 @@ pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
 
 /// How one reconcile ended, for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
+enum Ended {
     Success,
+    Requeue,
     RequeueAfter,
     Error,
     Timeout,
@@ -63,6 +77,33 @@ pub(crate) enum Ended {
         timeout: bool,
         panic: bool,
     },
+}
+
+impl Ended {
+    /// How `verdict` is counted; `None` for a reconcile interrupted at shutdown. What a success
+    /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
+    fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
+        Some(match verdict {
+            Reconciled::Ok(_) => match verdict.outcome() {
+                Outcome::RequeueAfter(_) => Ended::RequeueAfter,
+                Outcome::Retry => Ended::Requeue,
+                _ => Ended::Success,
+            },
+            Reconciled::Interrupted => return None,
+            Reconciled::Failed(failure, decision) => {
+                let (timeout, panic) = (
+                    matches!(failure, Failure::Timeout),
+                    matches!(failure, Failure::Panic(_)),
+                );
+                match decision {
+                    Decision::GiveUp => Ended::GivenUp { timeout, panic },
+                    _ if panic => Ended::Panic,
+                    _ if timeout => Ended::Timeout,
+                    _ => Ended::Error,
+                }
+            }
+        })
+    }
 }
 
 /// The runner's metrics (a no-op without the `metrics` feature).
@@ -159,8 +200,12 @@ impl RunnerMetrics {
         let _ = delta;
     }
 
-    /// A reconcile ended with `result` after `elapsed`.
-    pub(crate) fn reconciled(&self, result: Ended, elapsed: Duration) {
+    /// A reconcile ended with `verdict` after `elapsed` (nothing for one interrupted at
+    /// shutdown).
+    pub(crate) fn reconciled<E>(&self, verdict: &Reconciled<E>, elapsed: Duration) {
+        let Some(result) = Ended::of(verdict) else {
+            return;
+        };
         #[cfg(feature = "metrics")]
         {
             use metrics::{counter, histogram};
@@ -169,6 +214,7 @@ impl RunnerMetrics {
                 .record(elapsed.as_secs_f64());
             let (label, failed, timeout, panic) = match result {
                 Ended::Success => ("success", false, false, false),
+                Ended::Requeue => ("requeue", false, false, false),
                 Ended::RequeueAfter => ("requeue_after", false, false, false),
                 Ended::Error => ("error", true, false, false),
                 Ended::Timeout => ("error", true, true, false),

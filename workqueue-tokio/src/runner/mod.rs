@@ -6,8 +6,14 @@
 //! | reconcile returned | queue operation |
 //! |---|---|
 //! | `Ok(Action::Done)` | forget + done |
-//! | `Ok(Action::RequeueAfter(d))` | forget + add_after(d) + done |
+//! | `Ok(Action::RequeueAfter(d))`, `d > 0` | forget + add_after(d) + done |
+//! | `Ok(Action::RequeueAfter(Duration::ZERO))` | add_rate_limited (no forget) + done: controller-runtime's `Requeue: true`, never an unthrottled loop |
 //! | `Err(e)`, a panic, or a timeout | the [`ErrorPolicy`] decides: `Retry` (rate-limited, the default), `RetryAfter(d)`, or `GiveUp` (forget + done) |
+//!
+//! A panic is a [`Failure::Panic`] wherever it happens while a key is leased: in the reconcile, or
+//! in anything the runner calls for the key (its `Clone` and `Debug`, the rate limiter, a metrics
+//! recorder, the error policy itself, which is then asked about its own panic; a second panic
+//! retries). A worker never dies of a panic (see [`Runner::run`]).
 //!
 //! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
 //! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
@@ -45,6 +51,7 @@ mod reconcile;
 mod report;
 
 use std::fmt;
+use std::future::Future;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::pin;
@@ -53,7 +60,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::task::JoinSet;
-use tokio::time::{sleep, sleep_until, timeout};
+use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use workqueue_core::state::DefaultHashBuilder;
@@ -67,8 +74,13 @@ pub use report::Report;
 
 use crate::WorkQueue;
 use action::Reconciled;
-use metrics::{Ended, RunnerMetrics};
+use metrics::RunnerMetrics;
 use report::Counters;
+
+/// How long a worker pauses after the queue's `get` panicked before it asks for a key again (a key
+/// whose `Clone` always panics would otherwise make it spin). The pause ends early when the
+/// shutdown token is cancelled.
+pub const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
 
 /// Runs a reconcile function over a queue's keys with `N` workers.
 ///
@@ -122,21 +134,23 @@ impl<T, R, P, S> Runner<T, R, P, S> {
     }
 
     /// A time limit per reconcile: past it the reconcile's context is cancelled, its future is
-    /// dropped after the cancel grace, and it counts as [`Failure::Timeout`].
+    /// dropped after the cancel grace, and it counts as [`Failure::Timeout`]. A limit too long to
+    /// represent as an instant (`Duration::MAX`) is no limit.
     pub fn reconcile_timeout(mut self, limit: Duration) -> Self {
         self.timeout = Some(limit);
         self
     }
 
     /// How long a reconcile whose context was cancelled may take to return before its future is
-    /// dropped. Default 5 s.
+    /// dropped. Default 5 s. A grace too long to represent as an instant (`Duration::MAX`) is no
+    /// limit: the runner waits until the reconcile returns.
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
         self.cancel_grace = grace;
         self
     }
 
     /// How long in-flight reconciles may run after shutdown before their contexts are cancelled.
-    /// Default 30 s.
+    /// Default 30 s. A grace too long to represent as an instant (`Duration::MAX`) is no limit.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
@@ -172,12 +186,28 @@ where
     R: Reconcile<T>,
     P: ErrorPolicy<T, R::Error>,
 {
-    /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled.
+    /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled, and
+    /// returns what they did.
     ///
-    /// Must run inside a tokio runtime (workers are tasks).
+    /// It returns:
+    /// - after the queue was shut down, once every worker found it empty (`get` returned `None`);
+    /// - after `shutdown` was cancelled, once the reconciles in flight finished: within the
+    ///   shutdown grace, else within the cancel grace after their contexts were cancelled, else
+    ///   when their futures were dropped ([`Report::interrupted`]).
+    ///
+    /// It does not return for any other reason: a panic in the code the runner calls (the
+    /// reconcile, the error policy, the rate limiter, the key's `Clone` or `Debug`, a metrics
+    /// recorder) fails the key it was handling ([`Failure::Panic`]) or, inside the queue's `get`,
+    /// is counted in [`Report::get_panics`]; the worker goes on. A worker that still ends with a
+    /// panic is replaced unless intake has stopped, and counted in [`Report::worker_panics`].
+    ///
+    /// Must run inside a tokio runtime (workers are tasks). Dropping the future aborts the
+    /// workers; their leases finish as dropped leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
         let metrics = RunnerMetrics::new(self.queue.name());
-        metrics.start(self.workers);
+        if let Err(message) = catch(|| metrics.start(self.workers)) {
+            tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
+        }
         let shared = Arc::new(Shared {
             queue: self.queue,
             reconcile: self.reconcile,
@@ -190,33 +220,96 @@ where
             counters: Counters::default(),
             metrics,
         });
-        let mut workers = JoinSet::new();
-        for _ in 0..self.workers {
-            workers.spawn(shared.clone().worker());
-        }
+        let mut workers = Workers::start(self.workers, shared.intake.clone(), {
+            let shared = shared.clone();
+            move || shared.clone().worker()
+        });
         tokio::select! {
             biased;
             () = shared.intake.cancelled() => {
-                if timeout(self.shutdown_grace, join_all(&mut workers)).await.is_err() {
+                if !workers.join_within(self.shutdown_grace).await {
                     shared.abort.cancel();
-                    if timeout(self.cancel_grace, join_all(&mut workers)).await.is_err() {
+                    if !workers.join_within(self.cancel_grace).await {
                         shared.hard_stop.cancel();
-                        join_all(&mut workers).await;
+                        workers.join_all().await;
                     }
                 }
             }
-            () = join_all(&mut workers) => {}
+            () = workers.join_all() => {}
         }
-        shared.counters.report(shared.queue.len())
+        shared.counters.report(shared.queue.len(), workers.panics)
     }
 }
 
-async fn join_all(workers: &mut JoinSet<()>) {
-    while let Some(joined) = workers.join_next().await {
-        if let Err(e) = joined {
-            tracing::error!(error = %e, "a runner worker ended abnormally");
+/// The worker tasks. A worker that ends with a panic is replaced unless intake has stopped:
+/// defence in depth, since the runner catches the panics of everything it calls.
+struct Workers<F> {
+    tasks: JoinSet<()>,
+    new_worker: F,
+    intake: CancellationToken,
+    /// Workers that ended with a panic.
+    panics: u64,
+}
+
+impl<F, W> Workers<F>
+where
+    F: Fn() -> W,
+    W: Future<Output = ()> + Send + 'static,
+{
+    fn start(n: usize, intake: CancellationToken, new_worker: F) -> Self {
+        let mut tasks = JoinSet::new();
+        for _ in 0..n {
+            tasks.spawn(new_worker());
+        }
+        Workers {
+            tasks,
+            new_worker,
+            intake,
+            panics: 0,
         }
     }
+
+    /// Joins every worker (cancel-safe: a worker started here is in the set at once).
+    async fn join_all(&mut self) {
+        while let Some(joined) = self.tasks.join_next().await {
+            let Err(e) = joined else { continue };
+            if !e.is_panic() {
+                tracing::error!(error = %e, "a runner worker was cancelled");
+                continue;
+            }
+            self.panics += 1;
+            if self.intake.is_cancelled() {
+                tracing::error!(error = %e, "a runner worker panicked during shutdown");
+            } else {
+                tracing::error!(error = %e, "a runner worker panicked; starting another");
+                self.tasks.spawn((self.new_worker)());
+            }
+        }
+    }
+
+    /// Joins every worker unless `limit` passes first; whether they were all joined.
+    async fn join_within(&mut self, limit: Duration) -> bool {
+        tokio::select! {
+            biased;
+            () = self.join_all() => true,
+            () = sleep_or_never(limit) => false,
+        }
+    }
+}
+
+/// Completes `d` from now, or never when that instant cannot be represented: a limit that far
+/// away is no limit. (tokio's `sleep` and `timeout` would end about 30 years from now instead;
+/// `Instant + Duration` would panic.) Every configurable runner limit goes through here.
+async fn sleep_or_never(d: Duration) {
+    match tokio::time::Instant::now().checked_add(d) {
+        Some(end) => sleep_until(end).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs `f`; a panic becomes its message.
+fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| workqueue_core::panic_message(&*payload))
 }
 
 impl<T, R, P, S> Shared<T, R, P, S>
@@ -228,92 +321,141 @@ where
 {
     async fn worker(self: Arc<Self>) {
         loop {
-            let lease = tokio::select! {
+            let got = tokio::select! {
                 biased;
                 () = self.intake.cancelled() => return,
-                lease = self.queue.get() => match lease {
-                    Some(lease) => lease,
-                    None => return,
-                },
+                got = AssertUnwindSafe(self.queue.get()).catch_unwind() => got,
             };
-            self.reconcile_one(lease).await;
+            match got {
+                Ok(Some(lease)) => self.process(lease).await,
+                Ok(None) => return,
+                Err(payload) => {
+                    // No key was leased (the queue is as it was before the call). If `get` panics
+                    // on every call, this pause keeps the worker from spinning.
+                    Counters::bump(&self.counters.get_panics);
+                    tracing::error!(
+                        panic = %workqueue_core::panic_message(&*payload),
+                        "the queue's get panicked (a key's Clone or a metrics recorder); \
+                         the worker pauses, then goes on"
+                    );
+                    tokio::select! {
+                        biased;
+                        () = self.intake.cancelled() => return,
+                        () = tokio::time::sleep(GET_PANIC_PAUSE) => {}
+                    }
+                }
+            }
         }
     }
 
-    async fn reconcile_one(&self, lease: Lease<T>) {
-        let key = lease.key().clone();
-        let attempt = self.queue.num_requeues(&key);
-        let span = tracing::info_span!("reconcile", key = ?key, attempt);
-        let active = ActiveWorker::new(&self.metrics);
+    /// Handles one lease: every panic in the code it calls fails this key, the error policy
+    /// decides, and the lease is finished by that decision.
+    async fn process(&self, lease: Lease<T>) {
+        let key = lease.key();
         let started = tokio::time::Instant::now();
-        let ran = self
-            .run_reconcile(key.clone(), attempt)
-            .instrument(span.clone())
+        // The count and the span are caught one by one: a panic in either still leaves the other
+        // (the policy needs the count, the logs want the span).
+        let (attempt, mut early) = match catch(|| self.queue.num_requeues(key)) {
+            Ok(n) => (n, None),
+            Err(message) => (0, Some(message)),
+        };
+        let span = catch(|| tracing::info_span!("reconcile", key = ?key, attempt)).unwrap_or_else(
+            |message| {
+                early.get_or_insert(message);
+                tracing::Span::none()
+            },
+        );
+        let judged = AssertUnwindSafe(self.judge(key, attempt, early).instrument(span.clone()))
+            .catch_unwind()
             .await;
-        let elapsed = started.elapsed();
-        drop(active);
-        let _entered = span.enter();
-        let counters = &self.counters;
+        let verdict = match judged {
+            Ok(verdict) => verdict,
+            Err(payload) => {
+                let message = workqueue_core::panic_message(&*payload);
+                self.after_panic(&span, key, message, attempt, started.elapsed())
+            }
+        };
+        self.counters.count(&verdict);
+        finish(lease, verdict.outcome());
+    }
+
+    /// Reconciles `key` (unless `early` says what panicked before the reconcile), asks the policy
+    /// about a failure, and emits the metrics. A panic anywhere here is the caller's to catch.
+    async fn judge(&self, key: &T, attempt: u32, early: Option<String>) -> Reconciled<R::Error> {
+        let started = tokio::time::Instant::now();
+        let ran = match early {
+            Some(message) => Ran::Panicked(message),
+            None => {
+                let owned = key.clone();
+                let active = ActiveWorker::new(&self.metrics);
+                let ran = self.run_reconcile(owned, attempt).await;
+                active.end();
+                ran
+            }
+        };
         let failure = match ran {
-            Ran::Returned(Ok(action)) => {
-                Counters::bump(&counters.processed);
-                let ended = match action {
-                    Action::RequeueAfter(_) => Ended::RequeueAfter,
-                    _ => Ended::Success,
-                };
-                self.metrics.reconciled(ended, elapsed);
-                return finish(lease, Reconciled::<R::Error>::Ok(action).outcome());
-            }
-            Ran::Interrupted => {
-                Counters::bump(&counters.interrupted);
-                return finish(lease, Outcome::Retry);
-            }
+            Ran::Returned(Ok(action)) => Ok(Reconciled::Ok(action)),
+            Ran::Interrupted => Ok(Reconciled::Interrupted),
             Ran::Returned(Err(e)) => {
-                Counters::bump(&counters.errors);
                 tracing::warn!(error = ?e, "reconcile failed");
-                Failure::Error(e)
+                Err(Failure::Error(e))
             }
             Ran::Panicked(message) => {
-                Counters::bump(&counters.panics);
-                tracing::error!(panic = %message, "reconcile panicked");
-                Failure::Panic(message)
+                tracing::error!(panic = %message, "reconcile (or code called for its key) panicked");
+                Err(Failure::Panic(message))
             }
             Ran::TimedOut => {
-                Counters::bump(&counters.timeouts);
                 tracing::warn!("reconcile timed out");
-                Failure::Timeout
+                Err(Failure::Timeout)
             }
         };
-        // The policy is user code too: a panicking policy retries rather than killing the worker.
-        let decision = catch_unwind(AssertUnwindSafe(|| {
-            self.policy.decide(&key, &failure, attempt)
-        }))
-        .unwrap_or(Decision::Retry);
-        match decision {
-            Decision::GiveUp => Counters::bump(&counters.given_up),
-            _ => Counters::bump(&counters.retried),
+        let verdict = failure.unwrap_or_else(|failure| self.decide(key, failure, attempt));
+        self.metrics.reconciled(&verdict, started.elapsed());
+        verdict
+    }
+
+    /// The verdict on a key whose handling panicked outside the reconcile's own catches. Nothing
+    /// here may panic out: it is what finishes the lease. (A metrics recorder that panics after
+    /// the policy decided makes this ask the policy again, about that panic; the later decision
+    /// counts.)
+    fn after_panic(
+        &self,
+        span: &tracing::Span,
+        key: &T,
+        message: String,
+        attempt: u32,
+        elapsed: Duration,
+    ) -> Reconciled<R::Error> {
+        let _ = catch(|| {
+            span.in_scope(|| tracing::error!(panic = %message, "handling a key panicked"))
+        });
+        let verdict = self.decide(key, Failure::Panic(message), attempt);
+        if let Err(message) = catch(|| self.metrics.reconciled(&verdict, elapsed)) {
+            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
-        let (timeout, panic) = (
-            matches!(failure, Failure::Timeout),
-            matches!(failure, Failure::Panic(_)),
-        );
-        let ended = match decision {
-            Decision::GiveUp => Ended::GivenUp { timeout, panic },
-            _ if panic => Ended::Panic,
-            _ if timeout => Ended::Timeout,
-            _ => Ended::Error,
+        verdict
+    }
+
+    /// The policy's decision on `failure`. The policy is user code too: its panic becomes the
+    /// key's failure, about which it is asked once more; a second panic retries. Never panics.
+    fn decide(&self, key: &T, failure: Failure<R::Error>, attempt: u32) -> Reconciled<R::Error> {
+        let message = match catch(|| self.policy.decide(key, &failure, attempt)) {
+            Ok(decision) => return Reconciled::Failed(failure, decision),
+            Err(message) => message,
         };
-        self.metrics.reconciled(ended, elapsed);
-        finish(lease, Reconciled::Failed(failure, decision).outcome());
+        let _ = catch(|| tracing::error!(panic = %message, "the error policy panicked"));
+        let failure = Failure::Panic(message);
+        let decision =
+            catch(|| self.policy.decide(key, &failure, attempt)).unwrap_or(Decision::Retry);
+        Reconciled::Failed(failure, decision)
     }
 
     async fn run_reconcile(&self, key: T, attempt: u32) -> Ran<R::Error> {
         let token = self.abort.child_token();
         let ctx = Context::new(token.clone(), attempt);
-        let started = catch_unwind(AssertUnwindSafe(|| self.reconcile.reconcile(key, ctx)));
-        let fut = match started {
+        let fut = match catch(|| self.reconcile.reconcile(key, ctx)) {
             Ok(fut) => fut,
-            Err(payload) => return Ran::Panicked(workqueue_core::panic_message(&*payload)),
+            Err(message) => return Ran::Panicked(message),
         };
         let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
         let returned = |r: std::thread::Result<Result<Action, R::Error>>| match r {
@@ -322,7 +464,7 @@ where
         };
         let limit = async {
             match self.timeout {
-                Some(t) => sleep(t).await,
+                Some(t) => sleep_or_never(t).await,
                 None => std::future::pending().await,
             }
         };
@@ -332,11 +474,10 @@ where
             () = self.hard_stop.cancelled() => Ran::Interrupted,
             () = limit => {
                 token.cancel();
-                let grace_end = tokio::time::Instant::now() + self.cancel_grace;
                 tokio::select! {
                     biased;
                     _ = &mut fut => {}
-                    () = sleep_until(grace_end) => {}
+                    () = sleep_or_never(self.cancel_grace) => {}
                     () = self.hard_stop.cancelled() => {}
                 }
                 Ran::TimedOut
@@ -345,28 +486,42 @@ where
     }
 }
 
-/// Counts a worker as active while it lives (also when its reconcile is dropped at shutdown).
-struct ActiveWorker<'a>(&'a RunnerMetrics);
+/// Counts a worker as active from `new` to `end`, or to its drop (a reconcile dropped at shutdown,
+/// or a panic on the way).
+struct ActiveWorker<'a>(Option<&'a RunnerMetrics>);
 
 impl<'a> ActiveWorker<'a> {
     fn new(metrics: &'a RunnerMetrics) -> Self {
         metrics.active(1.0);
-        ActiveWorker(metrics)
+        ActiveWorker(Some(metrics))
+    }
+
+    /// The reconcile is over. A recorder that panics here panics to the caller (who fails the
+    /// key); the drop then tries once more, so the gauge stays right.
+    fn end(mut self) {
+        if let Some(metrics) = self.0 {
+            metrics.active(-1.0);
+            self.0 = None;
+        }
     }
 }
 
 impl Drop for ActiveWorker<'_> {
     fn drop(&mut self) {
-        self.0.active(-1.0);
+        if let Some(metrics) = self.0.take()
+            && let Err(message) = catch(|| metrics.active(-1.0))
+        {
+            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
+        }
     }
 }
 
 /// Finishes a lease. The queue finishes the key even when the rate limiter panics, then re-raises
 /// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
 fn finish<T>(lease: Lease<T>, outcome: Outcome) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| lease.finish(outcome))) {
+    if let Err(message) = catch(|| lease.finish(outcome)) {
         tracing::error!(
-            panic = %workqueue_core::panic_message(&*payload),
+            panic = %message,
             "the rate limiter panicked while finishing a key"
         );
     }
@@ -380,5 +535,44 @@ impl<T, R, P, S> fmt::Debug for Runner<T, R, P, S> {
             .field("cancel_grace", &self.cancel_grace)
             .field("shutdown_grace", &self.shutdown_grace)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+    use super::*;
+
+    /// Workers whose first incarnation panics (the runner's own catches are bypassed here).
+    fn panicking_first(
+        started: &Arc<AtomicU32>,
+    ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + use<> {
+        let started = started.clone();
+        move || {
+            let first = started.fetch_add(1, SeqCst) == 0;
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                assert!(!first, "worker panicked (expected by this test)");
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_panics_is_replaced_and_counted() {
+        let started = Arc::new(AtomicU32::new(0));
+        let mut workers = Workers::start(1, CancellationToken::new(), panicking_first(&started));
+        workers.join_all().await;
+        assert_eq!((workers.panics, started.load(SeqCst)), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_panics_after_intake_stopped_is_counted_not_replaced() {
+        let started = Arc::new(AtomicU32::new(0));
+        let intake = CancellationToken::new();
+        let mut workers = Workers::start(1, intake.clone(), panicking_first(&started));
+        intake.cancel();
+        workers.join_all().await;
+        assert_eq!((workers.panics, started.load(SeqCst)), (1, 1));
     }
 }

@@ -2,11 +2,18 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Counters of a [`Runner::run`](super::Runner::run), returned when it ends.
+use super::action::{Decision, Failure, Reconciled};
+
+/// Counters of a [`Runner::run`](super::Runner::run), returned when it ends (see `run` for when).
+///
+/// Each lease a worker took is counted once: as `processed`, as `interrupted`, or as a failure
+/// (`errors`, `panics` or `timeouts`) that was then `retried` or `given_up`. `get_panics` and
+/// `worker_panics` count what went wrong outside any lease; both are 0 in a healthy run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Report {
-    /// Reconciles that finished successfully (`Ok`).
+    /// Reconciles that finished successfully (`Ok`, whatever [`Action`](super::Action) they
+    /// returned).
     pub processed: u64,
     /// Failed reconciles that were retried (with backoff or a fixed delay).
     pub retried: u64,
@@ -14,13 +21,21 @@ pub struct Report {
     pub given_up: u64,
     /// Reconciles that returned an error.
     pub errors: u64,
-    /// Reconciles that panicked.
+    /// Keys whose handling panicked: in the reconcile, or in code the runner called for them (the
+    /// key's `Clone` or `Debug`, the limiter's `num_requeues`, a metrics recorder).
     pub panics: u64,
     /// Reconciles that timed out.
     pub timeouts: u64,
     /// Reconciles dropped at shutdown because they outlived the grace periods (their keys were
     /// retried, so they are not lost if the queue lives on).
     pub interrupted: u64,
+    /// Panics that escaped the queue's `get` (a key's `Clone` or a metrics recorder inside the
+    /// queue). No key was leased, so no other counter saw them; after each, the worker paused for
+    /// [`GET_PANIC_PAUSE`](super::GET_PANIC_PAUSE) before it asked for a key again.
+    pub get_panics: u64,
+    /// Workers that ended with a panic the runner did not catch (none should: this is defence in
+    /// depth). Each was replaced by a new worker unless intake had stopped.
+    pub worker_panics: u64,
     /// Keys still ready in the queue when the run ended.
     pub still_queued: usize,
 }
@@ -34,6 +49,7 @@ pub(crate) struct Counters {
     pub(crate) panics: AtomicU64,
     pub(crate) timeouts: AtomicU64,
     pub(crate) interrupted: AtomicU64,
+    pub(crate) get_panics: AtomicU64,
 }
 
 impl Counters {
@@ -41,7 +57,27 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn report(&self, still_queued: usize) -> Report {
+    /// Counts one lease's verdict: exactly one of processed, interrupted, or a failure (error,
+    /// panic or timeout) with its decision (retried or given up).
+    pub(crate) fn count<E>(&self, verdict: &Reconciled<E>) {
+        match verdict {
+            Reconciled::Ok(_) => Self::bump(&self.processed),
+            Reconciled::Interrupted => Self::bump(&self.interrupted),
+            Reconciled::Failed(failure, decision) => {
+                Self::bump(match failure {
+                    Failure::Error(_) => &self.errors,
+                    Failure::Panic(_) => &self.panics,
+                    Failure::Timeout => &self.timeouts,
+                });
+                Self::bump(match decision {
+                    Decision::GiveUp => &self.given_up,
+                    _ => &self.retried,
+                });
+            }
+        }
+    }
+
+    pub(crate) fn report(&self, still_queued: usize, worker_panics: u64) -> Report {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Report {
             processed: get(&self.processed),
@@ -51,6 +87,8 @@ impl Counters {
             panics: get(&self.panics),
             timeouts: get(&self.timeouts),
             interrupted: get(&self.interrupted),
+            get_panics: get(&self.get_panics),
+            worker_panics,
             still_queued,
         }
     }

@@ -1,0 +1,98 @@
+//! Test helpers shared by the runner's test binaries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+/// What makes a [`Fragile`] key's `Clone` or `Debug` panic: the 1-based number of the call.
+pub struct Trap {
+    clones: AtomicU32,
+    debugs: AtomicU32,
+    clone_panics: fn(u32) -> bool,
+    debug_panics: fn(u32) -> bool,
+}
+
+/// A key whose `Clone` and `Debug` are user code that can panic. Equality and hashing see only
+/// its name and id.
+pub struct Fragile {
+    pub name: &'static str,
+    id: u32,
+    trap: Arc<Trap>,
+}
+
+impl Fragile {
+    pub fn new(
+        name: &'static str,
+        clone_panics: fn(u32) -> bool,
+        debug_panics: fn(u32) -> bool,
+    ) -> Self {
+        let trap = Trap {
+            clones: AtomicU32::new(0),
+            debugs: AtomicU32::new(0),
+            clone_panics,
+            debug_panics,
+        };
+        Fragile {
+            name,
+            id: 0,
+            trap: Arc::new(trap),
+        }
+    }
+
+    pub fn sturdy(name: &'static str) -> Self {
+        Fragile::new(name, |_| false, |_| false)
+    }
+
+    /// The same key with another id (a distinct key of the same name and behaviour).
+    #[allow(
+        dead_code,
+        reason = "not every test binary that shares this module uses it"
+    )]
+    pub fn with_id(mut self, id: u32) -> Self {
+        self.id = id;
+        self
+    }
+}
+
+impl Clone for Fragile {
+    fn clone(&self) -> Self {
+        let n = self.trap.clones.fetch_add(1, SeqCst) + 1;
+        if (self.trap.clone_panics)(n) {
+            panic!(
+                "clone {n} of {} panicked (expected by this test)",
+                self.name
+            );
+        }
+        Fragile {
+            name: self.name,
+            id: self.id,
+            trap: self.trap.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Fragile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.trap.debugs.fetch_add(1, SeqCst) + 1;
+        if (self.trap.debug_panics)(n) {
+            panic!(
+                "debug {n} of {} panicked (expected by this test)",
+                self.name
+            );
+        }
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for Fragile {
+    fn eq(&self, other: &Self) -> bool {
+        (self.name, self.id) == (other.name, other.id)
+    }
+}
+
+impl Eq for Fragile {}
+
+impl std::hash::Hash for Fragile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.name, self.id).hash(state)
+    }
+}

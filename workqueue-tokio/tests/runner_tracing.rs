@@ -1,0 +1,117 @@
+//! The runner under a tracing subscriber that formats every field, as real ones do, so that the
+//! key's `Debug` runs in the runner's span.
+//!
+//! In a test binary of its own: tracing caches each callsite's interest process-wide, and a test
+//! on another thread that reaches the runner's span first, with no subscriber, could leave it
+//! disabled for this test's thread-local subscriber.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::Fragile;
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+use workqueue_ratelimit::ExponentialFailure;
+use workqueue_tokio::WorkQueue;
+use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+
+struct Formatting;
+
+struct FormatFields;
+
+impl tracing::field::Visit for FormatFields {
+    fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let _ = format!("{value:?}");
+    }
+}
+
+impl tracing::Subscriber for Formatting {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        span.record(&mut FormatFields);
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        values.record(&mut FormatFields);
+    }
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        event.record(&mut FormatFields);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The key's `Debug` runs when the runner's span for the reconcile is recorded; a panic there is
+/// a `Failure::Panic` for that key, given to the policy, whose decision finishes the lease. The
+/// single worker survives. (A current-thread runtime: the thread-local subscriber sees every
+/// task.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
+    let _subscriber = tracing::subscriber::set_default(Formatting);
+    let queue: WorkQueue<Fragile> = WorkQueue::builder()
+        .rate_limiter(ExponentialFailure::new(
+            Duration::from_millis(5),
+            Duration::from_secs(1000),
+        ))
+        .build();
+    let start = Instant::now();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let reconcile = {
+        let runs = runs.clone();
+        move |key: Fragile, _ctx: Context| {
+            runs.lock().unwrap().push((key.name, start.elapsed()));
+            std::future::ready(Ok::<_, &'static str>(Action::Done))
+        }
+    };
+    let policy = {
+        let failures = failures.clone();
+        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
+            failures
+                .lock()
+                .unwrap()
+                .push((key.name, failure.to_string(), requeues));
+            Decision::RetryAfter(Duration::from_secs(7))
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(1)
+        .error_policy(policy);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+
+    queue.add(Fragile::new("bad-debug", |_| false, |n| n == 1));
+    queue.add(Fragile::sturdy("good"));
+    sleep(Duration::from_secs(60)).await;
+    assert!(!handle.is_finished(), "run returned: its only worker died");
+    assert_eq!(
+        *runs.lock().unwrap(),
+        [
+            ("good", Duration::ZERO),
+            ("bad-debug", Duration::from_secs(7))
+        ]
+    );
+    assert_eq!(
+        *failures.lock().unwrap(),
+        [(
+            "bad-debug",
+            "reconcile panicked: debug 1 of bad-debug panicked (expected by this test)".to_string(),
+            0
+        )]
+    );
+
+    queue.shut_down();
+    let report = handle.await.unwrap();
+    assert_eq!((report.processed, report.retried), (2, 1), "{report:?}");
+    assert_eq!((report.panics, report.errors), (1, 0), "{report:?}");
+}
