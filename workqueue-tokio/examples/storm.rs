@@ -37,6 +37,9 @@ use workqueue_core::ratelimit::{
     MaxWait, RateLimiter, default_controller_rate_limiter, jittered_controller_rate_limiter,
 };
 use workqueue_tokio::WorkQueue;
+
+/// About 30 years: an outage longer than an instant can represent ends no earlier than this.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 use workqueue_tokio::runner::{Action, Runner};
 
 /// Latency of a request to an idle server.
@@ -243,7 +246,8 @@ impl Api {
     fn new(start: Instant, outage: Duration, objects: u32) -> Self {
         Api {
             start,
-            recovers_at: start + outage,
+            // An outage too long for an instant never ends.
+            recovers_at: start.checked_add(outage).unwrap_or_else(|| start + FAR_FUTURE),
             state: Mutex::new(ApiState {
                 window: VecDeque::new(),
                 per_second: Vec::new(),
