@@ -247,7 +247,9 @@ impl Api {
         Api {
             start,
             // An outage too long for an instant never ends.
-            recovers_at: start.checked_add(outage).unwrap_or_else(|| start + FAR_FUTURE),
+            recovers_at: start
+                .checked_add(outage)
+                .unwrap_or_else(|| start + FAR_FUTURE),
             state: Mutex::new(ApiState {
                 window: VecDeque::new(),
                 per_second: Vec::new(),
