@@ -4,8 +4,6 @@
 //! key is stranded, and that the queue stays usable with its invariants intact.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -229,6 +227,9 @@ fn a_lease_dropped_while_unwinding_swallows_a_panicking_key_drop() {
 
 #[cfg(feature = "metrics")]
 mod recorder {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
     use metrics::{
         Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
