@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use workqueue_core::{Clock, DrainStop, Lease, ManualClock, Outcome, WorkQueue};
+use workqueue_core::{AddOptions, Clock, DrainStop, Lease, ManualClock, Outcome, WorkQueue};
 use workqueue_fuzz::{FDelay, FOutcome};
 use workqueue_model::faults::{self, Fault};
 use workqueue_model::{Model, ModelGet};
@@ -74,6 +74,8 @@ enum QOp {
     AddBatch(Vec<u8>),
     AddAfter(u8, FDelay),
     AddRateLimited(u8),
+    /// `add_with`: a priority (a few that collide), a delay, and the rate limiter.
+    AddWith(u8, i8, FDelay, bool),
     TryGet,
     GetTimeoutZero,
     TryGetBatch(u8),
@@ -197,6 +199,11 @@ impl Harness {
         match (lease, expected) {
             (Some(lease), ModelGet::Ready(k)) => {
                 assert_eq!(*lease, k, "handed out another key");
+                assert_eq!(
+                    Some(lease.priority()),
+                    self.model.processing_priority(&k),
+                    "handed out at another priority"
+                );
                 self.held.push(lease);
             }
             (None, ModelGet::Ready(k)) => panic!("the queue handed out nothing, the model {k}"),
@@ -309,6 +316,28 @@ impl Harness {
                     .model
                     .add_after(key(*k), delay.unwrap_or_default(), now);
                 assert_eq!(status, expected, "add_rate_limited");
+            }
+            QOp::AddWith(k, p, d, rate_limited) => {
+                let opts = AddOptions {
+                    priority: i32::from(*p % 4),
+                    after: d.get(),
+                    rate_limited: *rate_limited,
+                };
+                let status = catch_unwind(AssertUnwindSafe(|| self.queue.add_with(key(*k), opts)));
+                let delay = self.answer();
+                let Ok(status) = status else {
+                    assert!(self.limiter_panics && delay.is_none(), "add_with panicked");
+                    return;
+                };
+                assert_eq!(
+                    delay.is_some(),
+                    opts.rate_limited && !self.model.is_shutting_down(),
+                    "the limiter is consulted for a rate-limited add unless shutting down"
+                );
+                let expected =
+                    self.model
+                        .add_with(key(*k), opts.priority, opts.delay(delay), now);
+                assert_eq!(status, expected, "add_with");
             }
             QOp::TryGet => {
                 let lease = self.queue.try_get();

@@ -24,6 +24,7 @@ enum FOp {
     Add(u8),
     AddRef(u8),
     AddAfter(u8, FDelay),
+    AddWith(u8, FPriority, FDelay),
     Get,
     Finish(u8, FOutcome, Option<FDelay>),
     ForeignFinish,
@@ -34,6 +35,28 @@ enum FOp {
     Rewind(FDelay),
     Drain,
     Fault(FFault, u8),
+}
+
+/// A few priorities that collide, and any other.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum FPriority {
+    Low,
+    Zero,
+    One,
+    Seven,
+    Any(i32),
+}
+
+impl FPriority {
+    fn get(self) -> i32 {
+        match self {
+            FPriority::Low => workqueue_core::LOW_PRIORITY,
+            FPriority::Zero => 0,
+            FPriority::One => 1,
+            FPriority::Seven => 7,
+            FPriority::Any(p) => p,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -77,6 +100,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Add(k) => Op::Add(k % KEYS),
         FOp::AddRef(k) => Op::AddRef(k % KEYS),
         FOp::AddAfter(k, d) => Op::AddAfter(k % KEYS, d.get()),
+        FOp::AddWith(k, p, d) => Op::AddWith(k % KEYS, p.get(), d.get()),
         FOp::Get => Op::Get,
         FOp::Finish(i, o, d) => Op::Finish(usize::from(i), o.get(), d.map(FDelay::get)),
         FOp::ForeignFinish => Op::ForeignFinish,

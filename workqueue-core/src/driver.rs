@@ -20,6 +20,7 @@ use workqueue_ratelimit::{Instant, RateLimiter};
 
 use crate::clock::Clock;
 use crate::lease::{Lease, LeaseOwner};
+use crate::options::AddOptions;
 use crate::outcome::Outcome;
 use crate::queue::{DrainIncomplete, DrainStop};
 use crate::state::{AddStatus, Counts, Get, QueueState, Ticket};
@@ -248,6 +249,65 @@ where
                 .collect()
         });
         drop(unused);
+    }
+
+    /// See `WorkQueue::add_with`.
+    pub fn add_with(&self, key: T, opts: AddOptions) -> AddStatus {
+        if opts.rate_limited && self.is_shutting_down() {
+            return AddStatus::ShutDown;
+        }
+        let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
+        let delay = opts.delay(self.limiter_delay(&key, opts, now));
+        let (status, unused) = self.mutate(|g| {
+            let now = now.unwrap_or_else(|| self.now_for(&g.state));
+            g.state.add_with_or_return(key, opts.priority, delay, now)
+        });
+        drop(unused);
+        self.count_retry(now.is_some() && status != AddStatus::ShutDown);
+        status
+    }
+
+    /// See `WorkQueue::add_batch_with`.
+    pub fn add_batch_with(&self, keys: impl IntoIterator<Item = T>, opts: AddOptions) {
+        if opts.rate_limited && self.is_shutting_down() {
+            return;
+        }
+        let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
+        // The limiter is asked outside the lock, key by key.
+        let keys: Vec<(T, Duration)> = keys
+            .into_iter()
+            .map(|key| {
+                let delay = opts.delay(self.limiter_delay(&key, opts, now));
+                (key, delay)
+            })
+            .collect();
+        let (unused, added): (Vec<T>, usize) = self.mutate(|g| {
+            let now = now.unwrap_or_else(|| self.now_for(&g.state));
+            let mut added = 0;
+            let unused = keys
+                .into_iter()
+                .filter_map(|(key, delay)| {
+                    let (status, unused) =
+                        g.state.add_with_or_return(key, opts.priority, delay, now);
+                    added += usize::from(status != AddStatus::ShutDown);
+                    unused
+                })
+                .collect();
+            (unused, added)
+        });
+        drop(unused);
+        if now.is_some() {
+            (0..added).for_each(|_| self.count_retry(true));
+        }
+    }
+
+    /// The limiter's delay for an add with `opts` (`None` unless it is rate-limited).
+    fn limiter_delay(&self, key: &T, opts: AddOptions, now: Option<Instant>) -> Option<Duration> {
+        let delay = opts
+            .rate_limited
+            .then(|| self.limiter.when(key, now.unwrap_or_default()));
+        self.observe_limiter_delay(delay);
+        delay
     }
 
     /// See `WorkQueue::add_after`.

@@ -78,6 +78,13 @@ impl<T> Lease<T> {
         }
     }
 
+    /// The priority the key was handed out at. A re-add that its outcome asks for (`retry`,
+    /// `requeue_after`, ...) keeps this priority.
+    pub fn priority(&self) -> i32 {
+        // The ticket lives as long as the lease can be asked.
+        self.ticket.as_ref().map_or(0, Ticket::priority)
+    }
+
     /// Takes the lease apart without finishing it, for a driver that gives the key back to its
     /// state by other means (a hand-out undone under the queue's lock).
     pub(crate) fn into_parts(mut self) -> (T, Ticket) {

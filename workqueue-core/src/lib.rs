@@ -61,6 +61,7 @@ pub mod clock;
 pub mod driver;
 mod lease;
 pub mod metrics;
+mod options;
 mod outcome;
 pub mod parallelize;
 mod queue;
@@ -72,6 +73,7 @@ mod loom_tests;
 
 pub use clock::{Clock, ClockWaker, Instant, ManualClock, SystemClock};
 pub use lease::{Lease, LeaseOwner};
+pub use options::{AddOptions, LOW_PRIORITY};
 pub use outcome::Outcome;
 pub use parallelize::{panic_message, parallelize};
 pub use queue::{Blocking, BuildQueue, Builder, Condvars, DrainIncomplete, DrainStop, WorkQueue};

@@ -47,9 +47,15 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     ]
 }
 
+/// A few priorities, so that levels collide and keys are raised.
+fn priority() -> impl Strategy<Value = i32> {
+    prop_oneof![Just(-100), Just(-1), Just(0), Just(1), Just(7)]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS;
     prop_oneof![
+        4 => (key.clone(), priority(), delay()).prop_map(|(k, p, d)| Op::AddWith(k, p, d)),
         6 => key.clone().prop_map(Op::Add),
         2 => key.clone().prop_map(Op::AddRef),
         5 => (key, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
@@ -73,6 +79,7 @@ fn faulty_op() -> impl Strategy<Value = Op> {
         3 => op().prop_map(|op| match op {
             Op::Add(k) => Op::Add(k * 3 + 1),
             Op::AddAfter(k, d) => Op::AddAfter(k * 3 + 2, d),
+            Op::AddWith(k, p, d) => Op::AddWith(k * 3, p, d),
             Op::ShutDown => Op::Len,
             op => op,
         }),

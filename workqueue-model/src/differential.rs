@@ -36,6 +36,8 @@ pub enum Op {
     AddRef(u8),
     /// `add_after(k, d)` (through `add_after_or_return`).
     AddAfter(u8, Duration),
+    /// `add_with(k, priority, d)` (through `add_with_or_return`).
+    AddWith(u8, i32, Duration),
     /// `get()`: the ticket is held until a [`Op::Finish`].
     Get,
     /// Finishes the held ticket at `index % held` with an outcome; the `Option` is the limiter's
@@ -223,6 +225,26 @@ impl<S: BuildHasher> StateHarness<S> {
                     "{ctx}: add_after_or_return hands back"
                 );
             }
+            Op::AddWith(k, priority, delay) => {
+                let key = key_name(k);
+                self.seen.insert(key.clone());
+                let tracked = self.model.is_tracked(&key);
+                let qkey = faulty(k);
+                let Some((status, back)) = self.on_state(ctx, true, |s| {
+                    s.add_with_or_return(qkey, priority, delay, now)
+                }) else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
+                let expected = self.model.add_with(key.clone(), priority, delay, now);
+                assert_eq!(status, expected, "{ctx}: add_with status");
+                let stored = !tracked && !matches!(status, AddStatus::ShutDown | AddStatus::Never);
+                assert_eq!(
+                    back.is_none(),
+                    stored,
+                    "{ctx}: add_with_or_return hands back"
+                );
+            }
             Op::Get => self.get(ctx, now),
             Op::Finish(index, outcome, delay) => {
                 if !self.held.is_empty() {
@@ -319,6 +341,11 @@ impl<S: BuildHasher> StateHarness<S> {
             (Get::Ready(ticket, key), ModelGet::Ready(k)) => {
                 let key = key.as_str().to_owned();
                 assert_eq!(key, k, "{ctx}: get handed out another key");
+                assert_eq!(
+                    Some(ticket.priority()),
+                    self.model.processing_priority(&key),
+                    "{ctx}: the priority {key} was handed out at"
+                );
                 assert_eq!(
                     self.state.ticket_key(&ticket).map(FaultyKey::as_str),
                     Some(key.as_str()),
@@ -421,6 +448,16 @@ impl<S: BuildHasher> StateHarness<S> {
                 m.waiting_deadline(key),
                 "{ctx}: waiting_deadline({key})"
             );
+            assert_eq!(
+                s.queued_priority_of(key.as_str()),
+                m.queued_priority(key),
+                "{ctx}: queued_priority({key})"
+            );
+            assert_eq!(
+                s.waiting_priority_of(key.as_str()),
+                m.waiting_priority(key),
+                "{ctx}: waiting_priority({key})"
+            );
         }
         assert_eq!(
             self.held.len(),
@@ -492,6 +529,16 @@ mod tests {
             Op::Advance(ms(2)),
             Op::Get,
             Op::Finish(1, Outcome::RequeueAfter(Duration::ZERO), None),
+            Op::AddWith(6, -100, Duration::ZERO),
+            Op::AddWith(7, -100, Duration::ZERO),
+            Op::AddWith(7, 0, Duration::ZERO),
+            Op::AddWith(8, 5, ms(1)),
+            Op::AddWith(8, 7, ms(3)),
+            Op::Get,
+            Op::AddWith(6, 2, Duration::ZERO),
+            Op::Advance(ms(1)),
+            Op::Get,
+            Op::Finish(0, Outcome::RetryAfter(Duration::ZERO), None),
             Op::ShutDown,
             Op::Add(5),
             Op::Drain,

@@ -72,16 +72,19 @@ pub struct ModelFinished {
 
 /// The queue's semantics in the most direct form.
 ///
-/// - `ready`: the FIFO, head first;
-/// - `processing`: keys handed out and not finished; `dirty`: those re-added meanwhile;
-/// - `waiting`: each delayed key with its `(deadline, sequence)`;
+/// - `ready`: the ready keys with their priorities, in the order they entered their priority
+///   (a key whose priority is raised re-enters at the end); `get` takes the first key of the
+///   highest priority;
+/// - `processing`: keys handed out and not finished, with the priority they were handed out at;
+///   `dirty`: those re-added meanwhile, with the priority they are queued at when finished;
+/// - `waiting`: each delayed key with its `(deadline, sequence, priority)`;
 /// - `now`: the latest time seen (earlier `now`s are clamped to it).
 #[derive(Debug, Clone)]
 pub struct Model<K> {
-    ready: Vec<K>,
-    processing: BTreeSet<K>,
-    dirty: BTreeSet<K>,
-    waiting: BTreeMap<K, (u64, u64)>,
+    ready: Vec<(K, i32)>,
+    processing: BTreeMap<K, i32>,
+    dirty: BTreeMap<K, i32>,
+    waiting: BTreeMap<K, (u64, u64, i32)>,
     shutting_down: bool,
     now: u64,
     seq: u64,
@@ -103,8 +106,8 @@ impl<K: Ord + Clone> Model<K> {
     pub fn new() -> Self {
         Model {
             ready: Vec::new(),
-            processing: BTreeSet::new(),
-            dirty: BTreeSet::new(),
+            processing: BTreeMap::new(),
+            dirty: BTreeMap::new(),
             waiting: BTreeMap::new(),
             shutting_down: false,
             now: 0,
@@ -121,38 +124,63 @@ impl<K: Ord + Clone> Model<K> {
             let due = self
                 .waiting
                 .iter()
-                .filter(|&(_, &(deadline, _))| deadline <= self.now)
-                .min_by_key(|&(_, &when)| when)
-                .map(|(k, _)| k.clone());
-            let Some(key) = due else { break };
+                .filter(|&(_, &(deadline, _, _))| deadline <= self.now)
+                .min_by_key(|&(_, &(deadline, seq, _))| (deadline, seq))
+                .map(|(k, &(_, _, priority))| (k.clone(), priority));
+            let Some((key, priority)) = due else { break };
             self.waiting.remove(&key);
-            self.enqueue(key);
+            self.enqueue(key, priority);
         }
     }
 
-    /// The add rule for a key that is not shut out.
-    fn enqueue(&mut self, key: K) -> AddStatus {
-        if self.ready.contains(&key) {
-            AddStatus::AlreadyQueued
-        } else if self.processing.contains(&key) {
-            if self.dirty.insert(key) {
-                AddStatus::Dirty
-            } else {
-                AddStatus::AlreadyDirty
+    /// The add rule for a key that is not shut out: the highest priority asked for wins, and a
+    /// raised key re-enters at the end.
+    fn enqueue(&mut self, key: K, priority: i32) -> AddStatus {
+        if let Some(i) = self.ready.iter().position(|(k, _)| *k == key) {
+            if priority <= self.ready[i].1 {
+                return AddStatus::AlreadyQueued;
+            }
+            self.ready.remove(i);
+            self.ready.push((key, priority));
+            AddStatus::Raised
+        } else if self.processing.contains_key(&key) {
+            match self.dirty.get_mut(&key) {
+                Some(p) => {
+                    *p = (*p).max(priority);
+                    AddStatus::AlreadyDirty
+                }
+                None => {
+                    self.dirty.insert(key, priority);
+                    AddStatus::Dirty
+                }
             }
         } else {
-            self.ready.push(key);
+            self.ready.push((key, priority));
             AddStatus::Queued
         }
     }
 
-    /// The delayed-add rule: the earlier deadline wins; each (re)insert takes a new sequence.
-    fn schedule(&mut self, key: K, deadline: u64) -> AddStatus {
-        match self.waiting.get(&key) {
-            Some(&(current, _)) if current <= deadline => AddStatus::AlreadyWaiting,
-            _ => {
+    /// The delayed-add rule: the earlier deadline wins (and takes a new sequence), and so does
+    /// the higher priority.
+    fn schedule(&mut self, key: K, deadline: u64, priority: i32) -> AddStatus {
+        match self.waiting.get_mut(&key) {
+            Some(entry) => {
+                let (earlier, raised) = (deadline < entry.0, priority > entry.2);
+                if earlier {
+                    self.seq += 1;
+                    (entry.0, entry.1) = (deadline, self.seq);
+                }
+                if raised {
+                    entry.2 = priority;
+                }
+                match earlier || raised {
+                    true => AddStatus::Waiting,
+                    false => AddStatus::AlreadyWaiting,
+                }
+            }
+            None => {
                 self.seq += 1;
-                self.waiting.insert(key, (deadline, self.seq));
+                self.waiting.insert(key, (deadline, self.seq, priority));
                 AddStatus::Waiting
             }
         }
@@ -162,27 +190,29 @@ impl<K: Ord + Clone> Model<K> {
 
     /// `add(k)`: ignored after shutdown, de-duplicated, or marked dirty while processing.
     pub fn add(&mut self, key: K, now: Instant) -> AddStatus {
-        self.promote(now);
-        if self.shutting_down {
-            return AddStatus::ShutDown;
-        }
-        self.enqueue(key)
+        self.add_with(key, 0, Duration::ZERO, now)
     }
 
     /// `add_after(k, d)`: `add` when `d` is zero; else waits until `now + d` (earliest wins).
     pub fn add_after(&mut self, key: K, delay: Duration, now: Instant) -> AddStatus {
-        if delay.is_zero() {
-            return self.add(key, now);
-        }
+        self.add_with(key, 0, delay, now)
+    }
+
+    /// `add_with(k, priority, d)`: `add` at `priority` when `d` is zero; else waits until
+    /// `now + d` (earliest deadline and highest priority win).
+    pub fn add_with(&mut self, key: K, priority: i32, delay: Duration, now: Instant) -> AddStatus {
         self.promote(now);
         if self.shutting_down {
             return AddStatus::ShutDown;
+        }
+        if delay.is_zero() {
+            return self.enqueue(key, priority);
         }
         let deadline = self.now.saturating_add(nanos(delay));
         if deadline == u64::MAX {
             return AddStatus::Never;
         }
-        self.schedule(key, deadline)
+        self.schedule(key, deadline, priority)
     }
 
     /// What an add or a `get` that user code interrupted leaves behind (a key's `Clone`, `Hash` or
@@ -206,8 +236,14 @@ impl<K: Ord + Clone> Model<K> {
                 }
             };
         }
-        let key = self.ready.remove(0);
-        self.processing.insert(key.clone());
+        let top = self.ready.iter().map(|&(_, p)| p).max().expect("not empty");
+        let i = self
+            .ready
+            .iter()
+            .position(|&(_, p)| p == top)
+            .expect("the maximum is in the list");
+        let (key, priority) = self.ready.remove(i);
+        self.processing.insert(key.clone(), priority);
         ModelGet::Ready(key)
     }
 
@@ -220,16 +256,15 @@ impl<K: Ord + Clone> Model<K> {
         limiter_delay: Option<Duration>,
         now: Instant,
     ) -> Option<ModelFinished> {
-        if !self.processing.contains(key) {
-            return None;
-        }
+        let leased_at = *self.processing.get(key)?;
         self.promote(now);
         self.processing.remove(key);
         let mut requeued = false;
-        if self.dirty.remove(key) {
-            self.ready.push(key.clone());
+        if let Some(priority) = self.dirty.remove(key) {
+            self.ready.push((key.clone(), priority));
             requeued = true;
         }
+        // A re-add keeps the priority the key was handed out at.
         let readd = match outcome {
             Outcome::Retry => limiter_delay,
             Outcome::RetryAfter(d) | Outcome::RequeueAfter(d) => Some(d),
@@ -239,11 +274,11 @@ impl<K: Ord + Clone> Model<K> {
             && !self.shutting_down
         {
             if delay.is_zero() {
-                requeued |= self.enqueue(key.clone()) == AddStatus::Queued;
+                requeued |= self.enqueue(key.clone(), leased_at) == AddStatus::Queued;
             } else {
                 let deadline = self.now.saturating_add(nanos(delay));
                 if deadline != u64::MAX {
-                    self.schedule(key.clone(), deadline);
+                    self.schedule(key.clone(), deadline, leased_at);
                 }
             }
         }
@@ -297,7 +332,7 @@ impl<K: Ord + Clone> Model<K> {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.waiting
             .values()
-            .map(|&(deadline, _)| deadline)
+            .map(|&(deadline, _, _)| deadline)
             .min()
             .map(Instant::from_nanos)
     }
@@ -312,49 +347,72 @@ impl<K: Ord + Clone> Model<K> {
         }
     }
 
-    /// Ready keys in FIFO order.
+    /// Ready keys in the order `get` hands them out: highest priority first, then the order in
+    /// which they entered their priority.
     pub fn ready_keys(&self) -> Vec<K> {
-        self.ready.clone()
+        let mut ready = self.ready.clone();
+        ready.sort_by_key(|&(_, p)| std::cmp::Reverse(p));
+        ready.into_iter().map(|(k, _)| k).collect()
     }
 
     /// Keys being processed, sorted.
     pub fn processing_keys(&self) -> Vec<K> {
-        self.processing.iter().cloned().collect()
+        self.processing.keys().cloned().collect()
     }
 
     /// Every key the queue has to remember: ready, processing or waiting.
     pub fn tracked_keys(&self) -> BTreeSet<K> {
-        let mut all: BTreeSet<K> = self.ready.iter().cloned().collect();
-        all.extend(self.processing.iter().cloned());
+        let mut all: BTreeSet<K> = self.ready.iter().map(|(k, _)| k.clone()).collect();
+        all.extend(self.processing.keys().cloned());
         all.extend(self.waiting.keys().cloned());
         all
     }
 
     /// Whether the queue has to remember `key`.
     pub fn is_tracked(&self, key: &K) -> bool {
-        self.ready.contains(key) || self.processing.contains(key) || self.waiting.contains_key(key)
+        self.is_queued(key) || self.processing.contains_key(key) || self.waiting.contains_key(key)
+    }
+
+    /// The priority `key` is queued at, or (re-added while processing) is queued at when its
+    /// lease ends.
+    pub fn queued_priority(&self, key: &K) -> Option<i32> {
+        self.ready
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|&(_, p)| p)
+            .or_else(|| self.dirty.get(key).copied())
+    }
+
+    /// The priority of `key`'s waiting entry.
+    pub fn waiting_priority(&self, key: &K) -> Option<i32> {
+        self.waiting.get(key).map(|&(_, _, p)| p)
+    }
+
+    /// The priority `key` was handed out at, while it is processed.
+    pub fn processing_priority(&self, key: &K) -> Option<i32> {
+        self.processing.get(key).copied()
     }
 
     /// Whether `key` is in the ready FIFO.
     pub fn is_queued(&self, key: &K) -> bool {
-        self.ready.contains(key)
+        self.ready.iter().any(|(k, _)| k == key)
     }
 
     /// Whether `key` is being processed.
     pub fn is_processing(&self, key: &K) -> bool {
-        self.processing.contains(key)
+        self.processing.contains_key(key)
     }
 
     /// Whether `key` is processing and was re-added meanwhile.
     pub fn is_dirty(&self, key: &K) -> bool {
-        self.dirty.contains(key)
+        self.dirty.contains_key(key)
     }
 
     /// The deadline `key` waits for.
     pub fn waiting_deadline(&self, key: &K) -> Option<Instant> {
         self.waiting
             .get(key)
-            .map(|&(deadline, _)| Instant::from_nanos(deadline))
+            .map(|&(deadline, _, _)| Instant::from_nanos(deadline))
     }
 }
 

@@ -22,4 +22,4 @@ pub mod runner;
 
 pub use clock::TokioClock;
 pub use queue::{Notifies, Tokio, WorkQueue};
-pub use workqueue_core::{Lease, Outcome};
+pub use workqueue_core::{AddOptions, LOW_PRIORITY, Lease, Outcome};

@@ -39,6 +39,29 @@ macro_rules! queue_handle_methods {
             self.core.add_batch(keys)
         }
 
+        /// Adds `key` with options: a priority, a delay, the rate limiter (controller-runtime's
+        /// `AddWithOpts`).
+        ///
+        /// Higher priorities are served first, FIFO within a priority. A queued key keeps the
+        /// highest priority asked for; one whose priority is raised moves to the tail of its new
+        /// priority. A key re-added while it is processed is queued when its lease ends, at the
+        /// highest priority asked for meanwhile. A waiting key keeps the earliest deadline and the
+        /// highest priority asked for it. With `rate_limited`, the limiter is always asked (it
+        /// records a failure) and the key waits its delay, or the shorter of it and `after`.
+        pub fn add_with(&self, key: T, opts: $crate::AddOptions) -> $crate::state::AddStatus {
+            self.core.add_with(key, opts)
+        }
+
+        /// [`add_with`](Self::add_with) for every key, under one lock acquisition (the rate
+        /// limiter, if asked, is asked for each key before it).
+        pub fn add_batch_with(
+            &self,
+            keys: impl ::core::iter::IntoIterator<Item = T>,
+            opts: $crate::AddOptions,
+        ) {
+            self.core.add_batch_with(keys, opts)
+        }
+
         /// Adds `key` once `delay` has passed (`Duration::ZERO` adds it now). A key already
         /// waiting keeps the earlier deadline. Ignored after shutdown.
         pub fn add_after(&self, key: T, delay: ::core::time::Duration) -> $crate::state::AddStatus {

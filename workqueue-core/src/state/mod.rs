@@ -31,6 +31,7 @@
 //! assert_eq!(q.len(t1), 2);
 //! ```
 
+mod priorities;
 mod ready;
 mod slots;
 mod timing;
@@ -46,6 +47,7 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::{Instant, duration_to_nanos};
 
 use crate::Outcome;
+use priorities::Priorities;
 use ready::ReadyQueue;
 pub(crate) use slots::SlotId;
 use slots::{MAX_SLOTS, NO_POS, Slots};
@@ -74,8 +76,11 @@ pub enum AddStatus {
     /// The key now waits for its deadline (a new waiting entry, or an earlier deadline for an
     /// existing one).
     Waiting,
-    /// The key already waits for an earlier (or equal) deadline: nothing changed.
+    /// The key already waits for an earlier (or equal) deadline, at a higher (or equal)
+    /// priority: nothing changed.
     AlreadyWaiting,
+    /// The key was queued at a lower priority: it moved to the tail of the new priority's FIFO.
+    Raised,
     /// The deadline is never reached (a delay of about 584 years or more): nothing was stored.
     Never,
     /// The queue is shutting down: the add was ignored.
@@ -112,11 +117,22 @@ pub enum Get<T> {
 pub struct Ticket {
     slot: SlotId,
     state: u32,
+    priority: i32,
+}
+
+impl Ticket {
+    /// The priority the key was handed out at (the priority of the level it was taken from).
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
 }
 
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket").field("slot", &self.slot).finish()
+        f.debug_struct("Ticket")
+            .field("slot", &self.slot)
+            .field("priority", &self.priority)
+            .finish()
     }
 }
 
@@ -180,6 +196,9 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     id: u32,
     /// Per-key timing for metrics; `None` (no per-key bytes) unless a driver enables it.
     timing: Option<Box<Timing>>,
+    /// Per-key priorities; `None` (every key at 0, no per-key bytes) until a priority other than
+    /// 0 is used.
+    priorities: Option<Box<Priorities>>,
     /// The hashes of the live slots whose index bucket does not fit their slot word (only in
     /// tables of more than 2^27 buckets), so that freeing a slot never hashes its key: hashing is
     /// user code, and freeing happens in the middle of a change.
@@ -300,6 +319,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             seq: 0,
             id: next_state_id(),
             timing: None,
+            priorities: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
         }
@@ -336,10 +356,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.enqueue(slot), Some(key)),
+            Some(slot) => (self.enqueue(slot, 0), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
-                (self.enqueue(slot), None)
+                (self.enqueue(slot, 0), None)
             }
         }
     }
@@ -362,7 +382,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             Some(slot) => slot,
             None => self.insert_new(hash, T::from(key)),
         };
-        self.enqueue(slot)
+        self.enqueue(slot, 0)
     }
 
     /// Adds `key` once `delay` has passed: `add_after(k, 0)` is `add(k)`.
@@ -385,22 +405,51 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if delay.is_zero() {
             return self.add_or_return(key, now);
         }
+        self.add_with_or_return(key, 0, delay, now)
+    }
+
+    /// Adds `key` at `priority` once `delay` has passed (now if it is zero): the add rule with
+    /// priorities.
+    ///
+    /// Higher priorities are served first; within a priority, keys are served in the order they
+    /// entered it. A queued key keeps the highest priority asked for, and one whose priority is
+    /// raised moves to the tail of its new priority ([`AddStatus::Raised`]). A key re-added while
+    /// it is processed is queued when its lease ends, at the highest priority asked for meanwhile.
+    /// A waiting entry keeps the earliest deadline and the highest priority asked for it; when it
+    /// comes due it merges into the key's state the same way. `add` is `add_with(key, 0, 0)`.
+    pub fn add_with(&mut self, key: T, priority: i32, delay: Duration, now: Instant) -> AddStatus {
+        self.add_with_or_return(key, priority, delay, now).0
+    }
+
+    /// [`QueueState::add_with`] that hands an unstored key back instead of dropping it.
+    pub fn add_with_or_return(
+        &mut self,
+        key: T,
+        priority: i32,
+        delay: Duration,
+        now: Instant,
+    ) -> (AddStatus, Option<T>) {
         self.promote(now);
         if self.shutting_down {
             return (AddStatus::ShutDown, Some(key));
         }
-        let deadline = self.now.saturating_add(duration_to_nanos(delay));
-        if deadline == u64::MAX {
-            return (AddStatus::Never, Some(key));
-        }
+        let deadline = match delay.is_zero() {
+            true => None,
+            false => match self.now.saturating_add(duration_to_nanos(delay)) {
+                u64::MAX => return (AddStatus::Never, Some(key)),
+                deadline => Some(deadline),
+            },
+        };
         let hash = self.hasher.hash_one(&key);
-        match self.find(hash, &key) {
-            Some(slot) => (self.schedule(slot, deadline), Some(key)),
-            None => {
-                let slot = self.insert_new(hash, key);
-                (self.schedule(slot, deadline), None)
-            }
-        }
+        let (slot, unused) = match self.find(hash, &key) {
+            Some(slot) => (slot, Some(key)),
+            None => (self.insert_new(hash, key), None),
+        };
+        let status = match deadline {
+            None => self.enqueue(slot, priority),
+            Some(deadline) => self.schedule(slot, deadline, priority),
+        };
+        (status, unused)
     }
 
     // ---- gets ----------------------------------------------------------------------------------
@@ -412,10 +461,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
         match self.ready.peek() {
-            Some(slot) => {
+            Some((slot, priority)) => {
                 // User code first: a `Clone` that panics leaves the key queued at the head.
                 let key = self.slots.key(slot).clone();
-                self.ready.pop();
+                self.ready.pop_peeked();
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
@@ -424,6 +473,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 let ticket = Ticket {
                     slot,
                     state: self.id,
+                    priority,
                 };
                 Get::Ready(ticket, key)
             }
@@ -445,9 +495,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             return;
         }
         self.processing -= 1;
+        // A dirty key's re-add merges into the undone get, at the higher of the two priorities.
         let dirty = self.slots.stop_processing(slot);
+        let priority = match dirty {
+            true => ticket.priority.max(self.queued_priority(slot)),
+            false => ticket.priority,
+        };
         self.slots.set_queued(slot);
-        self.ready.push_front(slot);
+        self.set_queued_priority(slot, priority);
+        self.ready.push_front(slot, priority);
         if let Some(t) = &mut self.timing {
             t.on_unget(slot, self.now, dirty);
         }
@@ -501,7 +557,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.processing -= 1;
         let mut requeued = false;
         if self.slots.stop_processing(slot) {
-            self.push_ready(slot);
+            let priority = self.queued_priority(slot);
+            self.push_ready(slot, priority);
             requeued = true;
         }
         let readd = match outcome {
@@ -509,15 +566,16 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             Outcome::Retry => limiter_delay,
             Outcome::RetryAfter(d) | Outcome::RequeueAfter(d) => Some(d),
         };
+        // A re-add keeps the priority the key was handed out at.
         if let Some(delay) = readd
             && !self.shutting_down
         {
             if delay.is_zero() {
-                requeued |= self.enqueue(slot) == AddStatus::Queued;
+                requeued |= self.enqueue(slot, ticket.priority) == AddStatus::Queued;
             } else {
                 let deadline = self.now.saturating_add(duration_to_nanos(delay));
                 if deadline != u64::MAX {
-                    self.schedule(slot, deadline);
+                    self.schedule(slot, deadline, ticket.priority);
                 }
             }
         }
@@ -604,8 +662,32 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     pub fn ready_keys(&self) -> Vec<T> {
         self.ready
             .iter()
-            .map(|s| self.slots.key(s).clone())
+            .map(|(s, _)| self.slots.key(s).clone())
             .collect()
+    }
+
+    /// The priority `key` is queued at, or, while it is processed and was re-added, the priority
+    /// it is queued at when its lease ends (for diagnostics and tests).
+    pub fn queued_priority_of<Q>(&self, key: &Q) -> Option<i32>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = self.find(self.hasher.hash_one(key), key)?;
+        (self.slots.is_queued(slot) || self.slots.is_dirty(slot))
+            .then(|| self.queued_priority(slot))
+    }
+
+    /// The priority of `key`'s waiting entry, if it waits (for diagnostics and tests).
+    pub fn waiting_priority_of<Q>(&self, key: &Q) -> Option<i32>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let slot = self.find(self.hasher.hash_one(key), key)?;
+        self.slots
+            .heap_pos(slot)
+            .map(|_| self.waiting_priority(slot))
     }
 
     /// Heap bytes held by the state's own structures (keys' own allocations excluded).
@@ -616,6 +698,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             + self.waiting.allocated_bytes()
             + self.timing.as_ref().map_or(0, |t| t.allocated_bytes())
             + self.unrecorded.allocation_size()
+            + self.priorities.as_ref().map_or(0, |p| p.allocated_bytes())
     }
 
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
@@ -677,13 +760,23 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             "FIFO length and queued slots disagree"
         );
         let mut seen = std::collections::HashSet::new();
-        for slot in self.ready.iter() {
+        for (slot, priority) in self.ready.iter() {
             assert!(
                 self.slots.is_queued(slot),
                 "FIFO holds a slot that is not queued"
             );
             assert!(seen.insert(slot), "FIFO holds a slot twice");
+            assert_eq!(
+                priority,
+                self.queued_priority(slot),
+                "a slot is queued at another priority than it records"
+            );
         }
+        self.ready.check();
+        assert!(
+            self.priorities.is_none() || self.ready.has_priorities(),
+            "priorities are kept without the ready set's positions"
+        );
         assert_eq!(processing, self.processing, "processing count is off");
         assert_eq!(
             unrecorded,
@@ -725,7 +818,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 break;
             }
             let w = self.waiting.pop(&mut self.slots).expect("peeked");
-            self.enqueue(w.slot);
+            let priority = self.waiting_priority(w.slot);
+            self.enqueue(w.slot, priority);
         }
     }
 
@@ -811,21 +905,35 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.index = index;
     }
 
-    /// The add rule for a tracked slot (`add`, promotion, re-add without delay).
+    /// The add rule for a tracked slot (`add`, promotion, re-add without delay), at `priority`.
     #[inline]
-    fn enqueue(&mut self, slot: SlotId) -> AddStatus {
+    fn enqueue(&mut self, slot: SlotId, priority: i32) -> AddStatus {
         if self.slots.is_queued(slot) {
-            AddStatus::AlreadyQueued
+            let current = self.queued_priority(slot);
+            if priority <= current {
+                return AddStatus::AlreadyQueued;
+            }
+            // Raised: to the tail of the new level. (Priorities are in use: `priority` is above
+            // another priority, so one of them is not 0.)
+            self.use_priorities();
+            self.ready.remove(slot, current);
+            self.ready.push(slot, priority);
+            self.set_queued_priority(slot, priority);
+            AddStatus::Raised
         } else if self.slots.is_processing(slot) {
             if self.slots.is_dirty(slot) {
+                if priority > self.queued_priority(slot) {
+                    self.set_queued_priority(slot, priority);
+                }
                 AddStatus::AlreadyDirty
             } else {
                 self.slots.set_dirty(slot);
+                self.set_queued_priority(slot, priority);
                 self.timing_add(slot);
                 AddStatus::Dirty
             }
         } else {
-            self.push_ready(slot);
+            self.push_ready(slot, priority);
             self.timing_add(slot);
             AddStatus::Queued
         }
@@ -838,22 +946,32 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    #[inline]
-    fn push_ready(&mut self, slot: SlotId) {
+    #[inline(always)]
+    fn push_ready(&mut self, slot: SlotId, priority: i32) {
         self.slots.set_queued(slot);
-        self.ready.push(slot);
+        self.set_queued_priority(slot, priority);
+        self.ready.push(slot, priority);
     }
 
-    /// The delayed-add rule: earliest deadline wins.
-    fn schedule(&mut self, slot: SlotId, deadline: u64) -> AddStatus {
+    /// The delayed-add rule: earliest deadline wins, highest priority wins.
+    fn schedule(&mut self, slot: SlotId, deadline: u64, priority: i32) -> AddStatus {
         let seq = self.seq;
         self.seq += 1;
         match self.slots.heap_pos(slot) {
-            Some(pos) if deadline < self.waiting.get(pos).deadline => {
-                self.waiting.decrease(pos, deadline, seq, &mut self.slots);
-                AddStatus::Waiting
+            Some(pos) => {
+                let earlier = deadline < self.waiting.get(pos).deadline;
+                let raised = priority > self.waiting_priority(slot);
+                if earlier {
+                    self.waiting.decrease(pos, deadline, seq, &mut self.slots);
+                }
+                if raised {
+                    self.set_waiting_priority(slot, priority);
+                }
+                match earlier || raised {
+                    true => AddStatus::Waiting,
+                    false => AddStatus::AlreadyWaiting,
+                }
             }
-            Some(_) => AddStatus::AlreadyWaiting,
             None => {
                 self.waiting.push(
                     Waiting {
@@ -864,8 +982,52 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                     },
                     &mut self.slots,
                 );
+                self.set_waiting_priority(slot, priority);
                 AddStatus::Waiting
             }
+        }
+    }
+
+    // ---- priorities: side arrays, allocated on first use --------------------------------------
+
+    /// Starts keeping per-key priorities (and the ready set's positions). Idempotent.
+    #[cold]
+    fn use_priorities(&mut self) {
+        if self.priorities.is_none() {
+            self.priorities = Some(Box::default());
+            self.ready.keep_positions();
+        }
+    }
+
+    /// The priority of a queued slot's entry, or of a dirty slot's re-queue.
+    #[inline(always)]
+    fn queued_priority(&self, slot: SlotId) -> i32 {
+        self.priorities.as_ref().map_or(0, |p| p.queued(slot))
+    }
+
+    #[inline(always)]
+    fn set_queued_priority(&mut self, slot: SlotId, priority: i32) {
+        if priority != 0 {
+            self.use_priorities();
+        }
+        if let Some(p) = &mut self.priorities {
+            p.set_queued(slot, priority);
+        }
+    }
+
+    /// The priority of a waiting slot's entry.
+    #[inline(always)]
+    fn waiting_priority(&self, slot: SlotId) -> i32 {
+        self.priorities.as_ref().map_or(0, |p| p.waiting(slot))
+    }
+
+    #[inline(always)]
+    fn set_waiting_priority(&mut self, slot: SlotId, priority: i32) {
+        if priority != 0 {
+            self.use_priorities();
+        }
+        if let Some(p) = &mut self.priorities {
+            p.set_waiting(slot, priority);
         }
     }
 
@@ -920,6 +1082,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         if let Some(t) = &mut self.timing {
             t.shrink_if_large(SHRINK_ABOVE);
+        }
+        if let Some(p) = &mut self.priorities {
+            p.shrink_if_large(SHRINK_ABOVE);
         }
     }
 }

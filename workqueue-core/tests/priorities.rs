@@ -1,0 +1,242 @@
+//! Priorities (`add_with`): the per-key rules, and controller-runtime's priority-queue scenarios
+//! (reference section 5.7) that carry over to our client-go semantics, on a `ManualClock`.
+
+use std::time::Duration;
+
+use workqueue_core::ratelimit::ExponentialFailure;
+use workqueue_core::state::AddStatus;
+use workqueue_core::{AddOptions, LOW_PRIORITY, ManualClock, WorkQueue};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn queue() -> (WorkQueue<&'static str>, ManualClock) {
+    let clock = ManualClock::new();
+    (WorkQueue::builder().clock(clock.clone()).build(), clock)
+}
+
+fn at(priority: i32) -> AddOptions {
+    AddOptions::priority(priority)
+}
+
+fn after(d: Duration, priority: i32) -> AddOptions {
+    AddOptions {
+        priority,
+        after: d,
+        ..Default::default()
+    }
+}
+
+/// Gets and finishes every ready key: `(key, priority)` in the order they were handed out.
+fn drain(q: &WorkQueue<&'static str>) -> Vec<(&'static str, i32)> {
+    let mut out = Vec::new();
+    while let Some(lease) = q.try_get() {
+        out.push((*lease, lease.priority()));
+        lease.done();
+    }
+    out
+}
+
+#[test]
+fn higher_priorities_are_served_first_and_fifo_within_a_priority() {
+    let (q, _) = queue();
+    for (key, p) in [
+        ("low-1", -5),
+        ("mid-1", 0),
+        ("high-1", 10),
+        ("low-2", -5),
+        ("mid-2", 0),
+        ("high-2", 10),
+    ] {
+        q.add_with(key, at(p));
+    }
+    assert_eq!(q.len(), 6);
+    assert_eq!(
+        drain(&q),
+        [
+            ("high-1", 10),
+            ("high-2", 10),
+            ("mid-1", 0),
+            ("mid-2", 0),
+            ("low-1", -5),
+            ("low-2", -5)
+        ]
+    );
+}
+
+#[test]
+fn a_queued_key_keeps_the_highest_priority_and_moves_to_the_tail_when_raised() {
+    let (q, _) = queue();
+    q.add_with("initial", at(LOW_PRIORITY));
+    q.add_with("bumped", at(LOW_PRIORITY));
+    q.add("change-1");
+    q.add("change-2");
+    // Never lowered (controller-runtime: "will not decrease the priority").
+    assert_eq!(
+        q.add_with("change-1", at(LOW_PRIORITY)),
+        AddStatus::AlreadyQueued
+    );
+    assert_eq!(q.add("change-1"), AddStatus::AlreadyQueued);
+    // Raised: to the tail of level 0, ahead of the other LOW key.
+    assert_eq!(q.add("bumped"), AddStatus::Raised);
+    assert_eq!(q.len(), 4);
+    assert_eq!(
+        drain(&q),
+        [
+            ("change-1", 0),
+            ("change-2", 0),
+            ("bumped", 0),
+            ("initial", LOW_PRIORITY)
+        ]
+    );
+}
+
+#[test]
+fn a_raised_key_processed_then_readded_at_its_old_level_is_served_once_there() {
+    let (q, _) = queue();
+    q.add_with("a", at(LOW_PRIORITY));
+    q.add_with("b", at(LOW_PRIORITY));
+    assert_eq!(q.add("a"), AddStatus::Raised);
+    let lease = q.try_get().unwrap();
+    assert_eq!((*lease, lease.priority()), ("a", 0));
+    lease.done();
+    q.add_with("a", at(LOW_PRIORITY));
+    // No stale entry of "a" from its raise survives in the LOW level.
+    assert_eq!(drain(&q), [("b", LOW_PRIORITY), ("a", LOW_PRIORITY)]);
+    assert!(q.try_get().is_none());
+}
+
+#[test]
+fn a_waiting_entry_keeps_the_earliest_time_and_the_highest_priority() {
+    let (q, clock) = queue();
+    assert_eq!(q.add_with("w", after(ms(10), 1)), AddStatus::Waiting);
+    assert_eq!(
+        q.add_with("w", after(ms(20), 5)),
+        AddStatus::Waiting,
+        "raised"
+    );
+    assert_eq!(
+        q.add_with("w", after(ms(5), 0)),
+        AddStatus::Waiting,
+        "earlier"
+    );
+    assert_eq!(
+        q.add_with("w", after(ms(30), -1)),
+        AddStatus::AlreadyWaiting
+    );
+    q.add("other");
+    clock.advance(ms(5));
+    assert_eq!(
+        drain(&q),
+        [("w", 5), ("other", 0)],
+        "due at 5 ms, at priority 5"
+    );
+}
+
+#[test]
+fn a_due_entry_merges_into_a_queued_key_by_taking_the_higher_priority() {
+    let (q, clock) = queue();
+    q.add_with("k", at(LOW_PRIORITY));
+    q.add("x");
+    // A reminder at a higher priority: when due, it raises the queued key (client-go's
+    // reminders stay independent of the FIFO).
+    q.add_with("k", after(ms(1), 3));
+    assert_eq!(q.counts().waiting, 1);
+    clock.advance(ms(1));
+    assert_eq!(drain(&q), [("k", 3), ("x", 0)]);
+}
+
+#[test]
+fn a_key_readded_while_processing_is_queued_at_the_highest_priority_asked_for() {
+    let (q, _) = queue();
+    q.add("k");
+    q.add("other");
+    let lease = q.try_get().unwrap();
+    assert_eq!(q.add_with("k", at(LOW_PRIORITY)), AddStatus::Dirty);
+    assert_eq!(q.add_with("k", at(7)), AddStatus::AlreadyDirty);
+    assert_eq!(q.add_with("k", at(2)), AddStatus::AlreadyDirty);
+    lease.done();
+    assert_eq!(drain(&q), [("k", 7), ("other", 0)]);
+}
+
+#[test]
+fn a_retry_keeps_the_priority_the_lease_had() {
+    let (q, clock) = queue();
+    q.add_with("k", at(LOW_PRIORITY));
+    let lease = q.try_get().unwrap();
+    assert_eq!(lease.priority(), LOW_PRIORITY);
+    lease.retry_after(ms(1));
+    q.add("other");
+    clock.advance(ms(1));
+    assert_eq!(drain(&q), [("other", 0), ("k", LOW_PRIORITY)]);
+}
+
+/// controller-runtime's `TestWhenAddingMultipleItemsWithRatelimitTrueTheyDontAffectEachOther`,
+/// and its rule that a rate-limited add waits the shorter of `after` and the limiter's delay.
+#[test]
+fn a_rate_limited_add_waits_the_shorter_of_after_and_the_limiters_delay() {
+    let clock = ManualClock::new();
+    let q: WorkQueue<&str> = WorkQueue::builder()
+        .clock(clock.clone())
+        .rate_limiter(ExponentialFailure::new(ms(5), Duration::from_secs(1000)))
+        .build();
+    let rl = AddOptions {
+        rate_limited: true,
+        ..Default::default()
+    };
+    q.add_batch_with(["foo", "bar"], rl);
+    assert_eq!(q.num_requeues(&"foo"), 1, "the limiter was asked");
+    clock.advance(ms(5));
+    assert_eq!(drain(&q), [("foo", 0), ("bar", 0)]);
+    // A second failure of "foo": the limiter says 10 ms, `after` says 2 ms; the shorter wins.
+    q.add_with(
+        "foo",
+        AddOptions {
+            after: ms(2),
+            rate_limited: true,
+            priority: 1,
+        },
+    );
+    assert_eq!(q.num_requeues(&"foo"), 2);
+    clock.advance(ms(2));
+    assert_eq!(drain(&q), [("foo", 1)]);
+}
+
+/// controller-runtime's `TestHighPriorityItemsAreReturnedBeforeLowPriorityItemMultipleTimes`,
+/// for delays of 0 and 1 s.
+#[test]
+fn interleaved_priorities_come_out_by_priority_then_fifo() {
+    for delay in [Duration::ZERO, Duration::from_secs(1)] {
+        let clock = ManualClock::new();
+        let q: WorkQueue<(i32, u32)> = WorkQueue::builder().clock(clock.clone()).build();
+        for i in 0..200 {
+            for p in [10, 5, 0, -5, -10] {
+                q.add_with((p, i), after(delay, p));
+            }
+        }
+        clock.advance(delay);
+        let mut out = Vec::new();
+        while let Some(lease) = q.try_get() {
+            assert_eq!(lease.priority(), lease.0);
+            out.push(*lease);
+            lease.done();
+        }
+        let expected: Vec<(i32, u32)> = [10, 5, 0, -5, -10]
+            .into_iter()
+            .flat_map(|p| (0..200).map(move |i| (p, i)))
+            .collect();
+        assert_eq!(out, expected, "delay {delay:?}");
+    }
+}
+
+#[test]
+fn shutdown_still_drains_queued_keys_by_priority() {
+    let (q, _) = queue();
+    q.add_with("low", at(LOW_PRIORITY));
+    q.add("mid");
+    q.shut_down();
+    assert_eq!(q.add_with("late", at(100)), AddStatus::ShutDown);
+    assert_eq!(drain(&q), [("mid", 0), ("low", LOW_PRIORITY)]);
+    assert!(q.get().is_none());
+}
