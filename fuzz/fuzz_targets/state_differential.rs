@@ -27,6 +27,7 @@ enum FOp {
     AddWith(u8, FPriority, FDelay),
     Get,
     Finish(u8, FOutcome, Option<FDelay>),
+    FinishAt(u8, FOutcome, Option<FDelay>, FPriority),
     ForeignFinish,
     /// Shuts down only for small values, so most runs stay live for a while.
     ShutDown(u8),
@@ -103,6 +104,9 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::AddWith(k, p, d) => Op::AddWith(k % KEYS, p.get(), d.get()),
         FOp::Get => Op::Get,
         FOp::Finish(i, o, d) => Op::Finish(usize::from(i), o.get(), d.map(FDelay::get)),
+        FOp::FinishAt(i, o, d, p) => {
+            Op::FinishAt(usize::from(i), o.get(), d.map(FDelay::get), p.get())
+        }
         FOp::ForeignFinish => Op::ForeignFinish,
         FOp::ShutDown(n) if n < 8 => Op::ShutDown,
         FOp::ShutDown(_) => return None,

@@ -78,11 +78,34 @@ impl<T> Lease<T> {
         }
     }
 
-    /// The priority the key was handed out at. A re-add that its outcome asks for (`retry`,
-    /// `requeue_after`, ...) keeps this priority.
+    /// The priority the key was handed out at, or the one [`Lease::with_priority`] set. A re-add
+    /// that the lease's outcome asks for (`retry`, `requeue_after`, ...) queues the key at this
+    /// priority.
     pub fn priority(&self) -> i32 {
         // The ticket lives as long as the lease can be asked.
         self.ticket.as_ref().map_or(0, Ticket::priority)
+    }
+
+    /// The lease, with re-adds that its outcome asks for at `priority` instead of the priority
+    /// it was handed out at (controller-runtime's `Result.Priority`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_core::{LOW_PRIORITY, ManualClock, WorkQueue};
+    ///
+    /// let clock = ManualClock::new();
+    /// let queue: WorkQueue<&str> = WorkQueue::builder().clock(clock.clone()).build();
+    /// queue.add("poll-me");
+    /// let lease = queue.try_get().unwrap();
+    /// lease.with_priority(LOW_PRIORITY).requeue_after(Duration::from_secs(60));
+    /// clock.advance(Duration::from_secs(60));
+    /// assert_eq!(queue.try_get().unwrap().priority(), LOW_PRIORITY);
+    /// ```
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        if let Some(ticket) = &mut self.ticket {
+            ticket.set_priority(priority);
+        }
+        self
     }
 
     /// Takes the lease apart without finishing it, for a driver that gives the key back to its

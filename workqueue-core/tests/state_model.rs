@@ -62,6 +62,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => Just(Op::Get),
         6 => (0usize..8, outcome(), proptest::option::of(delay()))
             .prop_map(|(i, o, d)| Op::Finish(i, o, d)),
+        2 => (0usize..8, outcome(), proptest::option::of(delay()), priority())
+            .prop_map(|(i, o, d, p)| Op::FinishAt(i, o, d, p)),
         1 => Just(Op::ForeignFinish),
         1 => Just(Op::ShutDown),
         2 => Just(Op::Len),

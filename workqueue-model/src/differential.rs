@@ -43,6 +43,8 @@ pub enum Op {
     /// Finishes the held ticket at `index % held` with an outcome; the `Option` is the limiter's
     /// delay (used by `Retry`, ignored otherwise).
     Finish(usize, Outcome, Option<Duration>),
+    /// Like [`Op::Finish`], with the re-add at this priority (`Ticket::set_priority`).
+    FinishAt(usize, Outcome, Option<Duration>, i32),
     /// Finishing a ticket of another state is refused and changes nothing.
     ForeignFinish,
     /// `shut_down()`.
@@ -249,7 +251,13 @@ impl<S: BuildHasher> StateHarness<S> {
             Op::Finish(index, outcome, delay) => {
                 if !self.held.is_empty() {
                     let i = index % self.held.len();
-                    self.finish(ctx, i, outcome, delay, now);
+                    self.finish(ctx, i, outcome, delay, None, now);
+                }
+            }
+            Op::FinishAt(index, outcome, delay, priority) => {
+                if !self.held.is_empty() {
+                    let i = index % self.held.len();
+                    self.finish(ctx, i, outcome, delay, Some(priority), now);
                 }
             }
             Op::ForeignFinish => {
@@ -294,7 +302,7 @@ impl<S: BuildHasher> StateHarness<S> {
                     }
                     self.get(ctx, now);
                     let last = self.held.len() - 1;
-                    self.finish(ctx, last, Outcome::Done, None, now);
+                    self.finish(ctx, last, Outcome::Done, None, None, now);
                 }
             }
             Op::Fault(..) => unreachable!("handled above"),
@@ -374,9 +382,13 @@ impl<S: BuildHasher> StateHarness<S> {
         i: usize,
         outcome: Outcome,
         delay: Option<Duration>,
+        priority: Option<i32>,
         now: Instant,
     ) {
-        let (ticket, key) = self.held.remove(i);
+        let (mut ticket, key) = self.held.remove(i);
+        if let Some(p) = priority {
+            ticket.set_priority(p);
+        }
         assert_eq!(
             self.state.ticket_key(&ticket).map(FaultyKey::as_str),
             Some(key.as_str()),
@@ -384,7 +396,7 @@ impl<S: BuildHasher> StateHarness<S> {
         );
         let expected: ModelFinished = self
             .model
-            .finish(&key, outcome, delay, now)
+            .finish_at(&key, outcome, delay, ticket.priority(), now)
             .unwrap_or_else(|| panic!("{ctx}: the model does not process {key}"));
         let f = self
             .on_state(ctx, false, |s| s.finish(ticket, outcome, delay, now))

@@ -257,6 +257,21 @@ impl<K: Ord + Clone> Model<K> {
         now: Instant,
     ) -> Option<ModelFinished> {
         let leased_at = *self.processing.get(key)?;
+        self.finish_at(key, outcome, limiter_delay, leased_at, now)
+    }
+
+    /// [`Model::finish`] whose re-add is at `priority` (`Ticket::set_priority`), not the
+    /// priority the key was handed out at.
+    pub fn finish_at(
+        &mut self,
+        key: &K,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        priority: i32,
+        now: Instant,
+    ) -> Option<ModelFinished> {
+        self.processing.get(key)?;
+        let leased_at = priority;
         self.promote(now);
         self.processing.remove(key);
         let mut requeued = false;

@@ -121,9 +121,16 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The priority the key was handed out at (the priority of the level it was taken from).
+    /// The priority of the handed-out key: the priority it was handed out at, unless
+    /// [`Ticket::set_priority`] changed it. Re-adds that finishing asks for use it.
     pub fn priority(&self) -> i32 {
         self.priority
+    }
+
+    /// Sets the priority at which re-adds that finishing asks for (a retry, a requeue) queue the
+    /// key. By default they keep the priority it was handed out at (controller-runtime #3157).
+    pub fn set_priority(&mut self, priority: i32) {
+        self.priority = priority;
     }
 }
 
