@@ -79,6 +79,8 @@ struct Input {
     hasher: HasherChoice,
     /// Index buckets at or above this are not recorded in slots (`u32::MAX`: as in production).
     bucket_limit: Option<u8>,
+    /// Aging on, with this limit.
+    max_ready_wait: Option<FDelay>,
     ops: Vec<FOp>,
 }
 
@@ -125,8 +127,12 @@ fn op(f: &FOp) -> Option<Op> {
     })
 }
 
-fn run<S: BuildHasher>(h: StateHarness<S>, limit: Option<u8>, ops: &[FOp]) {
-    let mut h = h.with_bucket_limit(limit.map_or(u32::MAX, u32::from));
+fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
+    let mut h = h.with_bucket_limit(input.bucket_limit.map_or(u32::MAX, u32::from));
+    if let Some(max_wait) = input.max_ready_wait {
+        h = h.with_max_ready_wait(max_wait.get());
+    }
+    let ops = &input.ops;
     for f in ops.iter().take(2048) {
         if let Some(op) = op(f) {
             h.apply(&op);
@@ -137,16 +143,14 @@ fn run<S: BuildHasher>(h: StateHarness<S>, limit: Option<u8>, ops: &[FOp]) {
 
 fuzz_target!(|input: Input| {
     match input.hasher {
-        HasherChoice::Random => run(StateHarness::new(), input.bucket_limit, &input.ops),
+        HasherChoice::Random => run(StateHarness::new(), &input),
         HasherChoice::Sip => run(
             StateHarness::with_hasher(BuildHasherDefault::<DefaultHasher>::default()),
-            input.bucket_limit,
-            &input.ops,
+            &input,
         ),
         HasherChoice::Collide => run(
             StateHarness::with_hasher(BuildHasherDefault::<Collide>::default()),
-            input.bucket_limit,
-            &input.ops,
+            &input,
         ),
     }
 });

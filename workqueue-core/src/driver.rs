@@ -79,6 +79,8 @@ pub struct CoreConfig<T, S> {
     pub drain_includes_queued: bool,
     /// Whether `add_rate_limited` skips the limiter for a key already queued or waiting.
     pub skip_limiter_when_pending: bool,
+    /// Aging: how long a key may be ready before it is served ahead of every other.
+    pub max_ready_wait: Option<Duration>,
 }
 
 impl<T, S> fmt::Debug for CoreConfig<T, S> {
@@ -89,6 +91,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("capacity", &self.capacity)
             .field("drain_includes_queued", &self.drain_includes_queued)
             .field("skip_limiter_when_pending", &self.skip_limiter_when_pending)
+            .field("max_ready_wait", &self.max_ready_wait)
             .finish_non_exhaustive()
     }
 }
@@ -125,8 +128,10 @@ where
         let limiter = config
             .limiter
             .unwrap_or_else(|| Arc::new(workqueue_ratelimit::default_controller_rate_limiter()));
-        #[allow(unused_mut)]
         let mut state = QueueState::with_capacity_and_hasher(config.capacity, config.hasher);
+        if let Some(max_wait) = config.max_ready_wait {
+            state.set_max_ready_wait(max_wait);
+        }
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -179,10 +184,10 @@ where
     }
 
     /// `now` for an operation under the lock: the clock is read only when a waiting key could be
-    /// due, since nothing else in the state depends on time.
+    /// due, or when aging or metrics need the time of every operation.
     #[inline]
     pub fn now_for(&self, state: &QueueState<T, S>) -> Instant {
-        if state.has_waiting() || self.has_metrics() {
+        if state.has_waiting() || state.has_aging() || self.has_metrics() {
             self.clock.now()
         } else {
             state.now()

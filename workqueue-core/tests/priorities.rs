@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::AddStatus;
-use workqueue_core::{AddOptions, LOW_PRIORITY, ManualClock, WorkQueue};
+use workqueue_core::{AddOptions, Clock, LOW_PRIORITY, ManualClock, WorkQueue};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -239,4 +239,81 @@ fn shutdown_still_drains_queued_keys_by_priority() {
     assert_eq!(q.add_with("late", at(100)), AddStatus::ShutDown);
     assert_eq!(drain(&q), [("mid", 0), ("low", LOW_PRIORITY)]);
     assert!(q.get().is_none());
+}
+
+/// Scenario 1 of the priorities issue (controller-runtime #3496): one worker, 1,000 keys of an
+/// initial list at `LOW_PRIORITY`, and 50 keys at priority 0 that are each re-added when their
+/// lease ends, so the worker is always busy. Every reconcile takes `S` of virtual time.
+/// Returns, for each LOW key served, `(its position among the LOW keys served, its wait)`.
+fn resync_starvation(max_ready_wait: Option<Duration>, gets: usize) -> Vec<(usize, Duration)> {
+    const S: Duration = Duration::from_millis(10);
+    let clock = ManualClock::new();
+    let mut b = WorkQueue::builder().clock(clock.clone());
+    if let Some(d) = max_ready_wait {
+        b = b.max_ready_wait(d);
+    }
+    let q: WorkQueue<(bool, u32)> = b.build();
+    q.add_batch_with((0..1000).map(|i| (true, i)), at(LOW_PRIORITY));
+    for i in 0..50 {
+        q.add((false, i));
+    }
+    let start = clock.now();
+    let mut low = Vec::new();
+    for _ in 0..gets {
+        let lease = q.try_get().expect("the worker is always busy");
+        let (is_low, _) = *lease;
+        if is_low {
+            low.push((low.len(), clock.now().saturating_duration_since(start)));
+        }
+        clock.advance(S);
+        let key = *lease;
+        lease.done();
+        if !is_low {
+            q.add(key);
+        }
+    }
+    low
+}
+
+#[test]
+fn without_aging_a_busy_queue_starves_its_low_priority_keys() {
+    assert!(resync_starvation(None, 10_000).is_empty());
+}
+
+#[test]
+fn with_aging_every_low_priority_key_is_served_within_the_bound() {
+    let d = Duration::from_secs(1);
+    let s = Duration::from_millis(10);
+    let low = resync_starvation(Some(d), 1_000 + 1_000);
+    assert_eq!(low.len(), 1_000, "every LOW key is served");
+    for &(k, wait) in &low {
+        // The k overdue LOW keys ahead of it each take one service time.
+        assert!(
+            wait <= d + s * (k as u32 + 1),
+            "LOW key #{k} waited {wait:?}, more than {:?}",
+            d + s * (k as u32 + 1)
+        );
+    }
+}
+
+/// A raised key ages from when it first became ready, not from the raise, although it sits at
+/// the tail of its new level.
+#[test]
+fn a_raised_key_ages_from_its_first_ready_time() {
+    let clock = ManualClock::new();
+    let q: WorkQueue<&str> = WorkQueue::builder()
+        .clock(clock.clone())
+        .max_ready_wait(ms(10))
+        .build();
+    q.add_with("a", at(LOW_PRIORITY));
+    clock.advance(ms(8));
+    q.add("b");
+    q.add("c");
+    assert_eq!(q.add("a"), AddStatus::Raised);
+    clock.advance(ms(2));
+    // At exactly 10 ms "a" is not overdue yet ("strictly longer"): priority order.
+    assert_eq!(*q.try_get().unwrap(), "b");
+    clock.advance(ms(1));
+    // At 11 ms it is: served before "c", which is ahead of it in level 0.
+    assert_eq!(drain(&q), [("a", 0), ("c", 0)]);
 }

@@ -137,6 +137,18 @@ proptest! {
     }
 
     #[test]
+    fn state_agrees_with_model_with_aging(
+        ops in proptest::collection::vec(op(), 1..150),
+        max_wait in prop_oneof![Just(0u64), 1u64..4, Just(1_000_000), 1_000_000u64..5_000_000],
+    ) {
+        let mut h = StateHarness::new().with_max_ready_wait(Duration::from_nanos(max_wait));
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
+    }
+
+    #[test]
     fn state_agrees_with_model_under_total_hash_collision(
         ops in proptest::collection::vec(op(), 1..60),
     ) {

@@ -137,6 +137,13 @@ impl<S: BuildHasher> StateHarness<S> {
         self
     }
 
+    /// The same harness with aging on both sides (`QueueState::set_max_ready_wait`).
+    pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
+        self.state.set_max_ready_wait(max_wait);
+        self.model = std::mem::take(&mut self.model).with_max_ready_wait(max_wait);
+        self
+    }
+
     /// The state under test.
     pub fn state(&self) -> &QueueState<FaultyKey, S> {
         &self.state

@@ -72,16 +72,19 @@ pub struct ModelFinished {
 
 /// The queue's semantics in the most direct form.
 ///
-/// - `ready`: the ready keys with their priorities, in the order they entered their priority
-///   (a key whose priority is raised re-enters at the end); `get` takes the first key of the
-///   highest priority;
+/// - `ready`: the ready keys with their priority, when they became ready and a sequence number
+///   of becoming ready, in the order they entered their priority (a key whose priority is raised
+///   re-enters at the end); `get` takes the first key of the highest priority, unless aging is on
+///   and a key has been ready for longer than `max_ready_wait`: then the overdue key that became
+///   ready first;
 /// - `processing`: keys handed out and not finished, with the priority they were handed out at;
 ///   `dirty`: those re-added meanwhile, with the priority they are queued at when finished;
 /// - `waiting`: each delayed key with its `(deadline, sequence, priority)`;
 /// - `now`: the latest time seen (earlier `now`s are clamped to it).
 #[derive(Debug, Clone)]
 pub struct Model<K> {
-    ready: Vec<(K, i32)>,
+    ready: Vec<(K, i32, u64, u64)>,
+    max_ready_wait: Option<u64>,
     processing: BTreeMap<K, i32>,
     dirty: BTreeMap<K, i32>,
     waiting: BTreeMap<K, (u64, u64, i32)>,
@@ -106,6 +109,7 @@ impl<K: Ord + Clone> Model<K> {
     pub fn new() -> Self {
         Model {
             ready: Vec::new(),
+            max_ready_wait: None,
             processing: BTreeMap::new(),
             dirty: BTreeMap::new(),
             waiting: BTreeMap::new(),
@@ -113,6 +117,19 @@ impl<K: Ord + Clone> Model<K> {
             now: 0,
             seq: 0,
         }
+    }
+
+    /// Turns aging on (`QueueState::set_max_ready_wait`): keys already ready count as ready from
+    /// the latest time seen, in the order they are served.
+    pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
+        let order = self.ready_keys();
+        for key in order {
+            let i = self.ready.iter().position(|r| r.0 == key).expect("ready");
+            self.seq += 1;
+            (self.ready[i].2, self.ready[i].3) = (self.now, self.seq);
+        }
+        self.max_ready_wait = Some(nanos(max_wait));
+        self
     }
 
     // ---- the rules -----------------------------------------------------------------------------
@@ -128,20 +145,26 @@ impl<K: Ord + Clone> Model<K> {
                 .min_by_key(|&(_, &(deadline, seq, _))| (deadline, seq))
                 .map(|(k, &(_, _, priority))| (k.clone(), priority));
             let Some((key, priority)) = due else { break };
-            self.waiting.remove(&key);
-            self.enqueue(key, priority);
+            let (deadline, _, _) = self.waiting.remove(&key).expect("found");
+            self.enqueue_at(key, priority, deadline);
         }
     }
 
     /// The add rule for a key that is not shut out: the highest priority asked for wins, and a
     /// raised key re-enters at the end.
     fn enqueue(&mut self, key: K, priority: i32) -> AddStatus {
-        if let Some(i) = self.ready.iter().position(|(k, _)| *k == key) {
+        self.enqueue_at(key, priority, self.now)
+    }
+
+    /// The add rule for a key that becomes ready (if it does) at `since`. A raise keeps when the
+    /// key became ready.
+    fn enqueue_at(&mut self, key: K, priority: i32, since: u64) -> AddStatus {
+        if let Some(i) = self.ready.iter().position(|(k, ..)| *k == key) {
             if priority <= self.ready[i].1 {
                 return AddStatus::AlreadyQueued;
             }
-            self.ready.remove(i);
-            self.ready.push((key, priority));
+            let (key, _, since, seq) = self.ready.remove(i);
+            self.ready.push((key, priority, since, seq));
             AddStatus::Raised
         } else if self.processing.contains_key(&key) {
             match self.dirty.get_mut(&key) {
@@ -155,9 +178,14 @@ impl<K: Ord + Clone> Model<K> {
                 }
             }
         } else {
-            self.ready.push((key, priority));
+            self.push_ready(key, priority, since);
             AddStatus::Queued
         }
+    }
+
+    fn push_ready(&mut self, key: K, priority: i32, since: u64) {
+        self.seq += 1;
+        self.ready.push((key, priority, since, self.seq));
     }
 
     /// The delayed-add rule: the earlier deadline wins (and takes a new sequence), and so does
@@ -236,13 +264,20 @@ impl<K: Ord + Clone> Model<K> {
                 }
             };
         }
-        let top = self.ready.iter().map(|&(_, p)| p).max().expect("not empty");
-        let i = self
-            .ready
-            .iter()
-            .position(|&(_, p)| p == top)
-            .expect("the maximum is in the list");
-        let (key, priority) = self.ready.remove(i);
+        let now = self.now;
+        let overdue = self.max_ready_wait.and_then(|max| {
+            (0..self.ready.len())
+                .filter(|&i| now.saturating_sub(self.ready[i].2) > max)
+                .min_by_key(|&i| self.ready[i].3)
+        });
+        let i = overdue.unwrap_or_else(|| {
+            let top = self.ready.iter().map(|r| r.1).max().expect("not empty");
+            self.ready
+                .iter()
+                .position(|r| r.1 == top)
+                .expect("the maximum is in the list")
+        });
+        let (key, priority, _, _) = self.ready.remove(i);
         self.processing.insert(key.clone(), priority);
         ModelGet::Ready(key)
     }
@@ -276,7 +311,7 @@ impl<K: Ord + Clone> Model<K> {
         self.processing.remove(key);
         let mut requeued = false;
         if let Some(priority) = self.dirty.remove(key) {
-            self.ready.push((key.clone(), priority));
+            self.push_ready(key.clone(), priority, self.now);
             requeued = true;
         }
         // A re-add keeps the priority the key was handed out at.
@@ -366,8 +401,8 @@ impl<K: Ord + Clone> Model<K> {
     /// which they entered their priority.
     pub fn ready_keys(&self) -> Vec<K> {
         let mut ready = self.ready.clone();
-        ready.sort_by_key(|&(_, p)| std::cmp::Reverse(p));
-        ready.into_iter().map(|(k, _)| k).collect()
+        ready.sort_by_key(|r| std::cmp::Reverse(r.1));
+        ready.into_iter().map(|r| r.0).collect()
     }
 
     /// Keys being processed, sorted.
@@ -377,7 +412,7 @@ impl<K: Ord + Clone> Model<K> {
 
     /// Every key the queue has to remember: ready, processing or waiting.
     pub fn tracked_keys(&self) -> BTreeSet<K> {
-        let mut all: BTreeSet<K> = self.ready.iter().map(|(k, _)| k.clone()).collect();
+        let mut all: BTreeSet<K> = self.ready.iter().map(|r| r.0.clone()).collect();
         all.extend(self.processing.keys().cloned());
         all.extend(self.waiting.keys().cloned());
         all
@@ -393,8 +428,8 @@ impl<K: Ord + Clone> Model<K> {
     pub fn queued_priority(&self, key: &K) -> Option<i32> {
         self.ready
             .iter()
-            .find(|(k, _)| k == key)
-            .map(|&(_, p)| p)
+            .find(|r| r.0 == *key)
+            .map(|r| r.1)
             .or_else(|| self.dirty.get(key).copied())
     }
 
@@ -410,7 +445,7 @@ impl<K: Ord + Clone> Model<K> {
 
     /// Whether `key` is in the ready FIFO.
     pub fn is_queued(&self, key: &K) -> bool {
-        self.ready.iter().any(|(k, _)| k == key)
+        self.ready.iter().any(|r| r.0 == *key)
     }
 
     /// Whether `key` is being processed.

@@ -2,6 +2,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use workqueue_ratelimit::RateLimiter;
 
@@ -73,6 +74,7 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 capacity: 0,
                 drain_includes_queued: false,
                 skip_limiter_when_pending: false,
+                max_ready_wait: None,
             },
         }
     }
@@ -139,6 +141,24 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Aging: a key that has been ready for strictly longer than `max_wait` is served before every
+    /// key that has not, oldest first, whatever its priority. Default: off.
+    ///
+    /// With priorities, a steady stream of normal-priority work can keep low-priority keys (an
+    /// initial list at [`LOW_PRIORITY`](crate::LOW_PRIORITY)) waiting forever
+    /// (controller-runtime #3496, which has no aging). With aging, every key is served within
+    /// `max_wait` plus the time to serve the overdue keys ahead of it. At full load the queue
+    /// serves overdue keys oldest first, so priorities stop mattering until it catches up.
+    ///
+    /// It is off by default because it is a choice about order, not a fix: it makes every add
+    /// read the clock and keeps 16 bytes per ready key, and without priorities it changes nothing
+    /// (FIFO order is age order). Turn it on whenever you use priorities and every key must
+    /// eventually run; a `max_wait` of a few times your normal queue latency is a good start.
+    pub fn max_ready_wait(mut self, max_wait: Duration) -> Self {
+        self.config.max_ready_wait = Some(max_wait);
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -153,6 +173,7 @@ impl<T, S, D> Builder<T, S, D> {
                 capacity: c.capacity,
                 drain_includes_queued: c.drain_includes_queued,
                 skip_limiter_when_pending: c.skip_limiter_when_pending,
+                max_ready_wait: c.max_ready_wait,
             },
         }
     }

@@ -31,6 +31,7 @@
 //! assert_eq!(q.len(t1), 2);
 //! ```
 
+mod aging;
 mod priorities;
 mod ready;
 mod slots;
@@ -47,6 +48,7 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::{Instant, duration_to_nanos};
 
 use crate::Outcome;
+use aging::Aging;
 use priorities::Priorities;
 use ready::ReadyQueue;
 pub(crate) use slots::SlotId;
@@ -206,6 +208,8 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     /// Per-key priorities; `None` (every key at 0, no per-key bytes) until a priority other than
     /// 0 is used.
     priorities: Option<Box<Priorities>>,
+    /// When each queued key became ready; `None` unless aging is on.
+    aging: Option<Box<Aging>>,
     /// The hashes of the live slots whose index bucket does not fit their slot word (only in
     /// tables of more than 2^27 buckets), so that freeing a slot never hashes its key: hashing is
     /// user code, and freeing happens in the middle of a change.
@@ -327,6 +331,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             id: next_state_id(),
             timing: None,
             priorities: None,
+            aging: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
         }
@@ -335,6 +340,39 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// The hasher keys are hashed with.
     pub fn hasher(&self) -> &S {
         &self.hasher
+    }
+
+    /// Turns aging on: a key that has been ready for strictly longer than `max_wait` is served
+    /// before every key that has not, oldest first, whatever its priority, so no priority
+    /// starves. A key is ready from its add, from its deadline when it was delayed, or from the
+    /// end of the lease during which it was re-added; a raise does not reset it. Keys already
+    /// queued count as ready from the state's latest time. Every key is then served within
+    /// `max_wait` plus the time it takes to serve the overdue keys ahead of it; a queue that is
+    /// always behind serves overdue keys oldest first, and priorities stop mattering until it
+    /// catches up.
+    ///
+    /// Drivers must pass the current time to every operation while aging is on (see
+    /// [`QueueState::has_aging`]).
+    pub fn set_max_ready_wait(&mut self, max_wait: Duration) {
+        let mut aging = Aging::new(duration_to_nanos(max_wait));
+        for (slot, _) in self.ready.iter() {
+            aging.ready(slot, self.now);
+        }
+        self.ready.keep_positions();
+        self.aging = Some(Box::new(aging));
+    }
+
+    /// Whether aging is on: operations then need the current time, adds included.
+    #[inline]
+    pub fn has_aging(&self) -> bool {
+        self.aging.is_some()
+    }
+
+    /// How long the key that became ready first has been ready, with aging on.
+    pub fn oldest_ready_wait(&mut self) -> Option<Duration> {
+        let slot = self.oldest_ready()?;
+        let since = self.aging.as_ref()?.since(slot);
+        Some(Duration::from_nanos(self.now.saturating_sub(since)))
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -467,11 +505,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// is empty: it never waits for a deadline then.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
-        match self.ready.peek() {
-            Some((slot, priority)) => {
+        let next = match self.overdue() {
+            Some(slot) => Some((slot, self.queued_priority(slot), true)),
+            None => self
+                .ready
+                .peek()
+                .map(|(slot, priority)| (slot, priority, false)),
+        };
+        match next {
+            Some((slot, priority, overdue)) => {
                 // User code first: a `Clone` that panics leaves the key queued at the head.
                 let key = self.slots.key(slot).clone();
-                self.ready.pop_peeked();
+                if overdue {
+                    self.ready.remove(slot, priority);
+                } else {
+                    self.ready.pop_peeked();
+                }
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
@@ -565,7 +614,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let mut requeued = false;
         if self.slots.stop_processing(slot) {
             let priority = self.queued_priority(slot);
-            self.push_ready(slot, priority);
+            self.push_ready(slot, priority, self.now);
             requeued = true;
         }
         let readd = match outcome {
@@ -706,6 +755,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             + self.timing.as_ref().map_or(0, |t| t.allocated_bytes())
             + self.unrecorded.allocation_size()
             + self.priorities.as_ref().map_or(0, |p| p.allocated_bytes())
+            + self.aging.as_ref().map_or(0, |a| a.allocated_bytes())
     }
 
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
@@ -780,6 +830,23 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             );
         }
         self.ready.check();
+        if let Some(a) = &self.aging {
+            let live = a.live(|s| self.slots.is_queued(s));
+            assert_eq!(
+                live.len(),
+                queued,
+                "a queued key is missing from the age order, or twice"
+            );
+            let since: Vec<u64> = live.iter().map(|&s| a.since(s)).collect();
+            assert!(
+                since.windows(2).all(|w| w[0] <= w[1]),
+                "the age order is not in ready-time order"
+            );
+            assert!(
+                self.ready.has_priorities(),
+                "aging without the ready set's positions"
+            );
+        }
         assert!(
             self.priorities.is_none() || self.ready.has_priorities(),
             "priorities are kept without the ready set's positions"
@@ -826,7 +893,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             }
             let w = self.waiting.pop(&mut self.slots).expect("peeked");
             let priority = self.waiting_priority(w.slot);
-            self.enqueue(w.slot, priority);
+            // Ready from its deadline, not from when an operation noticed it.
+            self.enqueue_at(w.slot, priority, w.deadline);
         }
     }
 
@@ -912,9 +980,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.index = index;
     }
 
-    /// The add rule for a tracked slot (`add`, promotion, re-add without delay), at `priority`.
+    /// The add rule for a tracked slot (`add`, re-add without delay), at `priority`.
     #[inline]
     fn enqueue(&mut self, slot: SlotId, priority: i32) -> AddStatus {
+        self.enqueue_at(slot, priority, self.now)
+    }
+
+    /// The add rule, for a key that becomes ready (if it does) at `since`.
+    #[inline]
+    fn enqueue_at(&mut self, slot: SlotId, priority: i32, since: u64) -> AddStatus {
         if self.slots.is_queued(slot) {
             let current = self.queued_priority(slot);
             if priority <= current {
@@ -940,7 +1014,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 AddStatus::Dirty
             }
         } else {
-            self.push_ready(slot, priority);
+            self.push_ready(slot, priority, since);
             self.timing_add(slot);
             AddStatus::Queued
         }
@@ -954,10 +1028,30 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     #[inline(always)]
-    fn push_ready(&mut self, slot: SlotId, priority: i32) {
+    fn push_ready(&mut self, slot: SlotId, priority: i32, since: u64) {
         self.slots.set_queued(slot);
         self.set_queued_priority(slot, priority);
         self.ready.push(slot, priority);
+        if let Some(a) = &mut self.aging {
+            a.ready(slot, since);
+        }
+    }
+
+    /// The queued key that became ready first (aging on).
+    fn oldest_ready(&mut self) -> Option<SlotId> {
+        let slots = &self.slots;
+        self.aging
+            .as_mut()?
+            .oldest(|s| (slots.is_queued(s), slots.is_processing(s)))
+    }
+
+    /// The key served before all others because it has been ready too long, if any.
+    #[inline]
+    fn overdue(&mut self) -> Option<SlotId> {
+        self.aging.as_ref()?;
+        let slot = self.oldest_ready()?;
+        let aging = self.aging.as_ref()?;
+        (self.now.saturating_sub(aging.since(slot)) > aging.max_wait).then_some(slot)
     }
 
     /// The delayed-add rule: earliest deadline wins, highest priority wins.
@@ -1092,6 +1186,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         if let Some(p) = &mut self.priorities {
             p.shrink_if_large(SHRINK_ABOVE);
+        }
+        if let Some(a) = &mut self.aging {
+            // No key is queued: every entry is stale, and slot ids may be reused from 0.
+            a.clear();
+            a.shrink_if_large(SHRINK_ABOVE);
         }
     }
 }

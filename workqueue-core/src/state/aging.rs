@@ -1,0 +1,108 @@
+//! Aging: a key ready for longer than the limit is served before every key that is not, oldest
+//! first, whatever its priority (no starvation of low priorities).
+
+use std::collections::VecDeque;
+
+use super::slots::SlotId;
+
+/// When each queued key became ready, and the queued keys in that order.
+///
+/// A key becomes ready when it is queued from nothing: at its add, at its deadline when it was
+/// delayed (promotion), or when the lease of a key re-added meanwhile ends. A raise does not
+/// change it. Each time a slot becomes ready it takes a new generation; `order` holds
+/// `(slot, generation)` in the order slots became ready, which is also ready-time order (time
+/// only moves forward in the state, and a due key is promoted before any later operation), and
+/// entries whose slot is no longer queued under that generation are dropped lazily. The entry of
+/// a slot being processed is kept (skipped, not dropped) while its generation is current, so a get
+/// that is undone finds the key at its place in age order again.
+///
+/// Invariant: every queued slot has exactly one entry of its current generation in `order`.
+#[derive(Debug)]
+pub(crate) struct Aging {
+    /// Nanoseconds a key may be ready before it is overdue.
+    pub(crate) max_wait: u64,
+    since: Vec<u64>,
+    generation: Vec<u32>,
+    order: VecDeque<(SlotId, u32)>,
+}
+
+impl Aging {
+    pub(crate) fn new(max_wait: u64) -> Self {
+        Aging {
+            max_wait,
+            since: Vec::new(),
+            generation: Vec::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// `slot` became ready at `since`.
+    pub(crate) fn ready(&mut self, slot: SlotId, since: u64) {
+        let i = slot as usize;
+        if i >= self.since.len() {
+            self.since.resize(i + 1, 0);
+            self.generation.resize(i + 1, 0);
+        }
+        self.since[i] = since;
+        self.generation[i] = self.generation[i].wrapping_add(1);
+        self.order.push_back((slot, self.generation[i]));
+    }
+
+    /// When `slot` became ready (meaningful while it is queued).
+    pub(crate) fn since(&self, slot: SlotId) -> u64 {
+        self.since[slot as usize]
+    }
+
+    /// The queued slot that became ready first. `status(slot)` says whether a slot is queued
+    /// and whether it is processing. Stale entries at the head are dropped; current entries of
+    /// processing slots are skipped (there are at most as many as leases out).
+    pub(crate) fn oldest(&mut self, status: impl Fn(SlotId) -> (bool, bool)) -> Option<SlotId> {
+        let mut i = 0;
+        while let Some(&(slot, generation)) = self.order.get(i) {
+            let current = self.generation[slot as usize] == generation;
+            match (current, status(slot)) {
+                (true, (true, _)) => return Some(slot),
+                (true, (false, true)) => i += 1,
+                _ if i == 0 => {
+                    self.order.pop_front();
+                }
+                _ => i += 1,
+            }
+        }
+        None
+    }
+
+    /// The live entries in order (for `check_invariants`).
+    pub(crate) fn live(&self, is_queued: impl Fn(SlotId) -> bool) -> Vec<SlotId> {
+        self.order
+            .iter()
+            .filter(|&&(slot, generation)| {
+                is_queued(slot) && self.generation[slot as usize] == generation
+            })
+            .map(|&(slot, _)| slot)
+            .collect()
+    }
+
+    /// Forgets every entry (no key is queued).
+    pub(crate) fn clear(&mut self) {
+        self.order.clear();
+    }
+
+    /// Frees buffers larger than `above` entries; called when the state is empty.
+    pub(crate) fn shrink_if_large(&mut self, above: usize) {
+        if self.since.capacity() > above {
+            self.since = Vec::new();
+            self.generation = Vec::new();
+        }
+        if self.order.capacity() > above {
+            self.order = VecDeque::new();
+        }
+    }
+
+    pub(crate) fn allocated_bytes(&self) -> usize {
+        size_of::<Self>()
+            + self.since.capacity() * size_of::<u64>()
+            + self.generation.capacity() * size_of::<u32>()
+            + self.order.capacity() * size_of::<(SlotId, u32)>()
+    }
+}
