@@ -81,6 +81,8 @@ struct Input {
     bucket_limit: Option<u8>,
     /// Aging on, with this limit.
     max_ready_wait: Option<FDelay>,
+    /// Fairness on (three groups).
+    fair: bool,
     ops: Vec<FOp>,
 }
 
@@ -129,6 +131,9 @@ fn op(f: &FOp) -> Option<Op> {
 
 fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     let mut h = h.with_bucket_limit(input.bucket_limit.map_or(u32::MAX, u32::from));
+    if input.fair {
+        h = h.with_fairness();
+    }
     if let Some(max_wait) = input.max_ready_wait {
         h = h.with_max_ready_wait(max_wait.get());
     }

@@ -81,7 +81,12 @@ pub struct CoreConfig<T, S> {
     pub skip_limiter_when_pending: bool,
     /// Aging: how long a key may be ready before it is served ahead of every other.
     pub max_ready_wait: Option<Duration>,
+    /// Fairness: each key's group, as a hash of what the user's function returned.
+    pub group: Option<GroupFn<T>>,
 }
+
+/// A key's fairness group (see `Builder::fairness`).
+pub type GroupFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
 
 impl<T, S> fmt::Debug for CoreConfig<T, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,6 +97,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("drain_includes_queued", &self.drain_includes_queued)
             .field("skip_limiter_when_pending", &self.skip_limiter_when_pending)
             .field("max_ready_wait", &self.max_ready_wait)
+            .field("fair", &self.group.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -110,6 +116,7 @@ pub struct QueueCore<T, S, N> {
     shutting_down: AtomicBool,
     drain_includes_queued: bool,
     skip_limiter_when_pending: bool,
+    group: Option<GroupFn<T>>,
     name: Option<Arc<str>>,
     notifier: N,
     /// Metrics of a named queue; `None` (and no per-key timing) for an unnamed one.
@@ -132,6 +139,9 @@ where
         if let Some(max_wait) = config.max_ready_wait {
             state.set_max_ready_wait(max_wait);
         }
+        if config.group.is_some() {
+            state.set_fair();
+        }
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -150,6 +160,7 @@ where
             shutting_down: AtomicBool::new(false),
             drain_includes_queued: config.drain_includes_queued,
             skip_limiter_when_pending: config.skip_limiter_when_pending,
+            group: config.group,
             name: config.name,
             notifier,
             #[cfg(feature = "metrics")]
@@ -225,6 +236,9 @@ where
 
     /// See `WorkQueue::add`.
     pub fn add(&self, key: T) -> AddStatus {
+        if self.group.is_some() {
+            return self.add_with(key, AddOptions::default());
+        }
         let (status, unused) = self.mutate(|g| {
             let now = self.now_for(&g.state);
             g.state.add_or_return(key, now)
@@ -233,12 +247,23 @@ where
         status
     }
 
+    /// The fairness group of `key` (0 without fairness). The group function is user code: it
+    /// runs before the lock.
+    #[inline]
+    fn group_of(&self, key: &T) -> u64 {
+        self.group.as_ref().map_or(0, |f| f(key))
+    }
+
     /// See `WorkQueue::add_ref`.
     pub fn add_ref<Q>(&self, key: &Q) -> AddStatus
     where
         T: Borrow<Q> + for<'a> From<&'a Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if self.group.is_some() {
+            // The group function takes the owned key type.
+            return self.add(T::from(key));
+        }
         self.mutate(|g| {
             let now = self.now_for(&g.state);
             g.state.add_ref(key, now)
@@ -247,6 +272,9 @@ where
 
     /// See `WorkQueue::add_batch`.
     pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
+        if self.group.is_some() {
+            return self.add_batch_with(keys, AddOptions::default());
+        }
         let unused: Vec<T> = self.mutate(|g| {
             let now = self.now_for(&g.state);
             keys.into_iter()
@@ -263,9 +291,11 @@ where
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
         let delay = opts.delay(self.limiter_delay(&key, opts, now));
+        let group = self.group_of(&key);
         let (status, unused) = self.mutate(|g| {
             let now = now.unwrap_or_else(|| self.now_for(&g.state));
-            g.state.add_with_or_return(key, opts.priority, delay, now)
+            g.state
+                .add_in_group_or_return(key, group, opts.priority, delay, now)
         });
         drop(unused);
         self.count_retry(now.is_some() && status != AddStatus::ShutDown);
@@ -278,12 +308,13 @@ where
             return;
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
-        // The limiter is asked outside the lock, key by key.
-        let keys: Vec<(T, Duration)> = keys
+        // The limiter and the group function are asked outside the lock, key by key.
+        let keys: Vec<(T, Duration, u64)> = keys
             .into_iter()
             .map(|key| {
                 let delay = opts.delay(self.limiter_delay(&key, opts, now));
-                (key, delay)
+                let group = self.group_of(&key);
+                (key, delay, group)
             })
             .collect();
         let (unused, added): (Vec<T>, usize) = self.mutate(|g| {
@@ -291,9 +322,10 @@ where
             let mut added = 0;
             let unused = keys
                 .into_iter()
-                .filter_map(|(key, delay)| {
+                .filter_map(|(key, delay, group)| {
                     let (status, unused) =
-                        g.state.add_with_or_return(key, opts.priority, delay, now);
+                        g.state
+                            .add_in_group_or_return(key, group, opts.priority, delay, now);
                     added += usize::from(status != AddStatus::ShutDown);
                     unused
                 })
@@ -346,7 +378,11 @@ where
     }
 
     fn add_after_at(&self, key: T, delay: Duration, now: Instant) -> AddStatus {
-        let (status, unused) = self.mutate(|g| g.state.add_after_or_return(key, delay, now));
+        let group = self.group_of(&key);
+        let (status, unused) = self.mutate(|g| match self.group {
+            Some(_) => g.state.add_in_group_or_return(key, group, 0, delay, now),
+            None => g.state.add_after_or_return(key, delay, now),
+        });
         drop(unused);
         status
     }

@@ -372,3 +372,23 @@ fn a_limiter_that_panics_in_add_rate_limited_changes_nothing() {
     assert_eq!(queue.num_requeues(&key("a")), 0, "no failure was recorded");
     assert_drains(&queue);
 }
+
+// ---- a fairness group function ------------------------------------------------------------------
+
+#[test]
+fn a_group_function_that_panics_changes_nothing() {
+    let queue: WorkQueue<FaultyKey> = WorkQueue::builder()
+        .clock(ManualClock::new())
+        .fairness(|key: &FaultyKey| {
+            assert_ne!(key.as_str(), "bad", "injected: group");
+            key.as_str().len()
+        })
+        .build();
+    queue.add(key("a"));
+    assert!(catch_unwind(AssertUnwindSafe(|| queue.add(key("bad")))).is_err());
+    let c = queue.counts();
+    assert_eq!((c.ready, c.tracked), (1, 1));
+    queue.add(key("b"));
+    assert_eq!(queue.try_get_batch(2).len(), 2);
+    assert_drains(&queue);
+}

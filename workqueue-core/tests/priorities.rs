@@ -317,3 +317,72 @@ fn a_raised_key_ages_from_its_first_ready_time() {
     // At 11 ms it is: served before "c", which is ahead of it in level 0.
     assert_eq!(drain(&q), [("a", 0), ("c", 0)]);
 }
+
+/// The group function takes the key type, `&String`.
+#[allow(clippy::ptr_arg)]
+fn namespace(key: &String) -> String {
+    key.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// Scenario 2 of the priorities issue: one namespace adds 10,000 keys, then ten namespaces add
+/// one each. With fairness each of the ten is served within the first 11 gets; without it, only
+/// after the 10,000.
+#[test]
+fn a_noisy_tenant_does_not_starve_the_others_with_fairness() {
+    for fair in [true, false] {
+        let mut b = WorkQueue::builder().clock(ManualClock::new());
+        if fair {
+            b = b.fairness(namespace);
+        }
+        let q: WorkQueue<String> = b.build();
+        q.add_batch((0..10_000).map(|i| format!("noisy/{i}")));
+        for t in 0..10 {
+            q.add(format!("tenant-{t}/obj"));
+        }
+        let mut served_at = Vec::new();
+        let mut n = 0;
+        while let Some(lease) = q.try_get() {
+            n += 1;
+            if !lease.starts_with("noisy/") {
+                served_at.push(n);
+            }
+            lease.done();
+        }
+        assert_eq!(served_at.len(), 10);
+        if fair {
+            assert!(served_at.iter().all(|&n| n <= 11), "{served_at:?}");
+            assert_eq!(served_at, (2..=11).collect::<Vec<_>>(), "round-robin");
+        } else {
+            assert!(served_at.iter().all(|&n| n > 10_000), "{served_at:?}");
+        }
+    }
+}
+
+/// With aging, overdue keys are served round-robin across groups too: overload does not turn
+/// fairness back into one FIFO.
+#[test]
+fn overdue_keys_are_served_round_robin_across_groups() {
+    let clock = ManualClock::new();
+    let q: WorkQueue<String> = WorkQueue::builder()
+        .clock(clock.clone())
+        .fairness(namespace)
+        .max_ready_wait(ms(10))
+        .build();
+    for i in 0..5 {
+        q.add(format!("a/{i}"));
+    }
+    for i in 0..5 {
+        q.add(format!("b/{i}"));
+    }
+    q.add_with("c/hi".to_string(), at(5));
+    clock.advance(ms(11));
+    // Every key is overdue now: the overdue level is fair across a, b and c, oldest first
+    // within each group, ahead of the priority of "c/hi".
+    let order: Vec<String> = std::iter::from_fn(|| q.try_get().map(|l| l.clone())).collect();
+    assert_eq!(
+        order,
+        [
+            "a/0", "b/0", "c/hi", "a/1", "b/1", "a/2", "b/2", "a/3", "b/3", "a/4", "b/4"
+        ]
+    );
+}

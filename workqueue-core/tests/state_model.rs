@@ -149,6 +149,21 @@ proptest! {
     }
 
     #[test]
+    fn state_agrees_with_model_with_fairness(
+        ops in proptest::collection::vec(op(), 1..150),
+        aging in proptest::option::of(prop_oneof![Just(0u64), 1u64..4, 1_000_000u64..5_000_000]),
+    ) {
+        let mut h = StateHarness::new().with_fairness();
+        if let Some(max_wait) = aging {
+            h = h.with_max_ready_wait(Duration::from_nanos(max_wait));
+        }
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
+    }
+
+    #[test]
     fn state_agrees_with_model_under_total_hash_collision(
         ops in proptest::collection::vec(op(), 1..60),
     ) {

@@ -68,6 +68,11 @@ pub fn key_name(k: u8) -> String {
     format!("k{k}")
 }
 
+/// The fairness group of key `k` (when fairness is on): three groups, so rounds interleave.
+pub fn group(k: u8) -> u64 {
+    u64::from(k % 3)
+}
+
 /// The queue-side key `k`.
 fn faulty(k: u8) -> FaultyKey {
     FaultyKey::from(key_name(k).as_str())
@@ -89,6 +94,8 @@ pub struct StateHarness<S = DefaultHashBuilder> {
     fault: Option<(Fault, u32)>,
     /// Operations an injected panic interrupted.
     panics: usize,
+    /// Whether fairness is on (groups from [`group`]).
+    fair: bool,
 }
 
 impl<S> fmt::Debug for StateHarness<S> {
@@ -127,7 +134,17 @@ impl<S: BuildHasher> StateHarness<S> {
             step: 0,
             fault: None,
             panics: 0,
+            fair: false,
         }
+    }
+
+    /// The same harness with fairness on both sides, key `k` in group `k % 3` ([`group`]).
+    pub fn with_fairness(mut self) -> Self {
+        self.state.set_fair();
+        self.model = std::mem::take(&mut self.model)
+            .with_fairness(|key: &String| group(key[1..].parse().expect("keys are k<number>")));
+        self.fair = true;
+        self
     }
 
     /// The same harness on a state that records only index buckets below `limit` in its slots
@@ -186,8 +203,11 @@ impl<S: BuildHasher> StateHarness<S> {
                 self.seen.insert(key.clone());
                 let tracked = self.model.is_tracked(&key);
                 let qkey = faulty(k);
-                let Some((status, back)) = self.on_state(ctx, true, |s| s.add_or_return(qkey, now))
-                else {
+                let fair = self.fair;
+                let Some((status, back)) = self.on_state(ctx, true, |s| match fair {
+                    true => s.add_in_group_or_return(qkey, group(k), 0, Duration::ZERO, now),
+                    false => s.add_or_return(qkey, now),
+                }) else {
                     self.model.interrupted(now);
                     return self.compare(ctx);
                 };
@@ -206,8 +226,16 @@ impl<S: BuildHasher> StateHarness<S> {
             Op::AddRef(k) => {
                 let key = key_name(k);
                 self.seen.insert(key.clone());
-                let Some(status) = self.on_state(ctx, true, |s| s.add_ref(key.as_str(), now))
-                else {
+                // With fairness a borrowed add has no group: a driver clones the key first,
+                // before the state (so a panicking clone leaves the state untouched).
+                let owned = self.fair.then(|| faulty(k));
+                let Some(status) = self.on_state(ctx, true, |s| match owned {
+                    Some(qkey) => {
+                        s.add_in_group_or_return(qkey, group(k), 0, Duration::ZERO, now)
+                            .0
+                    }
+                    None => s.add_ref(key.as_str(), now),
+                }) else {
                     self.model.interrupted(now);
                     return self.compare(ctx);
                 };
@@ -219,9 +247,11 @@ impl<S: BuildHasher> StateHarness<S> {
                 self.seen.insert(key.clone());
                 let tracked = self.model.is_tracked(&key);
                 let qkey = faulty(k);
-                let Some((status, back)) =
-                    self.on_state(ctx, true, |s| s.add_after_or_return(qkey, delay, now))
-                else {
+                let fair = self.fair;
+                let Some((status, back)) = self.on_state(ctx, true, |s| match fair {
+                    true => s.add_in_group_or_return(qkey, group(k), 0, delay, now),
+                    false => s.add_after_or_return(qkey, delay, now),
+                }) else {
                     self.model.interrupted(now);
                     return self.compare(ctx);
                 };
@@ -240,7 +270,7 @@ impl<S: BuildHasher> StateHarness<S> {
                 let tracked = self.model.is_tracked(&key);
                 let qkey = faulty(k);
                 let Some((status, back)) = self.on_state(ctx, true, |s| {
-                    s.add_with_or_return(qkey, priority, delay, now)
+                    s.add_in_group_or_return(qkey, group(k), priority, delay, now)
                 }) else {
                     self.model.interrupted(now);
                     return self.compare(ctx);
@@ -348,7 +378,7 @@ impl<S: BuildHasher> StateHarness<S> {
 
     fn get(&mut self, ctx: Ctx<'_>, now: Instant) {
         let Some(got) = self.on_state(ctx, true, |s| s.get(now)) else {
-            self.model.interrupted(now);
+            self.model.interrupted_get(now);
             return;
         };
         let expected = self.model.get(now);

@@ -34,12 +34,15 @@
 pub mod differential;
 pub mod faults;
 mod ledger;
+mod ready;
 mod rng;
 
 pub use ledger::Ledger;
 pub use rng::SplitMix64;
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use ready::ModelReady;
 use std::time::Duration;
 
 pub use workqueue_core::state::{AddStatus, Counts};
@@ -72,19 +75,18 @@ pub struct ModelFinished {
 
 /// The queue's semantics in the most direct form.
 ///
-/// - `ready`: the ready keys with their priority, when they became ready and a sequence number
-///   of becoming ready, in the order they entered their priority (a key whose priority is raised
-///   re-enters at the end); `get` takes the first key of the highest priority, unless aging is on
-///   and a key has been ready for longer than `max_ready_wait`: then the overdue key that became
-///   ready first;
+/// - `ready`: the ready keys, with priorities, aging and fairness (see `ready.rs`: levels by
+///   priority, FIFO within a level or round-robin by group with fairness, and overdue keys in a
+///   level above all, moved there at each `get`);
 /// - `processing`: keys handed out and not finished, with the priority they were handed out at;
 ///   `dirty`: those re-added meanwhile, with the priority they are queued at when finished;
 /// - `waiting`: each delayed key with its `(deadline, sequence, priority)`;
 /// - `now`: the latest time seen (earlier `now`s are clamped to it).
 #[derive(Debug, Clone)]
 pub struct Model<K> {
-    ready: Vec<(K, i32, u64, u64)>,
+    ready: ModelReady<K>,
     max_ready_wait: Option<u64>,
+    group: Option<fn(&K) -> u64>,
     processing: BTreeMap<K, i32>,
     dirty: BTreeMap<K, i32>,
     waiting: BTreeMap<K, (u64, u64, i32)>,
@@ -108,8 +110,9 @@ impl<K: Ord + Clone> Model<K> {
     /// An empty model at time zero.
     pub fn new() -> Self {
         Model {
-            ready: Vec::new(),
+            ready: ModelReady::new(),
             max_ready_wait: None,
+            group: None,
             processing: BTreeMap::new(),
             dirty: BTreeMap::new(),
             waiting: BTreeMap::new(),
@@ -122,14 +125,24 @@ impl<K: Ord + Clone> Model<K> {
     /// Turns aging on (`QueueState::set_max_ready_wait`): keys already ready count as ready from
     /// the latest time seen, in the order they are served.
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
-        let order = self.ready_keys();
-        for key in order {
-            let i = self.ready.iter().position(|r| r.0 == key).expect("ready");
-            self.seq += 1;
-            (self.ready[i].2, self.ready[i].3) = (self.now, self.seq);
-        }
+        self.ready.restart_ages(self.now);
         self.max_ready_wait = Some(nanos(max_wait));
         self
+    }
+
+    /// Turns fairness on, with `group` giving each key's group (on an empty model).
+    pub fn with_fairness(mut self, group: fn(&K) -> u64) -> Self {
+        assert!(
+            self.ready.is_empty(),
+            "fairness is chosen before the first add"
+        );
+        self.ready.set_fair();
+        self.group = Some(group);
+        self
+    }
+
+    fn group_of(&self, key: &K) -> u64 {
+        self.group.map_or(0, |g| g(key))
     }
 
     // ---- the rules -----------------------------------------------------------------------------
@@ -159,12 +172,11 @@ impl<K: Ord + Clone> Model<K> {
     /// The add rule for a key that becomes ready (if it does) at `since`. A raise keeps when the
     /// key became ready.
     fn enqueue_at(&mut self, key: K, priority: i32, since: u64) -> AddStatus {
-        if let Some(i) = self.ready.iter().position(|(k, ..)| *k == key) {
-            if priority <= self.ready[i].1 {
+        if let Some(e) = self.ready.find(&key) {
+            if priority <= e.priority {
                 return AddStatus::AlreadyQueued;
             }
-            let (key, _, since, seq) = self.ready.remove(i);
-            self.ready.push((key, priority, since, seq));
+            self.ready.raise(&key, priority);
             AddStatus::Raised
         } else if self.processing.contains_key(&key) {
             match self.dirty.get_mut(&key) {
@@ -184,8 +196,8 @@ impl<K: Ord + Clone> Model<K> {
     }
 
     fn push_ready(&mut self, key: K, priority: i32, since: u64) {
-        self.seq += 1;
-        self.ready.push((key, priority, since, self.seq));
+        let group = self.group_of(&key);
+        self.ready.push(key, priority, since, group);
     }
 
     /// The delayed-add rule: the earlier deadline wins (and takes a new sequence), and so does
@@ -252,6 +264,16 @@ impl<K: Ord + Clone> Model<K> {
         self.promote(now);
     }
 
+    /// What a `get` that user code interrupted leaves behind (a key's `Clone` that panicked):
+    /// as [`Model::interrupted`], plus the moves of overdue keys to the overdue level (aging),
+    /// which a `get` makes before it looks at a key, as the moves of time any get would make.
+    pub fn interrupted_get(&mut self, now: Instant) {
+        self.promote(now);
+        if let Some(max) = self.max_ready_wait {
+            self.ready.age(self.now, max);
+        }
+    }
+
     /// `get()` without blocking: the FIFO head, or why there is none.
     pub fn get(&mut self, now: Instant) -> ModelGet<K> {
         self.promote(now);
@@ -264,20 +286,11 @@ impl<K: Ord + Clone> Model<K> {
                 }
             };
         }
-        let now = self.now;
-        let overdue = self.max_ready_wait.and_then(|max| {
-            (0..self.ready.len())
-                .filter(|&i| now.saturating_sub(self.ready[i].2) > max)
-                .min_by_key(|&i| self.ready[i].3)
-        });
-        let i = overdue.unwrap_or_else(|| {
-            let top = self.ready.iter().map(|r| r.1).max().expect("not empty");
-            self.ready
-                .iter()
-                .position(|r| r.1 == top)
-                .expect("the maximum is in the list")
-        });
-        let (key, priority, _, _) = self.ready.remove(i);
+        if let Some(max) = self.max_ready_wait {
+            self.ready.age(self.now, max);
+        }
+        let e = self.ready.pop().expect("not empty");
+        let (key, priority) = (e.key, e.priority);
         self.processing.insert(key.clone(), priority);
         ModelGet::Ready(key)
     }
@@ -400,9 +413,7 @@ impl<K: Ord + Clone> Model<K> {
     /// Ready keys in the order `get` hands them out: highest priority first, then the order in
     /// which they entered their priority.
     pub fn ready_keys(&self) -> Vec<K> {
-        let mut ready = self.ready.clone();
-        ready.sort_by_key(|r| std::cmp::Reverse(r.1));
-        ready.into_iter().map(|r| r.0).collect()
+        self.ready.order()
     }
 
     /// Keys being processed, sorted.
@@ -412,7 +423,7 @@ impl<K: Ord + Clone> Model<K> {
 
     /// Every key the queue has to remember: ready, processing or waiting.
     pub fn tracked_keys(&self) -> BTreeSet<K> {
-        let mut all: BTreeSet<K> = self.ready.iter().map(|r| r.0.clone()).collect();
+        let mut all: BTreeSet<K> = self.ready.keys().cloned().collect();
         all.extend(self.processing.keys().cloned());
         all.extend(self.waiting.keys().cloned());
         all
@@ -427,9 +438,8 @@ impl<K: Ord + Clone> Model<K> {
     /// lease ends.
     pub fn queued_priority(&self, key: &K) -> Option<i32> {
         self.ready
-            .iter()
-            .find(|r| r.0 == *key)
-            .map(|r| r.1)
+            .find(key)
+            .map(|e| e.priority)
             .or_else(|| self.dirty.get(key).copied())
     }
 
@@ -445,7 +455,7 @@ impl<K: Ord + Clone> Model<K> {
 
     /// Whether `key` is in the ready FIFO.
     pub fn is_queued(&self, key: &K) -> bool {
-        self.ready.iter().any(|r| r.0 == *key)
+        self.ready.find(key).is_some()
     }
 
     /// Whether `key` is being processed.

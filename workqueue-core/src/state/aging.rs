@@ -1,5 +1,7 @@
-//! Aging: a key ready for longer than the limit is served before every key that is not, oldest
-//! first, whatever its priority (no starvation of low priorities).
+//! Aging: a key ready for longer than the limit moves to the overdue level, above every priority
+//! (no starvation of low priorities). The overdue level is FIFO in age order, or, with fairness,
+//! round-robin across groups like any level, so that overload does not turn fairness back into
+//! one FIFO.
 
 use std::collections::VecDeque;
 
@@ -16,13 +18,15 @@ use super::slots::SlotId;
 /// a slot being processed is kept (skipped, not dropped) while its generation is current, so a get
 /// that is undone finds the key at its place in age order again.
 ///
-/// Invariant: every queued slot has exactly one entry of its current generation in `order`.
+/// Invariants: every queued slot that is not overdue has exactly one entry of its current
+/// generation in `order`; an overdue slot has none (it left `order` when it moved).
 #[derive(Debug)]
 pub(crate) struct Aging {
     /// Nanoseconds a key may be ready before it is overdue.
     pub(crate) max_wait: u64,
     since: Vec<u64>,
     generation: Vec<u32>,
+    overdue: Vec<bool>,
     order: VecDeque<(SlotId, u32)>,
 }
 
@@ -32,6 +36,7 @@ impl Aging {
             max_wait,
             since: Vec::new(),
             generation: Vec::new(),
+            overdue: Vec::new(),
             order: VecDeque::new(),
         }
     }
@@ -42,8 +47,10 @@ impl Aging {
         if i >= self.since.len() {
             self.since.resize(i + 1, 0);
             self.generation.resize(i + 1, 0);
+            self.overdue.resize(i + 1, false);
         }
         self.since[i] = since;
+        self.overdue[i] = false;
         self.generation[i] = self.generation[i].wrapping_add(1);
         self.order.push_back((slot, self.generation[i]));
     }
@@ -53,15 +60,38 @@ impl Aging {
         self.since[slot as usize]
     }
 
+    /// Whether `slot` moved to the overdue level (meaningful while it is queued, or processing
+    /// after a get that may be undone).
+    pub(crate) fn is_overdue(&self, slot: SlotId) -> bool {
+        self.overdue.get(slot as usize).copied().unwrap_or(false)
+    }
+
+    /// The next queued slot that has been ready for longer than the limit at `now`, taken out of
+    /// the age order and marked overdue. `status(slot)` says whether a slot is queued and whether
+    /// it is processing.
+    pub(crate) fn next_overdue(
+        &mut self,
+        now: u64,
+        status: impl Fn(SlotId) -> (bool, bool),
+    ) -> Option<SlotId> {
+        let (i, slot) = self.oldest(status)?;
+        if now.saturating_sub(self.since[slot as usize]) <= self.max_wait {
+            return None;
+        }
+        self.order.remove(i);
+        self.overdue[slot as usize] = true;
+        Some(slot)
+    }
+
     /// The queued slot that became ready first. `status(slot)` says whether a slot is queued
     /// and whether it is processing. Stale entries at the head are dropped; current entries of
     /// processing slots are skipped (there are at most as many as leases out).
-    pub(crate) fn oldest(&mut self, status: impl Fn(SlotId) -> (bool, bool)) -> Option<SlotId> {
+    fn oldest(&mut self, status: impl Fn(SlotId) -> (bool, bool)) -> Option<(usize, SlotId)> {
         let mut i = 0;
         while let Some(&(slot, generation)) = self.order.get(i) {
             let current = self.generation[slot as usize] == generation;
             match (current, status(slot)) {
-                (true, (true, _)) => return Some(slot),
+                (true, (true, _)) => return Some((i, slot)),
                 (true, (false, true)) => i += 1,
                 _ if i == 0 => {
                     self.order.pop_front();
@@ -93,6 +123,7 @@ impl Aging {
         if self.since.capacity() > above {
             self.since = Vec::new();
             self.generation = Vec::new();
+            self.overdue = Vec::new();
         }
         if self.order.capacity() > above {
             self.order = VecDeque::new();
@@ -103,6 +134,7 @@ impl Aging {
         size_of::<Self>()
             + self.since.capacity() * size_of::<u64>()
             + self.generation.capacity() * size_of::<u32>()
+            + self.overdue.capacity()
             + self.order.capacity() * size_of::<(SlotId, u32)>()
     }
 }

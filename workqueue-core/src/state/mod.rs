@@ -50,7 +50,7 @@ use workqueue_ratelimit::{Instant, duration_to_nanos};
 use crate::Outcome;
 use aging::Aging;
 use priorities::Priorities;
-use ready::ReadyQueue;
+use ready::{OVERDUE, ReadyQueue};
 pub(crate) use slots::SlotId;
 use slots::{MAX_SLOTS, NO_POS, Slots};
 pub use timing::Timing;
@@ -210,6 +210,8 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     priorities: Option<Box<Priorities>>,
     /// When each queued key became ready; `None` unless aging is on.
     aging: Option<Box<Aging>>,
+    /// Each slot's fairness group; `None` unless fairness is on.
+    groups: Option<Vec<u64>>,
     /// The hashes of the live slots whose index bucket does not fit their slot word (only in
     /// tables of more than 2^27 buckets), so that freeing a slot never hashes its key: hashing is
     /// user code, and freeing happens in the middle of a change.
@@ -332,6 +334,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             timing: None,
             priorities: None,
             aging: None,
+            groups: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
         }
@@ -362,17 +365,33 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.aging = Some(Box::new(aging));
     }
 
+    /// Turns fairness on: within a level, keys are served round-robin across the groups that
+    /// have ready keys there, FIFO within a group; a group that gains its first ready key joins
+    /// the round at its end. The group of a key is given with each add
+    /// ([`QueueState::add_in_group_or_return`]; the other adds put new keys in group 0) and kept
+    /// while the state tracks the key. With aging, the overdue level is fair too.
+    ///
+    /// # Panics
+    /// If a key is queued already: choose fairness before the first add.
+    pub fn set_fair(&mut self) {
+        assert_eq!(
+            self.ready.len(),
+            0,
+            "fairness is chosen before the first add: queued keys have no group"
+        );
+        self.ready.set_fair();
+        self.groups = Some(Vec::new());
+    }
+
+    /// Whether fairness is on.
+    pub fn is_fair(&self) -> bool {
+        self.groups.is_some()
+    }
+
     /// Whether aging is on: operations then need the current time, adds included.
     #[inline]
     pub fn has_aging(&self) -> bool {
         self.aging.is_some()
-    }
-
-    /// How long the key that became ready first has been ready, with aging on.
-    pub fn oldest_ready_wait(&mut self) -> Option<Duration> {
-        let slot = self.oldest_ready()?;
-        let since = self.aging.as_ref()?.since(slot);
-        Some(Duration::from_nanos(self.now.saturating_sub(since)))
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -474,6 +493,20 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         delay: Duration,
         now: Instant,
     ) -> (AddStatus, Option<T>) {
+        self.add_in_group_or_return(key, 0, priority, delay, now)
+    }
+
+    /// [`QueueState::add_with_or_return`] for a key in fairness group `group` (see
+    /// [`QueueState::set_fair`]; ignored without fairness). A key the state tracks already keeps
+    /// its group.
+    pub fn add_in_group_or_return(
+        &mut self,
+        key: T,
+        group: u64,
+        priority: i32,
+        delay: Duration,
+        now: Instant,
+    ) -> (AddStatus, Option<T>) {
         self.promote(now);
         if self.shutting_down {
             return (AddStatus::ShutDown, Some(key));
@@ -488,7 +521,13 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let hash = self.hasher.hash_one(&key);
         let (slot, unused) = match self.find(hash, &key) {
             Some(slot) => (slot, Some(key)),
-            None => (self.insert_new(hash, key), None),
+            None => {
+                let slot = self.insert_new(hash, key);
+                if let Some(groups) = &mut self.groups {
+                    set_group(groups, slot, group);
+                }
+                (slot, None)
+            }
         };
         let status = match deadline {
             None => self.enqueue(slot, priority),
@@ -505,22 +544,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// is empty: it never waits for a deadline then.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
-        let next = match self.overdue() {
-            Some(slot) => Some((slot, self.queued_priority(slot), true)),
-            None => self
-                .ready
-                .peek()
-                .map(|(slot, priority)| (slot, priority, false)),
-        };
-        match next {
-            Some((slot, priority, overdue)) => {
+        if self.aging.is_some() {
+            self.move_overdue();
+        }
+        match self.ready.peek() {
+            Some((slot, _)) => {
                 // User code first: a `Clone` that panics leaves the key queued at the head.
                 let key = self.slots.key(slot).clone();
-                if overdue {
-                    self.ready.remove(slot, priority);
-                } else {
-                    self.ready.pop_peeked();
-                }
+                let priority = self.queued_priority(slot);
+                self.ready.pop_peeked();
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
@@ -559,7 +591,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         };
         self.slots.set_queued(slot);
         self.set_queued_priority(slot, priority);
-        self.ready.push_front(slot, priority);
+        let (level, group) = (self.level_of(slot), self.group_of(slot));
+        self.ready.push_front(slot, level, group);
         if let Some(t) = &mut self.timing {
             t.on_unget(slot, self.now, dirty);
         }
@@ -817,23 +850,25 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             "FIFO length and queued slots disagree"
         );
         let mut seen = std::collections::HashSet::new();
-        for (slot, priority) in self.ready.iter() {
+        let mut overdue = 0;
+        for (slot, level) in self.ready.iter() {
             assert!(
                 self.slots.is_queued(slot),
                 "FIFO holds a slot that is not queued"
             );
             assert!(seen.insert(slot), "FIFO holds a slot twice");
             assert_eq!(
-                priority,
-                self.queued_priority(slot),
-                "a slot is queued at another priority than it records"
+                level,
+                self.level_of(slot),
+                "a slot is queued at another level than it records"
             );
+            overdue += usize::from(level == OVERDUE);
         }
         self.ready.check();
         if let Some(a) = &self.aging {
             let live = a.live(|s| self.slots.is_queued(s));
             assert_eq!(
-                live.len(),
+                live.len() + overdue,
                 queued,
                 "a queued key is missing from the age order, or twice"
             );
@@ -843,12 +878,12 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 "the age order is not in ready-time order"
             );
             assert!(
-                self.ready.has_priorities(),
+                self.ready.has_positions(),
                 "aging without the ready set's positions"
             );
         }
         assert!(
-            self.priorities.is_none() || self.ready.has_priorities(),
+            self.priorities.is_none() || self.ready.has_positions(),
             "priorities are kept without the ready set's positions"
         );
         assert_eq!(processing, self.processing, "processing count is off");
@@ -994,11 +1029,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             if priority <= current {
                 return AddStatus::AlreadyQueued;
             }
-            // Raised: to the tail of the new level. (Priorities are in use: `priority` is above
-            // another priority, so one of them is not 0.)
+            // Raised: to the tail of the new level (an overdue key stays overdue). Priorities
+            // are in use: `priority` is above another priority, so one of them is not 0.
             self.use_priorities();
-            self.ready.remove(slot, current);
-            self.ready.push(slot, priority);
+            if self.level_of(slot) != OVERDUE {
+                let group = self.group_of(slot);
+                self.ready.remove(slot, i64::from(current), group);
+                self.ready.push(slot, i64::from(priority), group);
+            }
             self.set_queued_priority(slot, priority);
             AddStatus::Raised
         } else if self.slots.is_processing(slot) {
@@ -1031,27 +1069,46 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     fn push_ready(&mut self, slot: SlotId, priority: i32, since: u64) {
         self.slots.set_queued(slot);
         self.set_queued_priority(slot, priority);
-        self.ready.push(slot, priority);
+        let group = self.group_of(slot);
+        self.ready.push(slot, i64::from(priority), group);
         if let Some(a) = &mut self.aging {
             a.ready(slot, since);
         }
     }
 
-    /// The queued key that became ready first (aging on).
-    fn oldest_ready(&mut self) -> Option<SlotId> {
-        let slots = &self.slots;
-        self.aging
-            .as_mut()?
-            .oldest(|s| (slots.is_queued(s), slots.is_processing(s)))
+    /// The level a queued slot is in: overdue, or its priority.
+    #[inline(always)]
+    fn level_of(&self, slot: SlotId) -> i64 {
+        match &self.aging {
+            Some(a) if a.is_overdue(slot) => OVERDUE,
+            _ => i64::from(self.queued_priority(slot)),
+        }
     }
 
-    /// The key served before all others because it has been ready too long, if any.
-    #[inline]
-    fn overdue(&mut self) -> Option<SlotId> {
-        self.aging.as_ref()?;
-        let slot = self.oldest_ready()?;
-        let aging = self.aging.as_ref()?;
-        (self.now.saturating_sub(aging.since(slot)) > aging.max_wait).then_some(slot)
+    /// A slot's fairness group (0 without fairness).
+    #[inline(always)]
+    fn group_of(&self, slot: SlotId) -> u64 {
+        self.groups
+            .as_ref()
+            .map_or(0, |g| g.get(slot as usize).copied().unwrap_or(0))
+    }
+
+    /// Moves every key ready for longer than the aging limit to the overdue level, in the order
+    /// keys became ready.
+    fn move_overdue(&mut self) {
+        loop {
+            let slots = &self.slots;
+            let Some(aging) = self.aging.as_mut() else {
+                return;
+            };
+            let next =
+                aging.next_overdue(self.now, |s| (slots.is_queued(s), slots.is_processing(s)));
+            let Some(slot) = next else { return };
+            let group = self.group_of(slot);
+            let priority = self.queued_priority(slot);
+            self.ready.remove(slot, i64::from(priority), group);
+            self.ready.push(slot, OVERDUE, group);
+        }
     }
 
     /// The delayed-add rule: earliest deadline wins, highest priority wins.
@@ -1193,6 +1250,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             a.shrink_if_large(SHRINK_ABOVE);
         }
     }
+}
+
+fn set_group(groups: &mut Vec<u64>, slot: SlotId, group: u64) {
+    let i = slot as usize;
+    if i >= groups.len() {
+        groups.resize(i + 1, 0);
+    }
+    groups[i] = group;
 }
 
 /// A bucket index as a slot records it: `NO_POS` when it is not below `limit` (which is at most
