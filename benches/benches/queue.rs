@@ -1,12 +1,13 @@
-//! Criterion benches of W1 (cycle), W2 (dedup) and W3 (mpmc): ours against the client-go port and
-//! crossbeam. Each iteration is one whole workload; throughput is in items (W2: adds).
+//! Criterion benches of W1 (cycle), W2 (dedup), W3 (mpmc) and W11 (priority-cycle): ours against
+//! the client-go port and crossbeam (W11: against our own W1). Each iteration is one whole
+//! workload; throughput is in items (W2: adds).
 
 mod common;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use workqueue_benches::keys;
 use workqueue_benches::report::Sizes;
-use workqueue_benches::workloads::{w1, w2, w3};
+use workqueue_benches::workloads::{w1, w2, w3, w11};
 
 fn w1_cycle(c: &mut Criterion) {
     let n = Sizes::FULL.w1;
@@ -49,5 +50,15 @@ fn w3_mpmc(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, w1_cycle, w2_dedup, w3_mpmc);
+fn w11_priority_cycle(c: &mut Criterion) {
+    let n = Sizes::FULL.w1;
+    let k = keys(n);
+    let mut g = common::group(c, "W11 priority-cycle", Some(n as u64));
+    g.bench_function("ours", |b| common::whole(b, || w11::ours(&k)));
+    // The target's peer, in the same group so that a `W11` filter runs both.
+    g.bench_function("ours W1 (add)", |b| common::whole(b, || w1::ours(&k)));
+    g.finish();
+}
+
+criterion_group!(benches, w1_cycle, w2_dedup, w3_mpmc, w11_priority_cycle);
 criterion_main!(benches);

@@ -20,7 +20,7 @@ use workqueue_core::ratelimit::{
     ExponentialFailure, MaxPair, RateLimiter, TokenBucket, default_controller_rate_limiter,
 };
 use workqueue_core::state::Counts;
-use workqueue_core::{Clock, SystemClock, WorkQueue};
+use workqueue_core::{AddOptions, Clock, SystemClock, WorkQueue};
 
 use crate::{Fingerprint, Key, SplitMix64, naive, percentile};
 
@@ -1084,10 +1084,62 @@ pub mod w10 {
     }
 }
 
+/// W11 priority-cycle: W1 with the keys spread over 4 priorities (`i % 4`), added with
+/// `add_with`. Its target is a ratio to our own W1 ([`w1::ours`]) in the same run: what serving
+/// by priority costs over one FIFO.
+pub mod w11 {
+    use super::*;
+
+    /// The options key `i` is added with: priority `i % 4`.
+    #[inline]
+    pub fn options(i: usize) -> AddOptions {
+        AddOptions::priority((i % 4) as i32)
+    }
+
+    /// Our queue.
+    pub fn ours(keys: &[Key]) -> Duration {
+        let q = Ours::new();
+        let expected = Fingerprint::of(keys);
+        let mut seen = Fingerprint::default();
+        let t = Instant::now();
+        for (i, k) in keys.iter().enumerate() {
+            q.add_with(k.clone(), options(i));
+        }
+        for _ in 0..keys.len() {
+            let lease = q.get().expect("a queued key");
+            seen.add(&lease);
+            lease.done();
+        }
+        let d = t.elapsed();
+        assert_eq!(seen, expected, "ours: W11 keys seen");
+        assert_ours_empty(&q);
+        d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::keys;
+
+    #[test]
+    fn w11_spreads_the_keys_over_four_priorities_served_highest_first() {
+        let k = keys(8);
+        let q = Ours::new();
+        for (i, key) in k.iter().enumerate() {
+            q.add_with(key.clone(), w11::options(i));
+        }
+        let mut served = Vec::new();
+        while let Some(lease) = q.try_get() {
+            served.push((lease.priority(), lease.key().clone()));
+            lease.done();
+        }
+        let want: Vec<(i32, Key)> = [3, 7, 2, 6, 1, 5, 0, 4]
+            .into_iter()
+            .map(|i| ((i % 4) as i32, k[i].clone()))
+            .collect();
+        assert_eq!(served, want);
+    }
 
     #[test]
     fn every_queue_workload_checks_out_on_small_inputs() {
@@ -1095,6 +1147,7 @@ mod tests {
         w1::ours(&k);
         w1::naive(&k);
         w1::crossbeam(&k);
+        w11::ours(&k);
         w2::ours(&k[..100], 5);
         w2::ours_add_ref(&k[..100], 5);
         w2::naive(&k[..100], 5);

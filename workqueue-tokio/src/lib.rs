@@ -13,6 +13,34 @@
 //! lease.done();
 //! # }
 //! ```
+//!
+//! Priorities: higher is served first, and [`LOW_PRIORITY`] is the convention for keys from an
+//! initial list or a resync, so that changes are served before them (controller-runtime's
+//! priority queue). A requeue or retry keeps the priority the lease had
+//! ([`Lease::priority`]) unless it names another ([`Lease::with_priority`];
+//! in a [`runner`], `Action::RequeueAfter(d).with_priority(p)`).
+//!
+//! ```
+//! use workqueue_tokio::{AddOptions, AddStatus, LOW_PRIORITY, WorkQueue};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let queue: WorkQueue<&'static str> = WorkQueue::new();
+//! queue.add_with("initial-list/a", AddOptions::priority(LOW_PRIORITY));
+//! queue.add_with("initial-list/b", AddOptions::priority(LOW_PRIORITY));
+//! queue.add("changed/c");
+//! assert_eq!(queue.add("initial-list/b"), AddStatus::Raised); // an event for it: priority 0
+//! let lease = queue.get().await.unwrap();
+//! assert_eq!((*lease, lease.priority()), ("changed/c", 0));
+//! lease.done();
+//! let lease = queue.get().await.unwrap();
+//! assert_eq!((*lease, lease.priority()), ("initial-list/b", 0));
+//! lease.done();
+//! let lease = queue.get().await.unwrap();
+//! assert_eq!((*lease, lease.priority()), ("initial-list/a", LOW_PRIORITY));
+//! lease.done();
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -22,4 +50,5 @@ pub mod runner;
 
 pub use clock::TokioClock;
 pub use queue::{Notifies, Tokio, WorkQueue};
+pub use workqueue_core::state::AddStatus;
 pub use workqueue_core::{AddOptions, LOW_PRIORITY, Lease, Outcome};

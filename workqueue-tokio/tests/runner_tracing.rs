@@ -1,5 +1,5 @@
-//! The runner under a tracing subscriber that formats every field, as real ones do, so that the
-//! key's `Debug` runs in the runner's span.
+//! The runner under tracing subscribers: one that formats every field, as real ones do, so that
+//! the key's `Debug` runs in the runner's span; one that records the fields of that span.
 //!
 //! In a test binary of its own: tracing caches each callsite's interest process-wide, and a test
 //! on another thread that reaches the runner's span first, with no subscriber, could leave it
@@ -14,8 +14,8 @@ use common::Fragile;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
 struct Formatting;
 
@@ -114,4 +114,66 @@ async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
     let report = handle.await.unwrap();
     assert_eq!((report.processed, report.retried), (2, 1), "{report:?}");
     assert_eq!((report.panics, report.errors), (1, 0), "{report:?}");
+}
+
+/// Records the fields of every `reconcile` span, as `name=value` pairs.
+struct ReconcileSpans(Arc<Mutex<Vec<String>>>);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if !self.0.is_empty() {
+            self.0.push(' ');
+        }
+        self.0.push_str(&format!("{}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for ReconcileSpans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        if span.metadata().name() == "reconcile" {
+            let mut fields = Fields(String::new());
+            span.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The reconcile span carries the key, the attempt and the priority the key was handed out at.
+#[tokio::test(start_paused = true)]
+async fn the_reconcile_span_records_the_priority() {
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(ReconcileSpans(spans.clone()));
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    queue.add_with("resync", AddOptions::priority(LOW_PRIORITY));
+    queue.add("changed");
+    let reconcile =
+        |_key: &'static str, _ctx: Context| std::future::ready(Ok::<_, ()>(Action::Done));
+    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
+    sleep(Duration::from_secs(1)).await;
+    queue.shut_down();
+    handle.await.unwrap();
+    assert_eq!(
+        *spans.lock().unwrap(),
+        [
+            r#"key="changed" attempt=0 priority=0"#,
+            r#"key="resync" attempt=0 priority=-100"#,
+        ]
+    );
 }

@@ -1,5 +1,5 @@
 //! What a reconcile returns, how it can fail, what the error policy decides, and the one mapping
-//! from all of that to a lease [`Outcome`].
+//! from all of that to a lease [`Outcome`] and the priority of the re-add it asks for.
 
 use std::fmt;
 use std::time::Duration;
@@ -7,6 +7,29 @@ use std::time::Duration;
 use workqueue_core::Outcome;
 
 /// What a successful reconcile asks for next.
+///
+/// A requeue is queued at the priority the key was handed out at ([`Context::priority`]) unless
+/// it names another: `Action::RequeueAfter(d).with_priority(p)` is controller-runtime's
+/// `Result{RequeueAfter: d, Priority: &p}`.
+///
+/// The priority is a builder on the existing variants rather than a field of every variant:
+/// `RequeueAfter(d)` keeps its meaning and its shape, [`Done`](Action::Done) has no re-add to
+/// give a priority to, and the one variant that carries a priority,
+/// [`RequeueAfterAt`](Action::RequeueAfterAt), is what the builder returns, so a `match` still
+/// sees every case.
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_tokio::LOW_PRIORITY;
+/// use workqueue_tokio::runner::Action;
+///
+/// // Poll again in a minute, behind every key added at the default priority.
+/// let poll = Action::RequeueAfter(Duration::from_secs(60)).with_priority(LOW_PRIORITY);
+/// assert_eq!(poll.priority(), Some(LOW_PRIORITY));
+/// assert_eq!(Action::RequeueAfter(Duration::from_secs(60)).priority(), None);
+/// ```
+///
+/// [`Context::priority`]: super::Context::priority
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Action {
@@ -21,6 +44,37 @@ pub enum Action {
     /// backs off instead of looping on its key. It still counts as a success (`processed`; metric
     /// result `requeue`).
     RequeueAfter(Duration),
+    /// [`RequeueAfter(after)`](Action::RequeueAfter), with the key queued at `priority` instead
+    /// of the priority it was handed out at. Built by [`Action::with_priority`].
+    RequeueAfterAt {
+        /// The delay, with the meaning it has in `RequeueAfter` (zero: the limiter's delay).
+        after: Duration,
+        /// The priority of the requeue.
+        priority: i32,
+    },
+}
+
+impl Action {
+    /// This action with its requeue at `priority` (controller-runtime's `Result.Priority`).
+    /// [`Done`](Action::Done) requeues nothing and stays as it is.
+    #[must_use]
+    pub const fn with_priority(self, priority: i32) -> Self {
+        match self {
+            Action::RequeueAfter(after) | Action::RequeueAfterAt { after, .. } => {
+                Action::RequeueAfterAt { after, priority }
+            }
+            Action::Done => Action::Done,
+        }
+    }
+
+    /// The priority this action's requeue asks for; `None`: the priority the key was handed out
+    /// at (or no requeue).
+    pub const fn priority(&self) -> Option<i32> {
+        match self {
+            Action::RequeueAfterAt { priority, .. } => Some(*priority),
+            Action::Done | Action::RequeueAfter(_) => None,
+        }
+    }
 }
 
 /// How a reconcile failed.
@@ -47,6 +101,28 @@ impl<E: fmt::Display> fmt::Display for Failure<E> {
 }
 
 /// What the error policy decides for a failed reconcile.
+///
+/// A retry is queued at the priority the key was handed out at, as controller-runtime keeps it
+/// (its #3157), unless the policy names another with [`Decision::with_priority`]: for example,
+/// to move a key that keeps failing behind fresh work. As for [`Action`], the priority is a
+/// builder over the existing variants, and [`RetryAt`](Decision::RetryAt) is the one variant
+/// that carries it.
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_tokio::LOW_PRIORITY;
+/// use workqueue_tokio::runner::{Decision, Failure};
+///
+/// // Back off as usual; after five failures, behind every key added at the default priority.
+/// let policy = |_key: &String, _failure: &Failure<std::io::Error>, requeues: u32| {
+///     if requeues < 5 {
+///         Decision::Retry
+///     } else {
+///         Decision::Retry.with_priority(LOW_PRIORITY)
+///     }
+/// };
+/// # let _ = policy;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Decision {
@@ -56,6 +132,44 @@ pub enum Decision {
     RetryAfter(Duration),
     /// Stop retrying: the limiter forgets the key; it runs again only when it is added.
     GiveUp,
+    /// [`Retry`](Decision::Retry) (`after: None`) or [`RetryAfter(d)`](Decision::RetryAfter)
+    /// (`after: Some(d)`), with the key queued at `priority` instead of the priority it was
+    /// handed out at. Built by [`Decision::with_priority`].
+    RetryAt {
+        /// The fixed delay, or `None` for the rate limiter's.
+        after: Option<Duration>,
+        /// The priority of the retry.
+        priority: i32,
+    },
+}
+
+impl Decision {
+    /// This decision with its retry at `priority`. [`GiveUp`](Decision::GiveUp) retries nothing
+    /// and stays as it is.
+    #[must_use]
+    pub const fn with_priority(self, priority: i32) -> Self {
+        match self {
+            Decision::Retry => Decision::RetryAt {
+                after: None,
+                priority,
+            },
+            Decision::RetryAfter(d) => Decision::RetryAt {
+                after: Some(d),
+                priority,
+            },
+            Decision::RetryAt { after, .. } => Decision::RetryAt { after, priority },
+            Decision::GiveUp => Decision::GiveUp,
+        }
+    }
+
+    /// The priority this decision's retry asks for; `None`: the priority the key was handed out
+    /// at (or no retry).
+    pub const fn priority(&self) -> Option<i32> {
+        match self {
+            Decision::RetryAt { priority, .. } => Some(*priority),
+            Decision::Retry | Decision::RetryAfter(_) | Decision::GiveUp => None,
+        }
+    }
 }
 
 /// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
@@ -69,18 +183,38 @@ pub(crate) enum Reconciled<E> {
 }
 
 impl<E> Reconciled<E> {
-    /// The one place where a reconcile result becomes queue operations (DESIGN.md section 5).
-    pub(crate) fn outcome(&self) -> Outcome {
-        match self {
+    /// The one place where a reconcile result becomes queue operations (DESIGN.md section 5): the
+    /// lease's outcome, and the priority of the re-add it asks for (`None`: the lease's own).
+    pub(crate) fn outcome(&self) -> (Outcome, Option<i32>) {
+        let outcome = match self {
             Reconciled::Ok(Action::Done) => Outcome::Forget,
             // "Again, as soon as the limiter allows": never an unthrottled loop on one key.
-            Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)) => Outcome::Retry,
-            Reconciled::Ok(Action::RequeueAfter(d)) => Outcome::RequeueAfter(*d),
-            Reconciled::Failed(_, Decision::Retry) => Outcome::Retry,
-            Reconciled::Failed(_, Decision::RetryAfter(d)) => Outcome::RetryAfter(*d),
+            Reconciled::Ok(
+                Action::RequeueAfter(Duration::ZERO)
+                | Action::RequeueAfterAt {
+                    after: Duration::ZERO,
+                    ..
+                },
+            ) => Outcome::Retry,
+            Reconciled::Ok(Action::RequeueAfter(d) | Action::RequeueAfterAt { after: d, .. }) => {
+                Outcome::RequeueAfter(*d)
+            }
+            Reconciled::Failed(_, Decision::Retry | Decision::RetryAt { after: None, .. }) => {
+                Outcome::Retry
+            }
+            Reconciled::Failed(
+                _,
+                Decision::RetryAfter(d) | Decision::RetryAt { after: Some(d), .. },
+            ) => Outcome::RetryAfter(*d),
             Reconciled::Failed(_, Decision::GiveUp) => Outcome::Forget,
             Reconciled::Interrupted => Outcome::Retry,
-        }
+        };
+        let priority = match self {
+            Reconciled::Ok(action) => action.priority(),
+            Reconciled::Failed(_, decision) => decision.priority(),
+            Reconciled::Interrupted => None,
+        };
+        (outcome, priority)
     }
 }
 
@@ -118,6 +252,68 @@ mod tests {
                 Outcome::Forget,
             ),
             (Reconciled::Interrupted, Outcome::Retry),
+        ];
+        for (r, o) in cases {
+            assert_eq!(r.outcome(), (o, None), "{r:?}: the lease's own priority");
+        }
+    }
+
+    /// A priority changes the re-add's priority and nothing else: every case maps to the outcome
+    /// its plain form maps to.
+    #[test]
+    fn a_chosen_priority_goes_with_the_same_outcome() {
+        let s = Duration::from_secs(1);
+        type Mapped = (Outcome, Option<i32>);
+        let cases: [(Reconciled<()>, Mapped); 9] = [
+            (
+                Reconciled::Ok(Action::RequeueAfter(s).with_priority(7)),
+                (Outcome::RequeueAfter(s), Some(7)),
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(Duration::ZERO).with_priority(-100)),
+                (Outcome::Retry, Some(-100)),
+            ),
+            (
+                Reconciled::Ok(Action::RequeueAfter(s).with_priority(1).with_priority(2)),
+                (Outcome::RequeueAfter(s), Some(2)),
+            ),
+            // `Done` requeues nothing: no priority to carry.
+            (
+                Reconciled::Ok(Action::Done.with_priority(7)),
+                (Outcome::Forget, None),
+            ),
+            (
+                Reconciled::Failed(Failure::Error(()), Decision::Retry.with_priority(3)),
+                (Outcome::Retry, Some(3)),
+            ),
+            (
+                Reconciled::Failed(Failure::Timeout, Decision::RetryAfter(s).with_priority(-5)),
+                (Outcome::RetryAfter(s), Some(-5)),
+            ),
+            (
+                Reconciled::Failed(
+                    Failure::Timeout,
+                    Decision::RetryAfter(s).with_priority(1).with_priority(0),
+                ),
+                (Outcome::RetryAfter(s), Some(0)),
+            ),
+            (
+                Reconciled::Failed(
+                    Failure::Panic("x".into()),
+                    Decision::GiveUp.with_priority(9),
+                ),
+                (Outcome::Forget, None),
+            ),
+            (
+                Reconciled::Failed(
+                    Failure::Error(()),
+                    Decision::RetryAt {
+                        after: None,
+                        priority: i32::MIN,
+                    },
+                ),
+                (Outcome::Retry, Some(i32::MIN)),
+            ),
         ];
         for (r, o) in cases {
             assert_eq!(r.outcome(), o, "{r:?}");

@@ -15,8 +15,9 @@
 //!
 //! The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with `d > 0`,
 //! `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
-//! controller-runtime's `Requeue: true`), else `success`. The `result` of a failure is `given_up`
-//! when the error policy gave up, else `panic` for a panic, else `error` (an error or a timeout).
+//! controller-runtime's `Requeue: true`), else `success`, whatever priority the requeue asks
+//! for. The `result` of a failure is `given_up` when the error policy gave up, else `panic` for a
+//! panic, else `error` (an error or a timeout).
 //! A reconcile interrupted at shutdown counts in no `result` (its key is retried).
 
 use std::time::Duration;
@@ -84,7 +85,7 @@ impl Ended {
     /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
     fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
         Some(match verdict {
-            Reconciled::Ok(_) => match verdict.outcome() {
+            Reconciled::Ok(_) => match verdict.outcome().0 {
                 Outcome::RequeueAfter(_) => Ended::RequeueAfter,
                 Outcome::Retry => Ended::Requeue,
                 _ => Ended::Success,

@@ -10,6 +10,12 @@
 //! | `Ok(Action::RequeueAfter(Duration::ZERO))` | add_rate_limited (no forget) + done: controller-runtime's `Requeue: true`, never an unthrottled loop |
 //! | `Err(e)`, a panic, or a timeout | the [`ErrorPolicy`] decides: `Retry` (rate-limited, the default), `RetryAfter(d)`, or `GiveUp` (forget + done) |
 //!
+//! A requeue or retry is queued at the priority the key was handed out at ([`Context::priority`];
+//! controller-runtime keeps it too), unless the reconcile asks for another,
+//! `Action::RequeueAfter(d).with_priority(p)` (controller-runtime's `Result.Priority`), or the
+//! policy does, `Decision::Retry.with_priority(p)`. A key interrupted at shutdown keeps its
+//! priority.
+//!
 //! A panic is a [`Failure::Panic`] wherever it happens while a key is leased: in the reconcile, or
 //! in anything the runner calls for the key (its `Clone` and `Debug`, the rate limiter, a metrics
 //! recorder, the error policy itself, which is then asked about its own panic; a second panic
@@ -359,15 +365,18 @@ where
             Ok(n) => (n, None),
             Err(message) => (0, Some(message)),
         };
-        let span = catch(|| tracing::info_span!("reconcile", key = ?key, attempt)).unwrap_or_else(
-            |message| {
+        let priority = lease.priority();
+        let span = catch(|| tracing::info_span!("reconcile", key = ?key, attempt, priority))
+            .unwrap_or_else(|message| {
                 early.get_or_insert(message);
                 tracing::Span::none()
-            },
-        );
-        let judged = AssertUnwindSafe(self.judge(key, attempt, early).instrument(span.clone()))
-            .catch_unwind()
-            .await;
+            });
+        let judged = AssertUnwindSafe(
+            self.judge(key, attempt, priority, early)
+                .instrument(span.clone()),
+        )
+        .catch_unwind()
+        .await;
         let verdict = match judged {
             Ok(verdict) => verdict,
             Err(payload) => {
@@ -376,19 +385,26 @@ where
             }
         };
         self.counters.count(&verdict);
-        finish(lease, verdict.outcome());
+        let (outcome, priority) = verdict.outcome();
+        finish(lease, outcome, priority);
     }
 
     /// Reconciles `key` (unless `early` says what panicked before the reconcile), asks the policy
     /// about a failure, and emits the metrics. A panic anywhere here is the caller's to catch.
-    async fn judge(&self, key: &T, attempt: u32, early: Option<String>) -> Reconciled<R::Error> {
+    async fn judge(
+        &self,
+        key: &T,
+        attempt: u32,
+        priority: i32,
+        early: Option<String>,
+    ) -> Reconciled<R::Error> {
         let started = tokio::time::Instant::now();
         let ran = match early {
             Some(message) => Ran::Panicked(message),
             None => {
                 let owned = key.clone();
                 let active = ActiveWorker::new(&self.metrics);
-                let ran = self.run_reconcile(owned, attempt).await;
+                let ran = self.run_reconcile(owned, attempt, priority).await;
                 active.end();
                 ran
             }
@@ -450,9 +466,9 @@ where
         Reconciled::Failed(failure, decision)
     }
 
-    async fn run_reconcile(&self, key: T, attempt: u32) -> Ran<R::Error> {
+    async fn run_reconcile(&self, key: T, attempt: u32, priority: i32) -> Ran<R::Error> {
         let token = self.abort.child_token();
-        let ctx = Context::new(token.clone(), attempt);
+        let ctx = Context::new(token.clone(), attempt, priority);
         let fut = match catch(|| self.reconcile.reconcile(key, ctx)) {
             Ok(fut) => fut,
             Err(message) => return Ran::Panicked(message),
@@ -516,9 +532,14 @@ impl Drop for ActiveWorker<'_> {
     }
 }
 
-/// Finishes a lease. The queue finishes the key even when the rate limiter panics, then re-raises
+/// Finishes a lease as `outcome` says, with its re-add at `priority` when one was chosen (else at
+/// the lease's own). The queue finishes the key even when the rate limiter panics, then re-raises
 /// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
-fn finish<T>(lease: Lease<T>, outcome: Outcome) {
+fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>) {
+    let lease = match priority {
+        Some(p) => lease.with_priority(p),
+        None => lease,
+    };
     if let Err(message) = catch(|| lease.finish(outcome)) {
         tracing::error!(
             panic = %message,

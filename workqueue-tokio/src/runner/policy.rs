@@ -5,7 +5,9 @@ use super::action::{Decision, Failure};
 /// Decides what happens to a key whose reconcile failed.
 ///
 /// Sees the failure, the key and how many failures the rate limiter has recorded for it (before
-/// this one). Any `Fn(&T, &Failure<E>, u32) -> Decision` is a policy:
+/// this one). A retry keeps the priority the key was handed out at unless the decision names
+/// another ([`Decision::with_priority`]). Any `Fn(&T, &Failure<E>, u32) -> Decision` is a
+/// policy:
 ///
 /// ```
 /// use workqueue_tokio::runner::{Decision, Failure};
