@@ -544,14 +544,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// is empty: it never waits for a deadline then.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
-        if self.aging.is_some() {
+        let plain = self.ready.is_plain();
+        if !plain && self.aging.is_some() {
             self.move_overdue();
         }
         match self.ready.peek() {
             Some((slot, _)) => {
                 // User code first: a `Clone` that panics leaves the key queued at the head.
                 let key = self.slots.key(slot).clone();
-                let priority = self.queued_priority(slot);
+                let priority = if plain { 0 } else { self.queued_priority(slot) };
                 self.ready.pop_peeked();
                 self.slots.start_processing(slot);
                 self.processing += 1;
@@ -1068,6 +1069,16 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[inline(always)]
     fn push_ready(&mut self, slot: SlotId, priority: i32, since: u64) {
         self.slots.set_queued(slot);
+        if priority == 0 && self.ready.is_plain() {
+            // No priority, aging or fairness in use: nothing else to keep.
+            self.ready.push(slot, 0, 0);
+            return;
+        }
+        self.push_ready_levels(slot, priority, since);
+    }
+
+    #[inline(never)]
+    fn push_ready_levels(&mut self, slot: SlotId, priority: i32, since: u64) {
         self.set_queued_priority(slot, priority);
         let group = self.group_of(slot);
         self.ready.push(slot, i64::from(priority), group);

@@ -158,6 +158,12 @@ impl ReadyQueue {
         self.positions.is_some()
     }
 
+    /// Whether the set is one plain FIFO (no priority, aging or fairness was used).
+    #[inline(always)]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.positions.is_none()
+    }
+
     /// Switches to keeping levels and positions. Idempotent.
     #[cold]
     pub(crate) fn keep_positions(&mut self) {
