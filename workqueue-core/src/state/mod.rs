@@ -1,10 +1,21 @@
 //! The queue's semantics as a plain, single-threaded state machine.
 //!
-//! [`QueueState`] holds everything a work queue knows: the ready FIFO, which keys are being
-//! processed and which were re-added meanwhile (dirty), the waiting heap of delayed keys, and the
-//! shutdown bookkeeping. It takes no locks, starts no threads and reads no clock: every operation
-//! that depends on time takes `now`. The blocking [`WorkQueue`](crate::WorkQueue) and the tokio
-//! queue are thin drivers around it, and any other runtime can drive it the same way.
+//! [`QueueState`] holds everything a work queue knows: the ready set (priority levels, each a
+//! FIFO or, with fairness, round-robin across groups, and with aging an overdue level above
+//! them), which keys are being processed and which were re-added meanwhile (dirty), the waiting
+//! heap of delayed keys, and the shutdown bookkeeping. It takes no locks, starts no threads and
+//! reads no clock: every operation that depends on time takes `now`. The blocking
+//! [`WorkQueue`](crate::WorkQueue) and the tokio queue are thin drivers around it, and any other
+//! runtime can drive it the same way.
+//!
+//! User code it calls (a key's `Clone`, `Hash` and `Eq`) runs before an operation changes
+//! anything but the moves of time every operation makes first (due keys promoted, and in `get`
+//! overdue keys moved): a panic there leaves the state as it was, with every invariant. Finishing,
+//! shutting down and `len` call no user code. See the crate docs for the whole rule.
+//!
+//! Priorities, aging and fairness cost nothing until they are used: until then the ready set is
+//! one FIFO and no per-key bytes are kept for them (`priorities.rs`, `aging.rs` and the slots'
+//! groups are side arrays allocated on first use).
 //!
 //! ```
 //! use std::time::Duration;
@@ -185,7 +196,9 @@ pub struct Counts {
 ///
 /// Invariants (checked by [`QueueState::check_invariants`] in tests):
 /// - the hash index holds exactly the live slots, each under its key's hash;
-/// - a slot in the ready FIFO is queued, not processing, and appears once;
+/// - a slot in the ready set is queued, not processing, appears once, at the level it records
+///   (its priority, or the overdue level), and, with aging, a queued slot that is not overdue
+///   has one entry in the age order;
 /// - a dirty slot is processing; `processing` counts processing slots;
 /// - the waiting heap holds at most one entry per slot, and none after shutdown;
 /// - every live slot is queued, processing or waiting, and is freed when it is none of these.
