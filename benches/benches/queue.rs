@@ -1,13 +1,13 @@
-//! Criterion benches of W1 (cycle), W2 (dedup), W3 (mpmc) and W11 (priority-cycle): ours against
-//! the client-go port and crossbeam (W11: against our own W1). Each iteration is one whole
-//! workload; throughput is in items (W2: adds).
+//! Criterion benches of W1 (cycle), W2 (dedup), W3 (mpmc), W11 (priority-cycle) and W12
+//! (fair-cycle): ours against the client-go port and crossbeam (W11, W12: against our own W1).
+//! Each iteration is one whole workload; throughput is in items (W2: adds).
 
 mod common;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use workqueue_benches::keys;
 use workqueue_benches::report::Sizes;
-use workqueue_benches::workloads::{w1, w2, w3, w11};
+use workqueue_benches::workloads::{w1, w2, w3, w11, w12};
 
 fn w1_cycle(c: &mut Criterion) {
     let n = Sizes::FULL.w1;
@@ -60,5 +60,22 @@ fn w11_priority_cycle(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, w1_cycle, w2_dedup, w3_mpmc, w11_priority_cycle);
+fn w12_fair_cycle(c: &mut Criterion) {
+    let n = Sizes::FULL.w1;
+    let k = keys(n);
+    let mut g = common::group(c, "W12 fair-cycle", Some(n as u64));
+    g.bench_function("ours", |b| common::whole(b, || w12::ours(&k)));
+    // The target's peer, in the same group so that a `W12` filter runs both.
+    g.bench_function("ours W1 (add)", |b| common::whole(b, || w1::ours(&k)));
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    w1_cycle,
+    w2_dedup,
+    w3_mpmc,
+    w11_priority_cycle,
+    w12_fair_cycle
+);
 criterion_main!(benches);

@@ -1,4 +1,4 @@
-//! Benchmarks of the workqueue crates: workloads W1–W11 of `BENCHMARKS.md`, run side by side with
+//! Benchmarks of the workqueue crates: workloads W1–W12 of `BENCHMARKS.md`, run side by side with
 //! their peers.
 //!
 //! - [`naive`] is the in-run baseline: a faithful port of client-go's work queue, delaying queue and

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11};
+use crate::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
 use crate::{Key, keys};
 
 /// Which direction of a metric is better.
@@ -176,7 +176,7 @@ const NS_ITEM: Metric = Metric {
     better: Better::Lower,
 };
 
-/// The workloads W1–W11 at `sizes`.
+/// The workloads W1–W12 at `sizes`.
 pub fn catalog(sizes: Sizes) -> Vec<Workload> {
     let s = sizes;
     vec![
@@ -422,10 +422,26 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
                 ]
             }),
         },
+        Workload {
+            id: "W12".into(),
+            name: "fair-cycle",
+            metrics: vec![NS_ITEM],
+            // The peer is our own W1, interleaved with W12 in the same repeats.
+            targets: vec![ratio("ours", W1_OURS, 1.5)],
+            build: Box::new(move || {
+                let k = shared_keys(s.w1);
+                let n = s.w1;
+                let (k1, k2) = (k.clone(), k);
+                vec![
+                    row("ours", true, move || vec![per(w12::ours(&k1), n)]),
+                    row(W1_OURS, true, move || vec![per(w1::ours(&k2), n)]),
+                ]
+            }),
+        },
     ]
 }
 
-/// The row of W11 that runs our W1 (plain `add`), the peer of its target.
+/// The row of W11 and W12 that runs our W1 (plain `add`, no options), the peer of their targets.
 const W1_OURS: &str = "ours W1 (add)";
 
 fn ratio(ours: &'static str, peer: &'static str, limit: f64) -> Target {

@@ -10,7 +10,7 @@
 //! or calls for W6–W8); `RUNS` (default 1) repeats it. Implementations: `ours`, `naive`, and per
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
 //! `presized` (W1, W4), `named` (W1), `async` (W5, W10: the tokio queue),
-//! `tokio_sleep` (W5). W11 has `ours` only (its peer is `W1 ours`).
+//! `tokio_sleep` (W5). W11 and W12 have `ours` only (their peer is `W1 ours`).
 //! Prints the figure of each run on stderr.
 
 use std::process::ExitCode;
@@ -19,7 +19,7 @@ use std::time::Duration;
 use workqueue_benches::alloc::CountingAlloc;
 use workqueue_benches::keys;
 use workqueue_benches::report::Sizes;
-use workqueue_benches::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11};
+use workqueue_benches::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -139,6 +139,14 @@ fn main() -> ExitCode {
                 let k = keys(n.unwrap_or(s.w1));
                 let d = match imp {
                     "ours" => w11::ours(&k),
+                    _ => return unknown(&w, imp),
+                };
+                ns(d, k.len())
+            }
+            "W12" => {
+                let k = keys(n.unwrap_or(s.w1));
+                let d = match imp {
+                    "ours" => w12::ours(&k),
                     _ => return unknown(&w, imp),
                 };
                 ns(d, k.len())
