@@ -1189,10 +1189,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     #[inline(always)]
     fn set_queued_priority(&mut self, slot: SlotId, priority: i32) {
-        if priority != 0 {
-            self.use_priorities();
-        }
-        if let Some(p) = &mut self.priorities {
+        if let Some(p) = self.priorities_for(priority) {
             p.set_queued(slot, priority);
         }
     }
@@ -1205,12 +1202,19 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     #[inline(always)]
     fn set_waiting_priority(&mut self, slot: SlotId, priority: i32) {
+        if let Some(p) = self.priorities_for(priority) {
+            p.set_waiting(slot, priority);
+        }
+    }
+
+    /// The per-key priorities to record `priority` in: started for a priority other than 0;
+    /// `None` while every key is at 0 (there is nothing to record).
+    #[inline(always)]
+    fn priorities_for(&mut self, priority: i32) -> Option<&mut Priorities> {
         if priority != 0 {
             self.use_priorities();
         }
-        if let Some(p) = &mut self.priorities {
-            p.set_waiting(slot, priority);
-        }
+        self.priorities.as_deref_mut()
     }
 
     /// Frees `slot` if nothing refers to it, returning its key.
