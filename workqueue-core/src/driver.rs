@@ -595,7 +595,8 @@ where
     }
 
     /// Sets `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`
-    /// from the keys in flight, at the queue clock's `now`. The process-wide refresher calls it
+    /// from the keys in flight, and `workqueue_oldest_ready_seconds` from the queued keys, at the
+    /// queue clock's `now`. The process-wide refresher calls it
     /// every 500 ms; a no-op for an unnamed queue or without the `metrics` feature.
     pub fn refresh_metrics(&self) {
         #[cfg(feature = "metrics")]
@@ -607,8 +608,9 @@ where
                 let g = self.lock();
                 if let Some(t) = g.state.timing() {
                     let (total, longest) = t.unfinished_work(now);
+                    let oldest = g.state.oldest_ready(now).unwrap_or_default();
                     drop(g);
-                    m.unfinished(total, longest);
+                    m.refresh(total, longest, oldest);
                 }
             });
         }

@@ -4,7 +4,7 @@
 //!
 //! | metric | kind | what |
 //! |---|---|---|
-//! | [`DEPTH`] | gauge | keys that are dirty: queued, or re-added while processing |
+//! | [`DEPTH`] | gauge | keys that are dirty (queued, or re-added while processing), per `priority` |
 //! | [`ADDS_TOTAL`] | counter | adds that made a key newly dirty (incl. due delayed keys) |
 //! | [`QUEUE_DURATION_SECONDS`] | histogram | first add since the last get, to get |
 //! | [`WORK_DURATION_SECONDS`] | histogram | get to finish |
@@ -13,6 +13,19 @@
 //! | [`RETRIES_TOTAL`] | counter | delayed and rate-limited adds (incl. delay 0) not rejected by shutdown |
 //! | [`WAITING_DEPTH`] | gauge | keys waiting for their delay (not in client-go) |
 //! | [`RATE_LIMITER_DELAY_SECONDS`] | histogram | delays the rate limiter chose (not in client-go) |
+//! | [`OLDEST_READY_SECONDS`] | gauge | how long the longest-waiting queued key has waited (not in client-go) |
+//!
+//! [`DEPTH`] carries a second label, [`PRIORITY_LABEL`], as controller-runtime's priority queue
+//! (its default queue since v0.23) does: the priority in decimal, `"0"` for every key of a queue
+//! that uses no priorities. Summing over it gives client-go's depth, so dashboards that sum or
+//! select by `name` keep working, and there is one series per priority, never a second unlabelled
+//! one beside them. Cardinality is capped as controller-runtime caps it: the first
+//! [`PRIORITY_LABELS`] distinct priorities get a value each (0 is always one of them, so a queue's
+//! depth series exists from its first emission), and keys at any later one are counted under
+//! [`EXCEEDED_CARDINALITY_LIMIT`]. Unlike controller-runtime, which moves *every* later
+//! change of every priority to the overflow value (so the gauge of a priority seen earlier can
+//! stay stuck high while the overflow goes negative), each series here stays exact: a priority that
+//! has a value keeps it, and the overflow value is the number of keys at the other priorities.
 //!
 //! The two "unfinished" gauges are refreshed every [`REFRESH_PERIOD`] by one process-wide thread,
 //! started on the first get of a named queue and holding only weak references to queues (a queue
@@ -32,6 +45,14 @@ use std::time::Duration;
 
 /// The label that carries the queue's name.
 pub const NAME_LABEL: &str = "name";
+/// The label of [`DEPTH`] that carries the keys' priority (controller-runtime).
+pub const PRIORITY_LABEL: &str = "priority";
+/// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first [`PRIORITY_LABELS`]
+/// (controller-runtime's value).
+pub const EXCEEDED_CARDINALITY_LIMIT: &str = "exceeded_cardinality_limit";
+/// How many distinct priorities get a [`PRIORITY_LABEL`] value of their own (controller-runtime's
+/// limit).
+pub const PRIORITY_LABELS: usize = 25;
 /// Gauge: current depth of the queue (client-go).
 pub const DEPTH: &str = "workqueue_depth";
 /// Counter: adds handled by the queue (client-go).
@@ -50,6 +71,12 @@ pub const RETRIES_TOTAL: &str = "workqueue_retries_total";
 pub const WAITING_DEPTH: &str = "workqueue_waiting_depth";
 /// Histogram: delays chosen by the rate limiter, in seconds (this crate).
 pub const RATE_LIMITER_DELAY_SECONDS: &str = "workqueue_rate_limiter_delay_seconds";
+/// Gauge: seconds the longest-waiting queued key has waited since its first add after it was last
+/// handed out, that is, the queue duration it would record if handed out now; 0 when no key is
+/// queued (this crate). Refreshed with the "unfinished" gauges. A value that keeps growing beyond
+/// the time a worker takes to reach the back of the queue means keys are starving: low priorities
+/// under steady load without `max_ready_wait`, or too few workers.
+pub const OLDEST_READY_SECONDS: &str = "workqueue_oldest_ready_seconds";
 
 /// client-go's (component-base) buckets for the queue and work durations:
 /// `ExponentialBuckets(10e-9, 10, 10)`, 10 ns to 10 s.
@@ -107,7 +134,8 @@ mod emit {
         /// The address of the recorder they were registered with.
         recorder: usize,
         adds: Counter,
-        depth: Gauge,
+        /// One gauge per priority value, registered when the value is first emitted.
+        depth: Vec<(Option<i32>, Gauge)>,
         queue_duration: Histogram,
         work_duration: Histogram,
         waiting_depth: Gauge,
@@ -115,6 +143,7 @@ mod emit {
         limiter_delay: Histogram,
         unfinished: Gauge,
         longest: Gauge,
+        oldest_ready: Gauge,
     }
 
     fn recorder_id(r: &dyn Recorder) -> usize {
@@ -130,7 +159,7 @@ mod emit {
             Handles {
                 recorder: recorder_id(r),
                 adds: r.register_counter(&key(ADDS_TOTAL), &METADATA),
-                depth: r.register_gauge(&key(DEPTH), &METADATA),
+                depth: Vec::new(),
                 queue_duration: r.register_histogram(&key(QUEUE_DURATION_SECONDS), &METADATA),
                 work_duration: r.register_histogram(&key(WORK_DURATION_SECONDS), &METADATA),
                 waiting_depth: r.register_gauge(&key(WAITING_DEPTH), &METADATA),
@@ -138,7 +167,29 @@ mod emit {
                 limiter_delay: r.register_histogram(&key(RATE_LIMITER_DELAY_SECONDS), &METADATA),
                 unfinished: r.register_gauge(&key(UNFINISHED_WORK_SECONDS), &METADATA),
                 longest: r.register_gauge(&key(LONGEST_RUNNING_PROCESSOR_SECONDS), &METADATA),
+                oldest_ready: r.register_gauge(&key(OLDEST_READY_SECONDS), &METADATA),
             }
+        }
+
+        /// The depth gauge for `priority` (`None`: the overflow value), registered on first use.
+        fn depth(&mut self, r: &dyn Recorder, name: &Arc<str>, priority: Option<i32>) -> &Gauge {
+            let i = match self.depth.iter().position(|(p, _)| *p == priority) {
+                Some(i) => i,
+                None => {
+                    let value = match priority {
+                        Some(p) => SharedString::from(p.to_string()),
+                        None => SharedString::const_str(EXCEEDED_CARDINALITY_LIMIT),
+                    };
+                    let labels = vec![
+                        Label::new(NAME_LABEL, SharedString::from(Arc::clone(name))),
+                        Label::new(PRIORITY_LABEL, value),
+                    ];
+                    let gauge = r.register_gauge(&Key::from_parts(DEPTH, labels), &METADATA);
+                    self.depth.push((priority, gauge));
+                    self.depth.len() - 1
+                }
+            };
+            &self.depth[i].1
         }
     }
 
@@ -198,6 +249,11 @@ mod emit {
                 Unit::Seconds,
                 "Delays in seconds chosen by the workqueue's rate limiter"
             );
+            describe_gauge!(
+                OLDEST_READY_SECONDS,
+                Unit::Seconds,
+                "How many seconds the longest-waiting queued item of workqueue has waited"
+            );
         });
     }
 
@@ -214,7 +270,7 @@ mod emit {
         }
 
         /// Runs `f` with the handles for the recorder in effect, registering them if it changed.
-        fn with_handles(&self, f: impl FnOnce(&Handles)) {
+        fn with_handles(&self, f: impl FnOnce(&mut Handles, &dyn Recorder)) {
             describe();
             metrics::with_recorder(|r| {
                 let mut cache = self.handles.lock().unwrap_or_else(|e| e.into_inner());
@@ -222,7 +278,7 @@ mod emit {
                     Some(h) if h.recorder == recorder_id(r) => h,
                     stale => stale.insert(Handles::register(r, &self.name)),
                 };
-                f(handles);
+                f(handles, r);
             });
         }
 
@@ -230,12 +286,14 @@ mod emit {
         pub(crate) fn emit<T, S>(&self, state: &mut QueueState<T, S>) {
             let waiting = state.counts().waiting;
             let Some(t) = state.timing_mut() else { return };
-            self.with_handles(|h| {
+            self.with_handles(|h, r| {
                 let adds = t.take_adds();
                 if adds > 0 {
                     h.adds.increment(adds);
                 }
-                h.depth.set(t.depth() as f64);
+                for (priority, depth) in t.depth_by_priority() {
+                    h.depth(r, &self.name, priority).set(depth as f64);
+                }
                 for d in t.drain_queue_latencies() {
                     h.queue_duration.record(d.as_secs_f64());
                 }
@@ -247,17 +305,19 @@ mod emit {
         }
 
         pub(crate) fn retry(&self) {
-            self.with_handles(|h| h.retries.increment(1));
+            self.with_handles(|h, _| h.retries.increment(1));
         }
 
         pub(crate) fn limiter_delay(&self, delay: Duration) {
-            self.with_handles(|h| h.limiter_delay.record(delay.as_secs_f64()));
+            self.with_handles(|h, _| h.limiter_delay.record(delay.as_secs_f64()));
         }
 
-        pub(crate) fn unfinished(&self, total: Duration, longest: Duration) {
-            self.with_handles(|h| {
+        /// Sets the gauges the refresher keeps fresh.
+        pub(crate) fn refresh(&self, total: Duration, longest: Duration, oldest_ready: Duration) {
+            self.with_handles(|h, _| {
                 h.unfinished.set(total.as_secs_f64());
                 h.longest.set(longest.as_secs_f64());
+                h.oldest_ready.set(oldest_ready.as_secs_f64());
             });
         }
 

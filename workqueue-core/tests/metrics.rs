@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use workqueue_core::metrics::*;
-use workqueue_core::{ManualClock, Outcome, WorkQueue};
+use workqueue_core::{AddOptions, LOW_PRIORITY, ManualClock, Outcome, WorkQueue};
 
 /// A local recorder, and what it saw.
 ///
@@ -71,6 +71,34 @@ impl Probe {
         self.values.get(&Self::id(name, "test")).copied()
     }
 
+    /// The depth gauge of queue `test` for one `priority` label value.
+    fn depth(&self, priority: &str) -> Option<f64> {
+        let labels = vec![
+            ("name".into(), "test".into()),
+            ("priority".into(), priority.into()),
+        ];
+        self.values.get(&(DEPTH.to_string(), labels)).copied()
+    }
+
+    /// Every `priority` value the depth gauge of queue `test` has a series for.
+    fn depth_labels(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .values
+            .keys()
+            .filter(|(name, _)| name == DEPTH)
+            .map(|(_, labels)| {
+                assert_eq!(
+                    labels.len(),
+                    2,
+                    "a depth series without its priority: {labels:?}"
+                );
+                labels[1].1.clone()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     fn histogram(&self, name: &str) -> Vec<f64> {
         self.histograms
             .get(&Self::id(name, "test"))
@@ -99,7 +127,7 @@ fn client_go_test_metrics() {
 
     p.run(|| q.add("foo"));
     assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
-    assert_eq!(p.value(DEPTH), Some(1.0));
+    assert_eq!(p.depth("0"), Some(1.0));
 
     clock.advance(Duration::from_micros(50));
     let lease = p.run(|| q.try_get()).expect("foo");
@@ -113,12 +141,12 @@ fn client_go_test_metrics() {
         }
     });
     assert_eq!(p.value(ADDS_TOTAL), Some(2.0));
-    assert_eq!(p.value(DEPTH), Some(1.0));
+    assert_eq!(p.depth("0"), Some(1.0));
 
     clock.advance(Duration::from_micros(25));
     p.run(|| lease.done());
     assert_eq!(p.histogram(WORK_DURATION_SECONDS), vec![2.5e-05]);
-    assert_eq!(p.value(DEPTH), Some(1.0));
+    assert_eq!(p.depth("0"), Some(1.0));
 
     let lease = p.run(|| q.try_get()).expect("foo again");
     assert_eq!(*lease, "foo");
@@ -131,7 +159,7 @@ fn client_go_test_metrics() {
 
     p.run(|| lease.done());
     assert_eq!(p.histogram(WORK_DURATION_SECONDS), vec![2.5e-05, 0.001]);
-    assert_eq!(p.value(DEPTH), Some(0.0));
+    assert_eq!(p.depth("0"), Some(0.0));
 }
 
 #[test]
@@ -175,7 +203,7 @@ fn recorder_installed_after_construction_still_receives() {
     let mut p = Probe::new();
     p.run(|| q.add("late"));
     assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
-    assert_eq!(p.value(DEPTH), Some(2.0));
+    assert_eq!(p.depth("0"), Some(2.0));
 }
 
 #[test]
@@ -186,18 +214,18 @@ fn depth_and_adds_count_due_delayed_keys() {
     p.run(|| q.add_after("a", Duration::from_secs(1)));
     // Registered with the queue's other handles, not incremented: a delayed add is not an add.
     assert_eq!(p.value(ADDS_TOTAL), Some(0.0));
-    assert_eq!(p.value(DEPTH), Some(0.0));
+    assert_eq!(p.depth("0"), Some(0.0));
     assert_eq!(p.value(WAITING_DEPTH), Some(1.0));
     clock.advance(Duration::from_secs(1));
     p.run(|| assert_eq!(q.len(), 1));
     assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
-    assert_eq!(p.value(DEPTH), Some(1.0));
+    assert_eq!(p.depth("0"), Some(1.0));
     assert_eq!(p.value(WAITING_DEPTH), Some(0.0));
     clock.advance(Duration::from_millis(2));
     let lease = p.run(|| q.try_get()).unwrap();
     // Queue duration runs from when the key became due (its add), not from add_after.
     assert_eq!(p.histogram(QUEUE_DURATION_SECONDS), vec![0.002]);
-    assert_eq!(p.value(DEPTH), Some(0.0));
+    assert_eq!(p.depth("0"), Some(0.0));
     p.run(|| lease.done());
 }
 
@@ -309,4 +337,97 @@ fn buckets_are_client_go_s() {
         assert!((a - b).abs() <= b * 1e-9, "{a} vs {b}");
     }
     assert_eq!(WORK_DURATION_BUCKETS, QUEUE_DURATION_BUCKETS);
+}
+
+#[test]
+fn depth_is_labelled_by_priority_and_moves_with_a_raise() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| q.add("a"));
+    p.run(|| q.add_with("b", AddOptions::priority(LOW_PRIORITY)));
+    p.run(|| q.add_with("c", AddOptions::priority(10)));
+    assert_eq!(p.depth("0"), Some(1.0));
+    assert_eq!(p.depth("-100"), Some(1.0));
+    assert_eq!(p.depth("10"), Some(1.0));
+
+    // Raised: its depth moves to the new priority.
+    p.run(|| q.add_with("b", AddOptions::priority(10)));
+    assert_eq!(p.depth("-100"), Some(0.0));
+    assert_eq!(p.depth("10"), Some(2.0));
+
+    // Handed out, then re-added while processing (dirty), raised, and queued when it ends.
+    let c = p.run(|| q.try_get()).unwrap();
+    assert_eq!(*c, "c");
+    assert_eq!(p.depth("10"), Some(1.0));
+    p.run(|| q.add_with("c", AddOptions::priority(5)));
+    assert_eq!(p.depth("5"), Some(1.0));
+    p.run(|| q.add_with("c", AddOptions::priority(20)));
+    assert_eq!((p.depth("5"), p.depth("20")), (Some(0.0), Some(1.0)));
+    p.run(|| c.done());
+    assert_eq!(p.depth("20"), Some(1.0));
+
+    // One series per priority, no unlabelled one beside them.
+    assert_eq!(p.depth_labels(), ["-100", "0", "10", "20", "5"]);
+    assert_eq!(p.value(DEPTH), None);
+}
+
+#[test]
+fn priorities_beyond_the_label_limit_share_the_overflow_value_and_stay_exact() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    // Priority 0 always has its series: 24 more priorities get one each, the rest overflow.
+    let labelled = PRIORITY_LABELS as i32 - 1;
+    let extra = 5;
+    for i in 1..=labelled + extra {
+        p.run(|| q.add_with(format!("k{i}").leak() as &str, AddOptions::priority(i)));
+    }
+    assert_eq!(p.depth_labels().len(), PRIORITY_LABELS + 1);
+    assert_eq!(p.depth("0"), Some(0.0));
+    assert_eq!(p.depth(EXCEEDED_CARDINALITY_LIMIT), Some(f64::from(extra)));
+    for i in 1..=labelled {
+        assert_eq!(p.depth(&i.to_string()), Some(1.0), "priority {i}");
+    }
+    // The highest priorities, the overflowed ones, go first: the overflow value drains to 0 and
+    // every labelled series keeps its exact value (controller-runtime's would go stale).
+    for _ in 0..extra {
+        p.run(|| q.try_get()).unwrap().done();
+    }
+    assert_eq!(p.depth(EXCEEDED_CARDINALITY_LIMIT), Some(0.0));
+    assert_eq!(p.depth(&labelled.to_string()), Some(1.0));
+    let lease = p.run(|| q.try_get()).unwrap();
+    assert_eq!(*lease, format!("k{labelled}"));
+    assert_eq!(p.depth(&labelled.to_string()), Some(0.0));
+}
+
+#[test]
+fn oldest_ready_is_the_longest_wait_of_a_queued_key() {
+    let mut p = Probe::new();
+    let clock = ManualClock::new();
+    let q = named(&clock);
+    p.run(|| q.add_with("low", AddOptions::priority(LOW_PRIORITY)));
+    clock.advance(Duration::from_secs(2));
+    p.run(|| q.add("normal"));
+    clock.advance(Duration::from_secs(1));
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(OLDEST_READY_SECONDS), Some(3.0));
+
+    // The normal key goes first; the low one is still the oldest.
+    let normal = p.run(|| q.try_get()).unwrap();
+    assert_eq!(*normal, "normal");
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(OLDEST_READY_SECONDS), Some(3.0));
+
+    // A key re-added while processing is not ready: it does not count.
+    let low = p.run(|| q.try_get()).unwrap();
+    clock.advance(Duration::from_secs(1));
+    p.run(|| q.add("normal"));
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(OLDEST_READY_SECONDS), Some(0.0));
+    p.run(|| normal.done());
+    clock.advance(Duration::from_secs(1));
+    p.run(|| q.refresh_metrics());
+    assert_eq!(p.value(OLDEST_READY_SECONDS), Some(1.0));
+    low.done();
 }

@@ -125,8 +125,11 @@ impl Default for StateHarness {
 impl<S: BuildHasher> StateHarness<S> {
     /// A harness on a state hashing with `hasher` (a constant hasher makes every key collide).
     pub fn with_hasher(hasher: S) -> Self {
+        // Timing on: `check_invariants` then also recounts the depth per priority for metrics.
+        let mut state = QueueState::with_hasher(hasher);
+        state.enable_timing();
         StateHarness {
-            state: QueueState::with_hasher(hasher),
+            state,
             model: Model::new(),
             held: Vec::new(),
             seen: BTreeSet::new(),

@@ -84,6 +84,7 @@ async fn example_serves_queue_and_runner_metrics_over_http() {
         qm::RETRIES_TOTAL,
         qm::WAITING_DEPTH,
         qm::RATE_LIMITER_DELAY_SECONDS,
+        qm::OLDEST_READY_SECONDS,
         rm::RECONCILE_TOTAL,
         rm::RECONCILE_ERRORS_TOTAL,
         rm::RECONCILE_PANICS_TOTAL,

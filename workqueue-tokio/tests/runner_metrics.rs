@@ -84,7 +84,11 @@ async fn tokio_queue_measures_on_the_runtime_clock() {
     let m = snapshot(&recorder);
     let name = [("name", "tq")];
     assert_eq!(counter(&m, qm::ADDS_TOTAL, &name), 1);
-    assert_eq!(gauge(&m, qm::DEPTH, &name), 0.0);
+    assert_eq!(
+        gauge(&m, qm::DEPTH, &[("name", "tq"), ("priority", "0")]),
+        0.0
+    );
+    assert_eq!(gauge(&m, qm::OLDEST_READY_SECONDS, &name), 0.0);
     assert_eq!(histogram(&m, qm::QUEUE_DURATION_SECONDS, &name), vec![0.05]);
     assert_eq!(gauge(&m, qm::UNFINISHED_WORK_SECONDS, &name), 0.025);
     lease.done();

@@ -118,9 +118,9 @@ macro_rules! queue_handle_methods {
             self.core.counts()
         }
 
-        /// Refreshes the queue's "unfinished work" gauges now, on the queue's clock (see
-        /// `workqueue_core::metrics`). A background thread does this every 500 ms for named
-        /// queues; a no-op for an unnamed queue or without the `metrics` feature.
+        /// Refreshes the queue's "unfinished work" and oldest-ready gauges now, on the queue's
+        /// clock (see `workqueue_core::metrics`). A background thread does this every 500 ms for
+        /// named queues; a no-op for an unnamed queue or without the `metrics` feature.
         pub fn refresh_metrics(&self) {
             self.core.refresh_metrics()
         }

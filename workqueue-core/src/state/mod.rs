@@ -308,6 +308,15 @@ impl<T, S> QueueState<T, S> {
         self.timing.as_deref()
     }
 
+    /// How long the longest-waiting queued key has waited at `now`, since its first add after it
+    /// was last handed out; `None` without timing or when no key is queued. A scan of the timing
+    /// data: for a refresher's period, not for every operation.
+    pub fn oldest_ready(&self, now: Instant) -> Option<Duration> {
+        let slots = &self.slots;
+        self.timing()?
+            .oldest_ready(now, |slot| slots.is_live(slot) && slots.is_queued(slot))
+    }
+
     /// The timing data, mutably (drivers drain its observations).
     pub fn timing_mut(&mut self) -> Option<&mut Timing> {
         self.timing.as_deref_mut()
@@ -570,7 +579,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
-                    t.on_get(slot, self.now);
+                    t.on_get(slot, self.now, priority);
                 }
                 let ticket = Ticket {
                     slot,
@@ -598,17 +607,17 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         self.processing -= 1;
         // A dirty key's re-add merges into the undone get, at the higher of the two priorities.
-        let dirty = self.slots.stop_processing(slot);
-        let priority = match dirty {
-            true => ticket.priority.max(self.queued_priority(slot)),
-            false => ticket.priority,
-        };
+        let dirty_at = self
+            .slots
+            .stop_processing(slot)
+            .then(|| self.queued_priority(slot));
+        let priority = dirty_at.map_or(ticket.priority, |p| p.max(ticket.priority));
         self.slots.set_queued(slot);
         self.set_queued_priority(slot, priority);
         let (level, group) = (self.level_of(slot), self.group_of(slot));
         self.ready.push_front(slot, level, group);
         if let Some(t) = &mut self.timing {
-            t.on_unget(slot, self.now, dirty);
+            t.on_unget(slot, self.now, priority, dirty_at);
         }
     }
 
@@ -919,6 +928,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             assert!(w.deadline > self.now, "a due key was not promoted");
         }
         self.waiting.check(&self.slots);
+        if let Some(t) = &self.timing {
+            self.check_depths(t);
+        }
+    }
+
+    /// The depth per priority kept for metrics matches a recount of the dirty keys.
+    fn check_depths(&self, timing: &Timing) {
+        let mut expected = std::collections::HashMap::<i32, u64>::new();
+        for &slot in self.index.iter() {
+            let dirty = self.slots.is_queued(slot)
+                || (self.slots.is_processing(slot) && self.slots.is_dirty(slot));
+            if dirty {
+                *expected.entry(self.queued_priority(slot)).or_default() += 1;
+            }
+        }
+        assert_eq!(
+            timing.depth(),
+            expected.values().sum::<u64>(),
+            "the metrics depth is off"
+        );
+        let mut overflow = None;
+        for (priority, depth) in timing.depth_by_priority() {
+            match priority {
+                Some(p) => assert_eq!(
+                    expected.remove(&p).unwrap_or(0),
+                    depth,
+                    "the metrics depth of priority {p} is off"
+                ),
+                None => overflow = Some(depth),
+            }
+        }
+        assert_eq!(
+            expected.values().sum::<u64>(),
+            overflow.unwrap_or(0),
+            "the metrics depth of the priorities beyond the label limit is off"
+        );
     }
 
     // ---- internals -----------------------------------------------------------------------------
@@ -1052,30 +1097,40 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 self.ready.push(slot, i64::from(priority), group);
             }
             self.set_queued_priority(slot, priority);
+            self.timing_raise(current, priority);
             AddStatus::Raised
         } else if self.slots.is_processing(slot) {
             if self.slots.is_dirty(slot) {
-                if priority > self.queued_priority(slot) {
+                let current = self.queued_priority(slot);
+                if priority > current {
                     self.set_queued_priority(slot, priority);
+                    self.timing_raise(current, priority);
                 }
                 AddStatus::AlreadyDirty
             } else {
                 self.slots.set_dirty(slot);
                 self.set_queued_priority(slot, priority);
-                self.timing_add(slot);
+                self.timing_add(slot, priority);
                 AddStatus::Dirty
             }
         } else {
             self.push_ready(slot, priority, since);
-            self.timing_add(slot);
+            self.timing_add(slot, priority);
             AddStatus::Queued
         }
     }
 
     #[inline]
-    fn timing_add(&mut self, slot: SlotId) {
+    fn timing_add(&mut self, slot: SlotId, priority: i32) {
         if let Some(t) = &mut self.timing {
-            t.on_add(slot, self.now);
+            t.on_add(slot, self.now, priority);
+        }
+    }
+
+    #[inline]
+    fn timing_raise(&mut self, from: i32, to: i32) {
+        if let Some(t) = &mut self.timing {
+            t.on_raise(from, to);
         }
     }
 

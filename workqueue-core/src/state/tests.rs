@@ -387,3 +387,39 @@ fn the_index_grows_like_hashbrown_and_keeps_every_key_findable() {
         assert!(q.is_queued(&k), "key {k} lost");
     }
 }
+
+fn depths(q: &QueueState<&'static str>) -> Vec<(Option<i32>, u64)> {
+    let mut d: Vec<_> = q.timing().unwrap().depth_by_priority().collect();
+    d.sort();
+    d
+}
+
+#[test]
+fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
+    let mut q = QueueState::new();
+    q.enable_timing();
+    q.add_with("a", 5, Duration::ZERO, T0);
+    let (t, _) = take(&mut q, T0);
+    assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 0)]);
+    q.unget(t);
+    q.check_invariants();
+    assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 1)]);
+
+    // Re-added at a higher priority while handed out: the undone get merges into that re-add.
+    let (t, _) = take(&mut q, T0);
+    q.add_with("a", 7, Duration::ZERO, T0);
+    assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 0), (Some(7), 1)]);
+    q.unget(t);
+    q.check_invariants();
+    assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 0), (Some(7), 1)]);
+
+    // Re-added at a lower priority: the undone get keeps its own, and the depth moves to it.
+    let (t, _) = take(&mut q, T0);
+    q.add_with("a", 1, Duration::ZERO, T0);
+    q.unget(t);
+    q.check_invariants();
+    assert_eq!(
+        depths(&q),
+        [(Some(0), 0), (Some(1), 0), (Some(5), 0), (Some(7), 1)]
+    );
+}
