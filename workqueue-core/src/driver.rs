@@ -117,6 +117,9 @@ pub struct QueueCore<T, S, N> {
     drain_includes_queued: bool,
     skip_limiter_when_pending: bool,
     group: Option<GroupFn<T>>,
+    /// Every operation reads the clock (aging or metrics need the time of each), not only when
+    /// a waiting key could be due. Fixed at construction: one load on the hot path.
+    always_now: bool,
     name: Option<Arc<str>>,
     notifier: N,
     /// Metrics of a named queue; `None` (and no per-key timing) for an unnamed one.
@@ -147,6 +150,10 @@ where
             state.enable_timing();
             Box::new(crate::metrics::QueueMetrics::new(name))
         });
+        #[cfg(feature = "metrics")]
+        let always_now = state.has_aging() || metrics.is_some();
+        #[cfg(not(feature = "metrics"))]
+        let always_now = state.has_aging();
         QueueCore {
             locked: CachePadded::new(Mutex::new(Locked {
                 state,
@@ -161,6 +168,7 @@ where
             drain_includes_queued: config.drain_includes_queued,
             skip_limiter_when_pending: config.skip_limiter_when_pending,
             group: config.group,
+            always_now,
             name: config.name,
             notifier,
             #[cfg(feature = "metrics")]
@@ -198,7 +206,7 @@ where
     /// due, or when aging or metrics need the time of every operation.
     #[inline]
     pub fn now_for(&self, state: &QueueState<T, S>) -> Instant {
-        if state.has_waiting() || state.has_aging() || self.has_metrics() {
+        if self.always_now || state.has_waiting() {
             self.clock.now()
         } else {
             state.now()
@@ -833,7 +841,7 @@ where
         let (finished, rejected) = self.mutate(|g| {
             let now = match before.now {
                 Some(now) => now,
-                None if g.state.has_waiting() || self.has_metrics() => {
+                None if self.always_now || g.state.has_waiting() => {
                     // A clock that panics finishes the key at the state's latest time.
                     catch_unwind(AssertUnwindSafe(|| self.clock.now())).unwrap_or_else(|panic| {
                         before.panic.get_or_insert(panic);

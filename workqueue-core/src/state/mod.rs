@@ -52,6 +52,7 @@ mod waiting;
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -129,7 +130,8 @@ pub enum Get<T> {
 #[must_use = "a ticket that is never finished keeps its key in flight forever"]
 pub struct Ticket {
     slot: SlotId,
-    state: u32,
+    /// Never zero, so `Option<Ticket>` (in every lease) is no larger than a ticket.
+    state: NonZeroU32,
     priority: i32,
 }
 
@@ -215,7 +217,7 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     shutting_down: bool,
     now: u64,
     seq: u64,
-    id: u32,
+    id: NonZeroU32,
     /// Per-key timing for metrics; `None` (no per-key bytes) unless a driver enables it.
     timing: Option<Box<Timing>>,
     /// Per-key priorities; `None` (every key at 0, no per-key bytes) until a priority other than
@@ -237,9 +239,11 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
 /// an idle queue that sees one key at a time does not allocate on every add.
 const SHRINK_ABOVE: usize = 1024;
 
-fn next_state_id() -> u32 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+fn next_state_id() -> NonZeroU32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    // After 2^32 - 1 states the ids wrap; skip 0.
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    NonZeroU32::new(id).unwrap_or(NonZeroU32::MIN)
 }
 
 impl<T: Hash + Eq + Clone> QueueState<T> {
@@ -445,7 +449,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             Some(slot) => (self.enqueue(slot, 0), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
-                (self.enqueue(slot, 0), None)
+                self.enqueue_new(slot, 0);
+                (AddStatus::Queued, None)
             }
         }
     }
@@ -567,15 +572,29 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
         let plain = self.ready.is_plain();
-        if !plain && self.aging.is_some() {
-            self.move_overdue();
-        }
-        match self.ready.peek() {
-            Some((slot, _)) => {
+        let head = match plain {
+            true => self.ready.plain_front(),
+            false => {
+                if self.aging.is_some() {
+                    self.move_overdue();
+                }
+                self.ready.peek()
+            }
+        };
+        match head {
+            Some(slot) => {
                 // User code first: a `Clone` that panics leaves the key queued at the head.
                 let key = self.slots.key(slot).clone();
-                let priority = if plain { 0 } else { self.queued_priority(slot) };
-                self.ready.pop_peeked();
+                let priority = match plain {
+                    true => {
+                        self.ready.plain_pop_front();
+                        0
+                    }
+                    false => {
+                        self.ready.pop_peeked();
+                        self.queued_priority(slot)
+                    }
+                };
                 self.slots.start_processing(slot);
                 self.processing += 1;
                 if let Some(t) = &mut self.timing {
@@ -1080,6 +1099,13 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.enqueue_at(slot, priority, self.now)
     }
 
+    /// The add rule for a slot just inserted (neither queued nor processing): it is queued.
+    #[inline]
+    fn enqueue_new(&mut self, slot: SlotId, priority: i32) {
+        self.push_ready(slot, priority, self.now);
+        self.timing_add(slot, priority);
+    }
+
     /// The add rule, for a key that becomes ready (if it does) at `since`.
     #[inline]
     fn enqueue_at(&mut self, slot: SlotId, priority: i32, since: u64) -> AddStatus {
@@ -1139,7 +1165,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.slots.set_queued(slot);
         if priority == 0 && self.ready.is_plain() {
             // No priority, aging or fairness in use: nothing else to keep.
-            self.ready.push(slot, 0, 0);
+            self.ready.plain_push_back(slot);
             return;
         }
         self.push_ready_levels(slot, priority, since);

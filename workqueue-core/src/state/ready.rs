@@ -311,11 +311,35 @@ impl ReadyQueue {
         }
     }
 
-    /// The slot handed out next, and its level.
+    /// The head of the plain FIFO. Only without positions (see [`ReadyQueue::is_plain`]): the
+    /// fast path of a queue that uses no priority, aging or fairness.
     #[inline(always)]
-    pub(crate) fn peek(&mut self) -> Option<(SlotId, i64)> {
+    pub(crate) fn plain_front(&self) -> Option<SlotId> {
+        debug_assert!(self.is_plain());
+        self.zero.one.fifo.front().copied()
+    }
+
+    /// Removes the head of the plain FIFO. Only without positions, after `plain_front`.
+    #[inline(always)]
+    pub(crate) fn plain_pop_front(&mut self) {
+        debug_assert!(self.is_plain());
+        self.zero.one.fifo.pop_front();
+        self.len -= 1;
+    }
+
+    /// Pushes `slot` at the tail of the plain FIFO. Only without positions.
+    #[inline(always)]
+    pub(crate) fn plain_push_back(&mut self, slot: SlotId) {
+        debug_assert!(self.is_plain());
+        self.zero.one.fifo.push_back(slot);
+        self.len += 1;
+    }
+
+    /// The slot handed out next.
+    #[inline]
+    pub(crate) fn peek(&mut self) -> Option<SlotId> {
         if self.positions.is_none() {
-            return self.zero.one.fifo.front().map(|&slot| (slot, 0));
+            return self.plain_front();
         }
         if self.len == 0 {
             return None;
@@ -334,21 +358,18 @@ impl ReadyQueue {
         } else {
             &mut level.one
         };
-        Some((
+        Some(
             lane.front()
                 .expect("a lane that is served has a live entry"),
-            level.key,
-        ))
+        )
     }
 
     /// Removes the entry [`ReadyQueue::peek`] returned; with fairness, its group moves to the
     /// tail of the ring, or leaves it.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn pop_peeked(&mut self) {
         if self.positions.is_none() {
-            self.zero.one.fifo.pop_front();
-            self.len -= 1;
-            return;
+            return self.plain_pop_front();
         }
         let which = self.next();
         let fair = self.fair;
