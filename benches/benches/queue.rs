@@ -55,6 +55,7 @@ fn w11_priority_cycle(c: &mut Criterion) {
     let k = keys(n);
     let mut g = common::group(c, "W11 priority-cycle", Some(n as u64));
     g.bench_function("ours", |b| common::whole(b, || w11::ours(&k)));
+    g.bench_function("ours (aging)", |b| common::whole(b, || w11::ours_aging(&k)));
     // The target's peer, in the same group so that a `W11` filter runs both.
     g.bench_function("ours W1 (add)", |b| common::whole(b, || w1::ours(&k)));
     g.finish();

@@ -410,14 +410,16 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             id: "W11".into(),
             name: "priority-cycle",
             metrics: vec![NS_ITEM],
-            // The peer is our own W1, interleaved with W11 in the same repeats.
-            targets: vec![ratio("ours", W1_OURS, 1.3)],
+            // The peer is our own W1, interleaved with W11 in the same repeats; aging's peer is
+            // W11 itself.
+            targets: vec![ratio("ours", W1_OURS, 1.3), ratio(W11_AGING, "ours", 1.1)],
             build: Box::new(move || {
                 let k = shared_keys(s.w1);
                 let n = s.w1;
-                let (k1, k2) = (k.clone(), k);
+                let (k1, k2, k3) = (k.clone(), k.clone(), k);
                 vec![
                     row("ours", true, move || vec![per(w11::ours(&k1), n)]),
+                    row(W11_AGING, true, move || vec![per(w11::ours_aging(&k3), n)]),
                     row(W1_OURS, true, move || vec![per(w1::ours(&k2), n)]),
                 ]
             }),
@@ -443,6 +445,8 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
 
 /// The row of W11 and W12 that runs our W1 (plain `add`, no options), the peer of their targets.
 const W1_OURS: &str = "ours W1 (add)";
+/// The row of W11 with aging on (`max_ready_wait`); its peer is W11's `ours`.
+const W11_AGING: &str = "ours (aging)";
 
 fn ratio(ours: &'static str, peer: &'static str, limit: f64) -> Target {
     Target::Ratio {

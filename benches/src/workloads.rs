@@ -1097,9 +1097,25 @@ pub mod w11 {
         AddOptions::priority((i % 4) as i32)
     }
 
+    /// How long a key may stay ready in [`ours_aging`]: longer than a run, so that no key
+    /// becomes overdue and the row measures what aging's bookkeeping costs (a clock read per add
+    /// and per get, the age order, the overdue check of every get), not a different order.
+    pub const MAX_READY_WAIT: Duration = Duration::from_secs(3600);
+
     /// Our queue.
     pub fn ours(keys: &[Key]) -> Duration {
-        let q = Ours::new();
+        ours_on(Ours::new(), keys)
+    }
+
+    /// Our queue with aging on (`Builder::max_ready_wait`, [`MAX_READY_WAIT`]).
+    pub fn ours_aging(keys: &[Key]) -> Duration {
+        ours_on(
+            WorkQueue::builder().max_ready_wait(MAX_READY_WAIT).build(),
+            keys,
+        )
+    }
+
+    fn ours_on(q: Ours, keys: &[Key]) -> Duration {
         let expected = Fingerprint::of(keys);
         let mut seen = Fingerprint::default();
         let t = Instant::now();

@@ -841,7 +841,10 @@ where
         let (finished, rejected) = self.mutate(|g| {
             let now = match before.now {
                 Some(now) => now,
-                None if self.always_now || g.state.has_waiting() => {
+                // Aging alone does not read it: a key re-queued here (re-added while processing)
+                // then counts as ready since the state's latest time, a little early, which
+                // only serves it sooner.
+                None if g.state.has_waiting() || self.has_metrics() => {
                     // A clock that panics finishes the key at the state's latest time.
                     catch_unwind(AssertUnwindSafe(|| self.clock.now())).unwrap_or_else(|panic| {
                         before.panic.get_or_insert(panic);

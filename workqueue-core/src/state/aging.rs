@@ -24,46 +24,61 @@ use super::slots::SlotId;
 pub(crate) struct Aging {
     /// Nanoseconds a key may be ready before it is overdue.
     pub(crate) max_wait: u64,
-    since: Vec<u64>,
-    generation: Vec<u32>,
-    overdue: Vec<bool>,
+    /// Per slot, in one array so that a key's age is one cache line: at 100k keys, three arrays
+    /// cost W11 a third more time than one.
+    ages: Vec<Age>,
     order: VecDeque<(SlotId, u32)>,
+}
+
+/// A slot's entry in [`Aging`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Age {
+    since: u64,
+    generation: u32,
+    overdue: bool,
 }
 
 impl Aging {
     pub(crate) fn new(max_wait: u64) -> Self {
         Aging {
             max_wait,
-            since: Vec::new(),
-            generation: Vec::new(),
-            overdue: Vec::new(),
+            ages: Vec::new(),
             order: VecDeque::new(),
         }
     }
 
     /// `slot` became ready at `since`.
+    #[inline]
     pub(crate) fn ready(&mut self, slot: SlotId, since: u64) {
         let i = slot as usize;
-        if i >= self.since.len() {
-            self.since.resize(i + 1, 0);
-            self.generation.resize(i + 1, 0);
-            self.overdue.resize(i + 1, false);
+        if i >= self.ages.len() {
+            self.grow(i);
         }
-        self.since[i] = since;
-        self.overdue[i] = false;
-        self.generation[i] = self.generation[i].wrapping_add(1);
-        self.order.push_back((slot, self.generation[i]));
+        let age = &mut self.ages[i];
+        age.since = since;
+        age.overdue = false;
+        age.generation = age.generation.wrapping_add(1);
+        self.order.push_back((slot, age.generation));
+    }
+
+    /// Makes room for slot `i`, doubling: slots are handed out from the bottom, so a growing
+    /// queue asks for one more at each new key.
+    #[cold]
+    fn grow(&mut self, i: usize) {
+        let len = (i + 1).max(self.ages.len() * 2).max(16);
+        self.ages.resize(len, Age::default());
     }
 
     /// When `slot` became ready (meaningful while it is queued).
     pub(crate) fn since(&self, slot: SlotId) -> u64 {
-        self.since[slot as usize]
+        self.ages[slot as usize].since
     }
 
     /// Whether `slot` moved to the overdue level (meaningful while it is queued, or processing
     /// after a get that may be undone).
+    #[inline]
     pub(crate) fn is_overdue(&self, slot: SlotId) -> bool {
-        self.overdue.get(slot as usize).copied().unwrap_or(false)
+        self.ages.get(slot as usize).is_some_and(|a| a.overdue)
     }
 
     /// The next queued slot that has been ready for longer than the limit at `now`, taken out of
@@ -75,11 +90,11 @@ impl Aging {
         status: impl Fn(SlotId) -> (bool, bool),
     ) -> Option<SlotId> {
         let (i, slot) = self.oldest(status)?;
-        if now.saturating_sub(self.since[slot as usize]) <= self.max_wait {
+        if now.saturating_sub(self.ages[slot as usize].since) <= self.max_wait {
             return None;
         }
         self.order.remove(i);
-        self.overdue[slot as usize] = true;
+        self.ages[slot as usize].overdue = true;
         Some(slot)
     }
 
@@ -89,7 +104,7 @@ impl Aging {
     fn oldest(&mut self, status: impl Fn(SlotId) -> (bool, bool)) -> Option<(usize, SlotId)> {
         let mut i = 0;
         while let Some(&(slot, generation)) = self.order.get(i) {
-            let current = self.generation[slot as usize] == generation;
+            let current = self.ages[slot as usize].generation == generation;
             match (current, status(slot)) {
                 (true, (true, _)) => return Some((i, slot)),
                 (true, (false, true)) => i += 1,
@@ -107,7 +122,7 @@ impl Aging {
         self.order
             .iter()
             .filter(|&&(slot, generation)| {
-                is_queued(slot) && self.generation[slot as usize] == generation
+                is_queued(slot) && self.ages[slot as usize].generation == generation
             })
             .map(|&(slot, _)| slot)
             .collect()
@@ -120,10 +135,8 @@ impl Aging {
 
     /// Frees buffers larger than `above` entries; called when the state is empty.
     pub(crate) fn shrink_if_large(&mut self, above: usize) {
-        if self.since.capacity() > above {
-            self.since = Vec::new();
-            self.generation = Vec::new();
-            self.overdue = Vec::new();
+        if self.ages.capacity() > above {
+            self.ages = Vec::new();
         }
         if self.order.capacity() > above {
             self.order = VecDeque::new();
@@ -132,9 +145,7 @@ impl Aging {
 
     pub(crate) fn allocated_bytes(&self) -> usize {
         size_of::<Self>()
-            + self.since.capacity() * size_of::<u64>()
-            + self.generation.capacity() * size_of::<u32>()
-            + self.overdue.capacity()
+            + self.ages.capacity() * size_of::<Age>()
             + self.order.capacity() * size_of::<(SlotId, u32)>()
     }
 }
