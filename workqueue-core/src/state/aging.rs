@@ -19,7 +19,8 @@ use super::slots::SlotId;
 /// that is undone finds the key at its place in age order again.
 ///
 /// Invariants: every queued slot that is not overdue has exactly one entry of its current
-/// generation in `order`; an overdue slot has none (it left `order` when it moved).
+/// generation in `order`; an overdue slot has none (it left `order` when it moved); a slot that is
+/// neither queued nor processing has none (its generation moved on when its lease ended).
 #[derive(Debug)]
 pub(crate) struct Aging {
     /// Nanoseconds a key may be ready before it is overdue.
@@ -69,6 +70,16 @@ impl Aging {
         self.ages.resize(len, Age::default());
     }
 
+    /// `slot`'s lease ended: its entry in the order (kept while it was processing, for a get that
+    /// is undone) is stale from now on. So a current entry always belongs to a queued or
+    /// processing slot, which is what lets [`Aging::next_overdue`] decide from the head alone.
+    #[inline]
+    pub(crate) fn retire(&mut self, slot: SlotId) {
+        if let Some(age) = self.ages.get_mut(slot as usize) {
+            age.generation = age.generation.wrapping_add(1);
+        }
+    }
+
     /// When `slot` became ready (meaningful while it is queued).
     pub(crate) fn since(&self, slot: SlotId) -> u64 {
         self.ages[slot as usize].since
@@ -89,6 +100,13 @@ impl Aging {
         now: u64,
         status: impl Fn(SlotId) -> (bool, bool),
     ) -> Option<SlotId> {
+        // The common case, in one look: the head entry is current (its slot is queued or
+        // processing) and not overdue, so no entry is: the order is ready-time order.
+        let &(head, generation) = self.order.front()?;
+        let age = self.ages[head as usize];
+        if age.generation == generation && now.saturating_sub(age.since) <= self.max_wait {
+            return None;
+        }
         let (i, slot) = self.oldest(status)?;
         if now.saturating_sub(self.ages[slot as usize].since) <= self.max_wait {
             return None;
@@ -126,6 +144,14 @@ impl Aging {
             })
             .map(|&(slot, _)| slot)
             .collect()
+    }
+
+    /// The slots of the current entries (for `check_invariants`).
+    pub(crate) fn current(&self) -> impl Iterator<Item = SlotId> + '_ {
+        self.order
+            .iter()
+            .filter(|&&(slot, generation)| self.ages[slot as usize].generation == generation)
+            .map(|&(slot, _)| slot)
     }
 
     /// Forgets every entry (no key is queued).

@@ -686,6 +686,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             t.on_finish(slot, self.now);
         }
         self.processing -= 1;
+        if let Some(a) = &mut self.aging {
+            a.retire(slot);
+        }
         let mut requeued = false;
         if self.slots.stop_processing(slot) {
             let priority = self.queued_priority(slot);
@@ -913,6 +916,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 live.len() + overdue,
                 queued,
                 "a queued key is missing from the age order, or twice"
+            );
+            assert!(
+                a.current()
+                    .all(|s| self.slots.is_queued(s) || self.slots.is_processing(s)),
+                "a current age entry belongs to a key that is neither queued nor processing"
             );
             let since: Vec<u64> = live.iter().map(|&s| a.since(s)).collect();
             assert!(
