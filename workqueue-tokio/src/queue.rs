@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use workqueue_core::driver::{CoreConfig, Locked, Notifier, QueueCore};
+use workqueue_core::__private::{CoreConfig, Locked, Notifier, QueueCore, Sealed};
 use workqueue_core::state::{DefaultHashBuilder, Get};
 use workqueue_core::{BuildQueue, Builder, DrainIncomplete, Instant, Lease};
 
@@ -47,7 +47,7 @@ pub struct WorkQueue<T, S = DefaultHashBuilder> {
 
 /// The async driver's [`Notifier`]: one `Notify` for getters, one for drains.
 #[derive(Debug, Default)]
-pub struct Notifies {
+pub(crate) struct Notifies {
     getters: Notify,
     drainers: Notify,
 }
@@ -76,9 +76,12 @@ where
 }
 
 /// Marks a [`Builder`] for the async [`WorkQueue`]: `WorkQueue::builder()` returns
-/// `Builder<T, S, Tokio>`.
+/// `Builder<T, S, Tokio>`. Named only to write the builder's type.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Tokio;
+
+impl Sealed for Tokio {}
 
 impl<T, S> BuildQueue<T, S> for Tokio
 where

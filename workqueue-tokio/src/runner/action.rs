@@ -183,7 +183,7 @@ pub(crate) enum Reconciled<E> {
 }
 
 impl<E> Reconciled<E> {
-    /// The one place where a reconcile result becomes queue operations (DESIGN.md section 5): the
+    /// The one place where a reconcile result becomes queue operations (the module docs' table): the
     /// lease's outcome, and the priority of the re-add it asks for (`None`: the lease's own).
     pub(crate) fn outcome(&self) -> (Outcome, Option<i32>) {
         let outcome = match self {
