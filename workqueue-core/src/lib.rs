@@ -63,6 +63,8 @@
 //! `__private`, with the driver core that `workqueue-tokio` builds its queue on: it is public only
 //! because that crate needs it, is not covered by semver, and `workqueue-tokio` depends on an
 //! exact version of this crate for that reason.
+// Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -112,3 +114,8 @@ pub mod __private {
     /// it.
     pub trait Sealed {}
 }
+
+/// This crate's README, whose examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;
