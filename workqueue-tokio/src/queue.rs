@@ -18,11 +18,12 @@ use crate::clock::TokioClock;
 /// The same operations and semantics as the blocking
 /// [`workqueue_core::WorkQueue`], driven by the same state machine: adds are plain methods
 /// (informer callbacks are synchronous), [`get`](WorkQueue::get) and the drains are `async`.
-/// Time is tokio's: with `tokio::time::pause()` delays take no real time. The queue's state is
-/// exact: every operation (`len`, `try_get`, ...) sees a key at its exact deadline. A blocked
-/// [`get`](WorkQueue::get) sleeps on tokio's timer, which fires on whole milliseconds, so it
-/// returns at the first 1 ms tick at or after the deadline (a key due at 1.5 ms: at 2 ms), or
-/// earlier if another operation finds the key due and wakes it. The same holds on real time.
+/// Time is tokio's: with `tokio::time::pause()` (tokio's `test-util` feature) delays take no real
+/// time. The queue's state is exact: every operation (`len`, `try_get`, ...) sees a key at its
+/// exact deadline. A blocked [`get`](WorkQueue::get) sleeps on tokio's timer, which fires on whole
+/// milliseconds, so it returns at the first 1 ms tick at or after the deadline (a key due at
+/// 1.5 ms: at 2 ms), or earlier if another operation finds the key due and wakes it. The same
+/// holds on real time.
 ///
 /// No task runs per queue or per delayed key: a waiting `get` sleeps until the earliest deadline
 /// or until it is notified.
