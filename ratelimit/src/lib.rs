@@ -33,6 +33,8 @@
 //! limiter.forget("ns/pod-a"); // after a success
 //! assert_eq!(limiter.when("ns/pod-a", now), Duration::from_millis(5));
 //! ```
+// Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -61,3 +63,8 @@ pub use limiter::RateLimiter;
 pub use max_of::{MaxOf, MaxPair};
 pub use max_wait::MaxWait;
 pub use token_bucket::TokenBucket;
+
+/// This crate's README, whose examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
+use clap::Parser;
 use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
 use workqueue_core::{Lease, Outcome, WorkQueue};
 use workqueue_model::{Ledger, SplitMix64};
@@ -39,43 +40,46 @@ const BURST: usize = 4096;
 /// Most leases one thread holds at once (`try_get_batch` takes up to this many).
 const MAX_BATCH: usize = 8;
 
-#[derive(Debug, Clone, Copy)]
+/// Soak test: many threads hammer one blocking work queue with random operations.
+#[derive(Debug, Clone, Copy, Parser)]
+#[command(name = "soak")]
 struct Config {
+    /// Seconds to run, all rounds together.
+    #[arg(long, default_value_t = 10.0, value_parser = non_negative_seconds)]
     seconds: f64,
+    /// Threads running random operations (at least 1).
+    #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Distinct keys (at least 1), besides bursts of fresh keys.
+    #[arg(long, default_value_t = 256)]
     keys: usize,
+    /// Rounds, each ending in a drain (at least 1).
+    #[arg(long, default_value_t = 4)]
     rounds: usize,
+    /// Seed of the random operations.
+    #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// A named queue: keeps per-key timing for metrics as well.
+    #[arg(long)]
     named: bool,
+    /// Passed by `cargo bench`-style runners; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn parse_args() -> Result<Config, String> {
-    let mut c = Config {
-        seconds: 10.0,
-        threads: 4,
-        keys: 256,
-        rounds: 4,
-        seed: 0x5eed,
-        named: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--seconds" => c.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?,
-            "--threads" => c.threads = value("--threads")?.parse().map_err(|e| format!("{e}"))?,
-            "--keys" => c.keys = value("--keys")?.parse().map_err(|e| format!("{e}"))?,
-            "--rounds" => c.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
-            "--seed" => c.seed = value("--seed")?.parse().map_err(|e| format!("{e}"))?,
-            "--named" => c.named = true,
-            "--bench" => {} // passed by `cargo bench`-style runners; ignored
-            other => return Err(format!("unknown argument {other}")),
-        }
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("not a non-negative number of seconds: {s}")),
     }
+}
+
+fn parse_args() -> Config {
+    let mut c = Config::parse();
     c.threads = c.threads.max(1);
     c.keys = c.keys.max(1);
     c.rounds = c.rounds.max(1);
-    Ok(c)
+    c
 }
 
 type Key = Arc<str>;
@@ -252,15 +256,7 @@ fn rss_kib() -> Option<u64> {
 }
 
 fn main() -> ExitCode {
-    let cfg = match parse_args() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "soak: {e}\nusage: soak [--seconds N] [--threads T] [--keys K] [--rounds R] [--seed S] [--named]"
-            );
-            return ExitCode::from(2);
-        }
-    };
+    let cfg = parse_args();
     let limiter = MaxPair::new(
         ExponentialFailure::new(Duration::from_micros(50), Duration::from_millis(5)),
         TokenBucket::new(200_000.0, 1_000).expect("valid bucket"),

@@ -19,10 +19,10 @@ use crossbeam_utils::CachePadded;
 use workqueue_ratelimit::{Instant, RateLimiter};
 
 use crate::clock::Clock;
+use crate::drain::{DrainIncomplete, DrainStop};
 use crate::lease::{Lease, LeaseOwner};
 use crate::options::AddOptions;
 use crate::outcome::Outcome;
-use crate::queue::{DrainIncomplete, DrainStop};
 use crate::state::{AddStatus, Counts, Get, QueueState, Ticket};
 use crate::sync::{AtomicBool, Mutex, MutexGuard};
 

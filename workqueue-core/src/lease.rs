@@ -11,12 +11,13 @@ use crate::state::Ticket;
 
 /// The queue side of a [`Lease`]: what finishing a lease does.
 ///
-/// Implemented by the blocking [`WorkQueue`](crate::WorkQueue) and by the tokio queue; a driver
-/// for another runtime implements it to hand out the same `Lease` type. An implementation must
-/// finish the key even when user code it calls (a limiter, a metrics recorder) panics, and may
-/// then let that panic propagate: [`Lease`]'s `Drop` catches it, and swallows it while the
-/// thread is already unwinding (a second panic there would abort the process).
-pub trait LeaseOwner<T>: Send + Sync {
+/// Implemented by the driver core that both queues share (so leases come only from this crate's
+/// queues; a driver for another runtime builds on `QueueState` with a lease type of its own). An
+/// implementation must finish the key even when user code it calls (a limiter, a metrics
+/// recorder) panics, and may then let that panic propagate: [`Lease`]'s `Drop` catches it, and
+/// swallows it while the thread is already unwinding (a second panic there would abort the
+/// process).
+pub(crate) trait LeaseOwner<T>: Send + Sync {
     /// Finishes the key `ticket` was issued for, as `outcome` says.
     fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome);
 }
@@ -69,8 +70,8 @@ pub struct Lease<T> {
 }
 
 impl<T> Lease<T> {
-    /// A lease for `key`, finished through `owner` with `ticket`. For queue drivers.
-    pub fn new(key: T, ticket: Ticket, owner: Arc<dyn LeaseOwner<T>>) -> Self {
+    /// A lease for `key`, finished through `owner` with `ticket`. For the driver core.
+    pub(crate) fn new(key: T, ticket: Ticket, owner: Arc<dyn LeaseOwner<T>>) -> Self {
         Lease {
             key: Some(key),
             ticket: Some(ticket),

@@ -54,11 +54,23 @@
 //! [`state::QueueState`] itself follows the same rule; the reference model in `workqueue-model`
 //! states it (`Model::interrupted`), and the differential property test and fuzz target inject
 //! panics at chosen calls and check the state against the model after each.
+//!
+//! # Stability
+//!
+//! The public API is what these docs show: the queue, its [`Builder`] and [`Lease`]s, the
+//! clocks, the rate limiters, [`parallelize()`], the metric names, and [`state::QueueState`] with
+//! its ticket and result types for a driver of your own. The crate also has a hidden module,
+//! `__private`, with the driver core that `workqueue-tokio` builds its queue on: it is public only
+//! because that crate needs it, is not covered by semver, and `workqueue-tokio` depends on an
+//! exact version of this crate for that reason.
+// Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod clock;
-pub mod driver;
+mod drain;
+mod driver;
 mod lease;
 pub mod metrics;
 mod options;
@@ -72,9 +84,38 @@ mod sync;
 mod loom_tests;
 
 pub use clock::{Clock, ClockWaker, Instant, ManualClock, SystemClock};
-pub use lease::{Lease, LeaseOwner};
+pub use drain::{DrainIncomplete, DrainStop};
+pub use lease::Lease;
 pub use options::{AddOptions, LOW_PRIORITY};
 pub use outcome::Outcome;
 pub use parallelize::{panic_message, parallelize};
-pub use queue::{Blocking, BuildQueue, Builder, Condvars, DrainIncomplete, DrainStop, WorkQueue};
+pub use queue::{Blocking, BuildQueue, Builder, WorkQueue};
+pub use state::{AddStatus, Counts};
 pub use workqueue_ratelimit as ratelimit;
+
+/// The driver core that `workqueue-tokio` builds its queue on. **Not a stable API**: no semver
+/// promise covers anything in here, and it may change in any release.
+///
+/// Both queues share everything but their waiting: [`QueueCore`](__private::QueueCore) holds the
+/// [`QueueState`](state::QueueState) behind a lock, reads the clock, calls the rate limiter
+/// outside the lock and hands out [`Lease`]s; a driver supplies a
+/// [`Notifier`](__private::Notifier) (how it wakes waiters) and its own `get` and drain loops.
+/// `workqueue-tokio` is such a driver, in another crate, so these items must be `pub`; they are
+/// gathered here, hidden from the docs and left out of the public-API snapshot (`api/`), rather
+/// than promised.
+///
+/// A driver for another runtime should build on the stable [`state::QueueState`] instead, with
+/// its own lease type (as `workqueue-model` does), or ask for a stable seam.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::driver::{CoreConfig, Drain, GroupFn, Locked, Notifier, QueueCore};
+
+    /// Seals [`BuildQueue`](crate::BuildQueue): only the queue crates of this family implement
+    /// it.
+    pub trait Sealed {}
+}
+
+/// This crate's README, whose examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;

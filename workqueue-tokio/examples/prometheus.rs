@@ -15,56 +15,28 @@ use std::error::Error;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use tokio_util::sync::CancellationToken;
 use workqueue_core::metrics as queue_metrics;
-use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::metrics as runner_metrics;
 use workqueue_tokio::runner::{Action, Context, Report, Runner};
+use workqueue_tokio::{CancellationToken, WorkQueue};
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
 /// The command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Parser)]
+#[command(
+    name = "prometheus",
+    about = "A small controller whose metrics are served to Prometheus"
+)]
 pub struct Options {
     /// Port on 127.0.0.1; 0 picks a free one.
+    #[arg(long, default_value_t = 9000)]
     pub port: u16,
-    /// Stop after this many seconds; `None` runs until Ctrl-C.
+    /// Stop after this many seconds; without it, run until Ctrl-C.
+    #[arg(long)]
     pub seconds: Option<u64>,
-}
-
-impl Options {
-    /// Parses `--port N` and `--seconds S`.
-    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
-        let mut options = Options {
-            port: 9000,
-            seconds: None,
-        };
-        while let Some(arg) = args.next() {
-            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-            match arg.as_str() {
-                "--port" => {
-                    options.port = value("--port")?
-                        .parse()
-                        .map_err(|e| format!("--port: {e}"))?
-                }
-                "--seconds" => {
-                    options.seconds = Some(
-                        value("--seconds")?
-                            .parse()
-                            .map_err(|e| format!("--seconds: {e}"))?,
-                    )
-                }
-                "-h" | "--help" => {
-                    return Err(
-                        "usage: prometheus [--port N (0: any free port)] [--seconds S]".into(),
-                    );
-                }
-                other => return Err(format!("unknown option {other:?} (try --help)")),
-            }
-        }
-        Ok(options)
-    }
 }
 
 /// Installs the Prometheus recorder globally (once per process) and starts serving `/metrics` on
@@ -127,7 +99,7 @@ pub async fn run_controller(stop: CancellationToken) -> Report {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let options = Options::parse(std::env::args().skip(1))?;
+    let options = Options::parse();
     let addr = install_exporter(options.port)?;
     println!("serving metrics on http://{addr}/metrics");
     let stop = CancellationToken::new();

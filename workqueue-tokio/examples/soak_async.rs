@@ -36,12 +36,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
+use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
-use tokio_util::sync::CancellationToken;
 use workqueue_model::{Ledger, SplitMix64};
-use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::{Lease, Outcome, WorkQueue};
+use workqueue_tokio::ratelimit::ExponentialFailure;
+use workqueue_tokio::{CancellationToken, Lease, Outcome, WorkQueue};
 
 /// Keys per burst of fresh keys (from a range of their own).
 const BURST: usize = 4096;
@@ -52,45 +52,42 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// RSS after the last drain may be at most this many times the RSS after the first.
 const RSS_FACTOR: u64 = 2;
 
-#[derive(Debug, Clone, Copy)]
+/// Soak test: many tokio tasks hammer one async work queue with random operations.
+#[derive(Debug, Clone, Copy, Parser)]
+#[command(name = "soak_async")]
 struct Config {
+    /// Seconds to run, all rounds together.
+    #[arg(long, default_value_t = 10.0, value_parser = non_negative_seconds)]
     seconds: f64,
+    /// The runtime's worker threads (at least 1).
+    #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Tasks running random operations (at least 1).
+    #[arg(long, default_value_t = 16)]
     tasks: usize,
+    /// Distinct keys (at least 1), besides bursts of fresh keys.
+    #[arg(long, default_value_t = 256)]
     keys: usize,
+    /// Rounds, each ending in a drain; 0: one per second, at least 2.
+    #[arg(long, default_value_t = 0)]
     rounds: usize,
+    /// Seed of the random operations.
+    #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
+    /// Passed by `cargo bench`-style runners; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn parse_args() -> Result<Config, String> {
-    let mut c = Config {
-        seconds: 10.0,
-        threads: 4,
-        tasks: 16,
-        keys: 256,
-        rounds: 0,
-        seed: 0x5eed,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--seconds" => c.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?,
-            "--threads" => c.threads = value("--threads")?.parse().map_err(|e| format!("{e}"))?,
-            "--tasks" => c.tasks = value("--tasks")?.parse().map_err(|e| format!("{e}"))?,
-            "--keys" => c.keys = value("--keys")?.parse().map_err(|e| format!("{e}"))?,
-            "--rounds" => c.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
-            "--seed" => c.seed = value("--seed")?.parse().map_err(|e| format!("{e}"))?,
-            "--bench" => {} // passed by `cargo bench`-style runners; ignored
-            other => return Err(format!("unknown argument {other}")),
-        }
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("not a non-negative number of seconds: {s}")),
     }
-    if !(c.seconds.is_finite() && c.seconds >= 0.0) {
-        return Err(format!(
-            "--seconds must be a non-negative number, not {}",
-            c.seconds
-        ));
-    }
+}
+
+fn parse_args() -> Config {
+    let mut c = Config::parse();
     c.threads = c.threads.max(1);
     c.tasks = c.tasks.max(1);
     c.keys = c.keys.max(1);
@@ -98,7 +95,7 @@ fn parse_args() -> Result<Config, String> {
         // One round per second: many drains, each checked.
         c.rounds = (c.seconds as usize).clamp(2, 1000);
     }
-    Ok(c)
+    c
 }
 
 type Key = Arc<str>;
@@ -535,15 +532,7 @@ async fn run(cfg: Config) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cfg = match parse_args() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "soak_async: {e}\nusage: soak_async [--seconds N] [--threads T] [--tasks M] [--keys K] [--rounds R] [--seed S]"
-            );
-            return ExitCode::from(2);
-        }
-    };
+    let cfg = parse_args();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.threads)
         .enable_all()

@@ -30,13 +30,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use clap::Parser;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until};
-use tokio_util::sync::CancellationToken;
-use workqueue_core::ratelimit::{
+use workqueue_tokio::CancellationToken;
+use workqueue_tokio::WorkQueue;
+use workqueue_tokio::ratelimit::{
     MaxWait, RateLimiter, default_controller_rate_limiter, jittered_controller_rate_limiter,
 };
-use workqueue_tokio::WorkQueue;
 
 /// About 30 years: an outage longer than an instant can represent ends no earlier than this.
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -127,16 +128,36 @@ struct Options {
     svg: Option<PathBuf>,
 }
 
-const USAGE: &str = "\
-usage: cargo run --release --example storm -- [OPTIONS]
+/// The command line (`--help` lists it).
+#[derive(Debug, Parser)]
+#[command(
+    name = "storm",
+    about = "A retry storm against an API server that is down, and the policies that prevent it"
+)]
+struct Cli {
+    /// Objects to reconcile
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    objects: u32,
+    /// How long the API is down: seconds, or with s/m/h
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration_arg)]
+    outage: Duration,
+    /// Which policies to run: all | requeue | default | jitter | maxwait, or 1-4
+    #[arg(long, default_value = "all", value_parser = policies_arg)]
+    policy: Policies,
+    /// Concurrent reconciles
+    #[arg(long, default_value_t = 50, value_parser = positive_arg)]
+    workers: usize,
+    /// The cap of the MaxWait policy: seconds, or with s/m/h
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = positive_duration_arg)]
+    max_wait: Duration,
+    /// Also write the chart as an SVG file
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+}
 
-  --objects N        objects to reconcile (default 200)
-  --outage DURATION  how long the API is down: seconds, or with s/m/h (default 10m)
-  --policy P         all | requeue | default | jitter | maxwait, or 1-4 (default all)
-  --workers N        concurrent reconciles (default 50)
-  --max-wait DUR     the cap of the MaxWait policy (default 30s)
-  --svg PATH         also write the chart as an SVG file
-  -h, --help         this text";
+/// The policies `--policy` names.
+#[derive(Debug, Clone)]
+struct Policies(Vec<Policy>);
 
 fn parse_duration(s: &str) -> Option<Duration> {
     let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
@@ -153,66 +174,45 @@ fn parse_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs(secs))
 }
 
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
-    let mut opts = Options {
-        objects: 200,
-        outage: Duration::from_secs(600),
-        policies: Policy::ALL.to_vec(),
-        workers: 50,
-        max_wait: Duration::from_secs(30),
-        svg: None,
-    };
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if arg == "-h" || arg == "--help" {
-            return Ok(None);
-        }
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) => (n.to_string(), Some(v.to_string())),
-            None => (arg, None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        let bad = |v: &str| format!("invalid value for {name}: {v:?}");
-        match name.as_str() {
-            "--objects" => {
-                let v = value()?;
-                opts.objects = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| bad(&v))?;
-            }
-            "--workers" => {
-                let v = value()?;
-                opts.workers = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| bad(&v))?;
-            }
-            "--outage" => {
-                let v = value()?;
-                opts.outage = parse_duration(&v).ok_or_else(|| bad(&v))?;
-            }
-            "--max-wait" => {
-                let v = value()?;
-                opts.max_wait = parse_duration(&v)
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| bad(&v))?;
-            }
-            "--policy" => {
-                let v = value()?;
-                opts.policies = match v.as_str() {
-                    "all" => Policy::ALL.to_vec(),
-                    "requeue" | "1" => vec![Policy::Requeue],
-                    "default" | "2" => vec![Policy::Default],
-                    "jitter" | "3" => vec![Policy::Jitter],
-                    "maxwait" | "4" => vec![Policy::MaxWait],
-                    _ => return Err(bad(&v)),
-                };
-            }
-            "--svg" => opts.svg = Some(PathBuf::from(value()?)),
-            _ => return Err(format!("unknown option {name:?}")),
-        }
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).ok_or_else(|| format!("not a duration (seconds, or with s/m/h): {s}"))
+}
+
+fn positive_duration_arg(s: &str) -> Result<Duration, String> {
+    match duration_arg(s)? {
+        d if d.is_zero() => Err("must be more than 0".to_string()),
+        d => Ok(d),
     }
-    Ok(Some(opts))
+}
+
+fn positive_arg(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("not a positive number: {s}")),
+    }
+}
+
+fn policies_arg(s: &str) -> Result<Policies, String> {
+    Ok(Policies(match s {
+        "all" => Policy::ALL.to_vec(),
+        "requeue" | "1" => vec![Policy::Requeue],
+        "default" | "2" => vec![Policy::Default],
+        "jitter" | "3" => vec![Policy::Jitter],
+        "maxwait" | "4" => vec![Policy::MaxWait],
+        _ => return Err("one of all, requeue, default, jitter, maxwait, 1-4".to_string()),
+    }))
+}
+
+fn parse_args() -> Options {
+    let cli = Cli::parse();
+    Options {
+        objects: cli.objects,
+        outage: cli.outage,
+        policies: cli.policy.0,
+        workers: cli.workers,
+        max_wait: cli.max_wait,
+        svg: cli.svg,
+    }
 }
 
 // ---- the simulated API server ------------------------------------------------------------------
@@ -791,17 +791,7 @@ fn print_results(outcomes: &[Outcome], opts: &Options) {
 }
 
 fn main() {
-    let opts = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(opts)) => opts,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(e) => {
-            eprintln!("error: {e}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let opts = parse_args();
     let wall = std::time::Instant::now();
     // One thread and tokio's paused clock: the simulated hours take no real time, and the same
     // events happen in the same order on every run.

@@ -5,8 +5,8 @@ use workqueue_core::{Clock, Instant};
 /// Tokio's clock (`tokio::time::Instant`), measured from an epoch taken when it is created.
 ///
 /// The async queue reads time only from tokio, so `tokio::time::pause()` and
-/// `#[tokio::test(start_paused = true)]` move the queue's deadlines, its timers and the rate
-/// limiter's `now` on one timeline. Each queue takes its epoch when it is built
+/// `#[tokio::test(start_paused = true)]` (both need tokio's `test-util` feature) move the queue's
+/// deadlines, its timers and the rate limiter's `now` on one timeline. Each queue takes its epoch when it is built
 /// ([`WorkQueue::clock`](crate::WorkQueue::clock) returns it).
 ///
 /// The clock is exact (nanoseconds, paused or not), so the queue's state sees a deadline at its

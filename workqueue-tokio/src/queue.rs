@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use workqueue_core::driver::{CoreConfig, Locked, Notifier, QueueCore};
+use workqueue_core::__private::{CoreConfig, Locked, Notifier, QueueCore, Sealed};
 use workqueue_core::state::{DefaultHashBuilder, Get};
 use workqueue_core::{BuildQueue, Builder, DrainIncomplete, Instant, Lease};
 
@@ -18,11 +18,12 @@ use crate::clock::TokioClock;
 /// The same operations and semantics as the blocking
 /// [`workqueue_core::WorkQueue`], driven by the same state machine: adds are plain methods
 /// (informer callbacks are synchronous), [`get`](WorkQueue::get) and the drains are `async`.
-/// Time is tokio's: with `tokio::time::pause()` delays take no real time. The queue's state is
-/// exact: every operation (`len`, `try_get`, ...) sees a key at its exact deadline. A blocked
-/// [`get`](WorkQueue::get) sleeps on tokio's timer, which fires on whole milliseconds, so it
-/// returns at the first 1 ms tick at or after the deadline (a key due at 1.5 ms: at 2 ms), or
-/// earlier if another operation finds the key due and wakes it. The same holds on real time.
+/// Time is tokio's: with `tokio::time::pause()` (tokio's `test-util` feature) delays take no real
+/// time. The queue's state is exact: every operation (`len`, `try_get`, ...) sees a key at its
+/// exact deadline. A blocked [`get`](WorkQueue::get) sleeps on tokio's timer, which fires on whole
+/// milliseconds, so it returns at the first 1 ms tick at or after the deadline (a key due at
+/// 1.5 ms: at 2 ms), or earlier if another operation finds the key due and wakes it. The same
+/// holds on real time.
 ///
 /// No task runs per queue or per delayed key: a waiting `get` sleeps until the earliest deadline
 /// or until it is notified.
@@ -47,7 +48,7 @@ pub struct WorkQueue<T, S = DefaultHashBuilder> {
 
 /// The async driver's [`Notifier`]: one `Notify` for getters, one for drains.
 #[derive(Debug, Default)]
-pub struct Notifies {
+pub(crate) struct Notifies {
     getters: Notify,
     drainers: Notify,
 }
@@ -76,9 +77,12 @@ where
 }
 
 /// Marks a [`Builder`] for the async [`WorkQueue`]: `WorkQueue::builder()` returns
-/// `Builder<T, S, Tokio>`.
+/// `Builder<T, S, Tokio>`. Named only to write the builder's type.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Tokio;
+
+impl Sealed for Tokio {}
 
 impl<T, S> BuildQueue<T, S> for Tokio
 where

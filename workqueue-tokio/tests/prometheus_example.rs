@@ -155,13 +155,16 @@ async fn example_serves_queue_and_runner_metrics_over_http() {
 
 #[test]
 fn example_options() {
-    let parse = |args: &[&str]| example::Options::parse(args.iter().map(|s| s.to_string()));
+    use clap::Parser;
+    let parse = |args: &[&str]| {
+        example::Options::try_parse_from(std::iter::once("prometheus").chain(args.iter().copied()))
+    };
     assert_eq!(
-        parse(&["--port", "0", "--seconds", "3"]),
-        Ok(example::Options {
+        parse(&["--port", "0", "--seconds", "3"]).unwrap(),
+        example::Options {
             port: 0,
             seconds: Some(3)
-        })
+        }
     );
     assert_eq!(parse(&[]).unwrap().port, 9000);
     assert!(parse(&["--port"]).is_err());

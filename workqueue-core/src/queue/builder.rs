@@ -36,17 +36,26 @@ pub struct Builder<T, S = DefaultHashBuilder, D = Blocking> {
     driver: PhantomData<fn() -> D>,
 }
 
-/// Builds a driver's queue from a [`Builder`]'s configuration.
-pub trait BuildQueue<T, S> {
+/// What a [`Builder`] builds: [`Blocking`] builds the blocking [`WorkQueue`], and
+/// `workqueue_tokio::Tokio` the async one.
+///
+/// Sealed: only the queue crates of this family implement it (a queue for another runtime builds
+/// on [`QueueState`](crate::state::QueueState)).
+pub trait BuildQueue<T, S>: crate::__private::Sealed {
     /// The queue this driver builds.
     type Queue;
-    /// Builds the queue.
+    /// Builds the queue. Not a stable API (its configuration type is the driver core's).
+    #[doc(hidden)]
     fn build(config: CoreConfig<T, S>) -> Self::Queue;
 }
 
-/// Marks a [`Builder`] for the blocking [`WorkQueue`].
+/// Marks a [`Builder`] for the blocking [`WorkQueue`]: the default third parameter of
+/// [`Builder`], named only to write the builder's type.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Blocking;
+
+impl crate::__private::Sealed for Blocking {}
 
 impl<T, S> BuildQueue<T, S> for Blocking
 where
@@ -221,11 +230,6 @@ impl<T, S, D: BuildQueue<T, S>> Builder<T, S, D> {
     /// Builds the queue.
     pub fn build(self) -> D::Queue {
         D::build(self.config)
-    }
-
-    /// The configuration, for drivers that need more than [`BuildQueue`] gives them.
-    pub fn into_config(self) -> CoreConfig<T, S> {
-        self.config
     }
 }
 

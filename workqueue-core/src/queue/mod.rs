@@ -1,7 +1,6 @@
 //! The blocking, thread-safe work queue: [`QueueCore`] with condition variables.
 
 mod builder;
-mod drain;
 mod handle_methods;
 
 use std::fmt;
@@ -12,9 +11,9 @@ use std::time::Duration;
 use workqueue_ratelimit::Instant;
 
 pub use builder::{Blocking, BuildQueue, Builder};
-pub use drain::{DrainIncomplete, DrainStop};
 
 use crate::clock::ClockWaker;
+use crate::drain::DrainIncomplete;
 use crate::driver::{CoreConfig, Locked, Notifier, QueueCore};
 use crate::lease::Lease;
 use crate::state::{DefaultHashBuilder, Get};
@@ -64,7 +63,7 @@ pub struct WorkQueue<T, S = DefaultHashBuilder> {
 /// Waits on a virtual clock are untimed; the clock wakes the queue when it moves
 /// (see [`ClockWaker`]).
 #[derive(Debug, Default)]
-pub struct Condvars {
+pub(crate) struct Condvars {
     getters: Condvar,
     drainers: Condvar,
 }

@@ -100,6 +100,26 @@ impl<E: fmt::Display> fmt::Display for Failure<E> {
     }
 }
 
+/// A failure is an error when the reconcile's error is; [`source`](std::error::Error::source) is
+/// the reconcile's error for [`Failure::Error`], and `None` for a panic or a timeout.
+///
+/// ```
+/// use std::error::Error;
+/// use workqueue_tokio::runner::Failure;
+///
+/// let failure = Failure::Error(std::io::Error::other("connection reset"));
+/// assert_eq!(failure.source().unwrap().to_string(), "connection reset");
+/// assert!(Failure::<std::io::Error>::Timeout.source().is_none());
+/// ```
+impl<E: std::error::Error + 'static> std::error::Error for Failure<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Failure::Error(e) => Some(e),
+            Failure::Panic(_) | Failure::Timeout => None,
+        }
+    }
+}
+
 /// What the error policy decides for a failed reconcile.
 ///
 /// A retry is queued at the priority the key was handed out at, as controller-runtime keeps it
@@ -183,7 +203,7 @@ pub(crate) enum Reconciled<E> {
 }
 
 impl<E> Reconciled<E> {
-    /// The one place where a reconcile result becomes queue operations (DESIGN.md section 5): the
+    /// The one place where a reconcile result becomes queue operations (the module docs' table): the
     /// lease's outcome, and the priority of the re-add it asks for (`None`: the lease's own).
     pub(crate) fn outcome(&self) -> (Outcome, Option<i32>) {
         let outcome = match self {

@@ -1,7 +1,7 @@
 //! The controller runner: workers that lease keys, reconcile them and finish their leases.
 //!
 //! `N` workers loop: `get` → `reconcile(key, ctx)` → `lease.finish(outcome)`, where the outcome
-//! comes from one mapping (DESIGN.md section 5):
+//! comes from one mapping:
 //!
 //! | reconcile returned | queue operation |
 //! |---|---|

@@ -1,3 +1,6 @@
+//! What an incomplete drain reports. Shared by every driver: the driver core decides the outcome,
+//! each queue returns it.
+
 use std::fmt;
 
 /// Why a drain returned before every lease was finished.
