@@ -47,6 +47,7 @@
 mod clock;
 mod queue;
 pub mod runner;
+pub mod source;
 
 pub use clock::TokioClock;
 pub use queue::{Notifies, Tokio, WorkQueue};

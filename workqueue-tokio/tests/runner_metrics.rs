@@ -116,7 +116,7 @@ async fn runner_emits_controller_runtime_metrics() {
     .workers(3)
     .reconcile_timeout(Duration::from_secs(1))
     .cancel_grace(Duration::from_millis(100))
-    .error_policy(|key: &&'static str, _: &_, _| match *key {
+    .error_policy(|key: &&'static str, _: &_, _: &_| match *key {
         "giveup" => Decision::GiveUp,
         _ => Decision::RetryAfter(Duration::from_secs(3600)),
     });
@@ -300,7 +300,7 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
         })
         .error_policy({
             let failures = failures.clone();
-            move |_: &&'static str, failure: &Failure<&'static str>, _| {
+            move |_: &&'static str, failure: &Failure<&'static str>, _: &_| {
                 failures.lock().unwrap().push(format!("{failure}"));
                 Decision::RetryAfter(Duration::from_secs(1))
             }

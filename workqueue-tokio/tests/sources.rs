@@ -1,0 +1,401 @@
+//! The runner's sources: streams of keys fed into its queue (issue 14), and what the tracing span
+//! says about why a key was queued. All on tokio's paused clock.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+use workqueue_tokio::runner::{Action, Context, Report, Runner};
+use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A stream of an mpsc receiver's messages; `dropped` is set when the stream is dropped.
+struct Channel<T> {
+    rx: mpsc::UnboundedReceiver<T>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl<T> Stream for Channel<T> {
+    type Item = T;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<T>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl<T> Drop for Channel<T> {
+    fn drop(&mut self) {
+        self.dropped.store(true, SeqCst);
+    }
+}
+
+fn channel<T>() -> (mpsc::UnboundedSender<T>, Channel<T>, Arc<AtomicBool>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let dropped = Arc::new(AtomicBool::new(false));
+    (
+        tx,
+        Channel {
+            rx,
+            dropped: dropped.clone(),
+        },
+        dropped,
+    )
+}
+
+/// Records each reconciled key.
+fn recording(
+    log: &Arc<Mutex<Vec<String>>>,
+) -> impl Fn(String, Context) -> std::future::Ready<Result<Action, String>> + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |key: String, _ctx: Context| {
+        log.lock().unwrap().push(key);
+        std::future::ready(Ok(Action::Done))
+    }
+}
+
+fn taken(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
+    std::mem::take(&mut *log.lock().unwrap())
+}
+
+/// The backpressure claim: a source far faster than the workers (100k events for 1k keys, one
+/// worker taking 10 ms a key) never makes the queue hold more than one entry per key, and each
+/// key is reconciled at most twice (once for the events before its first lease, once for those
+/// during it).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_100k_events_for_1k_keys_keeps_the_queue_at_1k_keys() {
+    const KEYS: usize = 1_000;
+    const EVENTS: usize = 100_000;
+    let queue: WorkQueue<usize> = WorkQueue::new();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let sample = {
+        let (queue, peak) = (queue.clone(), peak.clone());
+        move || {
+            peak.fetch_max(queue.counts().tracked, SeqCst);
+        }
+    };
+    let events = stream::iter(0..EVENTS).map(|i| i % KEYS).inspect({
+        let sample = sample.clone();
+        move |_| sample()
+    });
+    let reconciles = Arc::new(AtomicUsize::new(0));
+    let reconcile = {
+        let reconciles = reconciles.clone();
+        move |_key: usize, _ctx: Context| {
+            reconciles.fetch_add(1, SeqCst);
+            sample();
+            async {
+                sleep(Duration::from_millis(10)).await;
+                Ok::<_, ()>(Action::Done)
+            }
+        }
+    };
+    let runner = Runner::new(queue.clone(), reconcile).source("burst", events);
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    // 1k keys at 10 ms each: all done well within a minute.
+    sleep(secs(60)).await;
+    queue.shut_down();
+    let report = run.await.unwrap();
+    assert_eq!(report.source_items, EVENTS as u64);
+    assert_eq!(report.sources_ended, 1);
+    assert!(
+        peak.load(SeqCst) <= KEYS,
+        "the queue held {} keys",
+        peak.load(SeqCst)
+    );
+    assert!(
+        peak.load(SeqCst) >= KEYS / 2,
+        "the burst did outpace the worker"
+    );
+    let n = reconciles.load(SeqCst);
+    assert!(
+        (KEYS..=2 * KEYS).contains(&n),
+        "{n} reconciles for {KEYS} keys"
+    );
+    assert_eq!(report.processed, n as u64);
+}
+
+/// A source that ends is reported and the runner goes on: later keys from another source are
+/// still reconciled, and `run` only returns at shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_ends_is_reported_and_the_runner_goes_on() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, watch, _) = channel();
+    let list = stream::iter(["a", "b"].map(String::from));
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), recording(&log))
+        .source("list", list)
+        .source("watch", watch);
+    let run = tokio::spawn(runner.run(stop.clone()));
+    sleep(secs(1)).await;
+    assert_eq!(taken(&log), ["a", "b"]);
+    tx.send("c".to_string()).unwrap();
+    sleep(secs(1)).await;
+    assert_eq!(taken(&log), ["c"]);
+    assert!(!run.is_finished(), "the runner stopped when a source ended");
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(
+        (report.sources_ended, report.source_items, report.processed),
+        (1, 3, 3)
+    );
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("watch error {0}")]
+struct WatchError(u32);
+
+/// Errors in a stream of `Result`s are logged, counted and skipped; the keys around them are
+/// added, and the runner keeps reading the stream.
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_errors_is_skipped_not_stopped() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, watch, _) = channel::<Result<String, WatchError>>();
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), recording(&log)).source("watch", watch);
+    let run = tokio::spawn(runner.run(stop.clone()));
+    tx.send(Ok("a".into())).unwrap();
+    tx.send(Err(WatchError(1))).unwrap();
+    tx.send(Ok("b".into())).unwrap();
+    sleep(secs(1)).await;
+    tx.send(Err(WatchError(2))).unwrap();
+    sleep(secs(1)).await;
+    tx.send(Ok("c".into())).unwrap();
+    sleep(secs(1)).await;
+    assert_eq!(taken(&log), ["a", "b", "c"]);
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(
+        (
+            report.source_errors,
+            report.source_items,
+            report.sources_ended
+        ),
+        (2, 3, 0)
+    );
+}
+
+/// Shutdown while a source is pending: `run` returns at once (nothing in flight), the source is
+/// dropped (the runner stops reading it), and it is not counted as ended.
+#[tokio::test(start_paused = true)]
+async fn shutdown_while_a_source_is_pending() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, watch, dropped) = channel::<String>();
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), recording(&log))
+        .source("pending", stream::pending::<String>())
+        .source("watch", watch);
+    let run = tokio::spawn(runner.run(stop.clone()));
+    sleep(secs(1)).await;
+    let cancelled_at = tokio::time::Instant::now();
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(tokio::time::Instant::now(), cancelled_at, "run waited");
+    assert!(dropped.load(SeqCst), "the source outlived the run");
+    assert!(tx.send("late".into()).is_err());
+    assert_eq!((report.sources_ended, report.source_items), (0, 0));
+    assert!(taken(&log).is_empty());
+}
+
+/// The runner also stops reading its sources when its queue is shut down (and drained).
+#[tokio::test(start_paused = true)]
+async fn a_queue_shut_down_ends_the_run_with_sources_open() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (_tx, watch, dropped) = channel::<String>();
+    let runner = Runner::new(queue.clone(), recording(&log)).source("watch", watch);
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    sleep(secs(1)).await;
+    queue.shut_down();
+    tokio::time::timeout(secs(1), run)
+        .await
+        .expect("run did not return")
+        .unwrap();
+    assert!(dropped.load(SeqCst));
+}
+
+/// A source that panics when polled is ended there: what it yielded before is reconciled, the
+/// panic is counted, and the runner and its other sources go on.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_source_is_ended_without_losing_its_items() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let fragile = stream::iter(["a", "b", "boom", "never"]).map(|k| {
+        assert_ne!(k, "boom", "the source panicked (expected by this test)");
+        k.to_string()
+    });
+    let (tx, watch, _) = channel();
+    let stop = CancellationToken::new();
+    let runner = Runner::new(queue.clone(), recording(&log))
+        .source("fragile", fragile)
+        .source("watch", watch);
+    let run = tokio::spawn(runner.run(stop.clone()));
+    sleep(secs(1)).await;
+    assert_eq!(taken(&log), ["a", "b"]);
+    tx.send("c".to_string()).unwrap();
+    sleep(secs(1)).await;
+    assert_eq!(taken(&log), ["c"]);
+    assert!(!run.is_finished());
+    stop.cancel();
+    let report: Report = run.await.unwrap();
+    assert_eq!(
+        (
+            report.source_panics,
+            report.sources_ended,
+            report.source_items,
+            report.worker_panics
+        ),
+        (1, 1, 3, 0)
+    );
+}
+
+/// Items with options go in with them: a source of `(key, AddOptions)` sets priorities (keys
+/// read together in one batch are served by priority), and a delay is honoured.
+#[tokio::test(start_paused = true)]
+async fn a_source_of_keys_with_options() {
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let reconcile = {
+        let seen = seen.clone();
+        move |key: String, ctx: Context| {
+            seen.lock()
+                .unwrap()
+                .push((key, ctx.priority(), tokio::time::Instant::now()));
+            std::future::ready(Ok::<_, ()>(Action::Done))
+        }
+    };
+    let low = AddOptions::priority(LOW_PRIORITY);
+    let later = AddOptions {
+        after: secs(5),
+        ..AddOptions::default()
+    };
+    let items = stream::iter([
+        ("resync".to_string(), low),
+        ("changed".to_string(), AddOptions::default()),
+        ("later".to_string(), later),
+    ]);
+    let start = tokio::time::Instant::now();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        Runner::new(queue.clone(), reconcile)
+            .source("items", items)
+            .run(stop.clone()),
+    );
+    sleep(secs(10)).await;
+    stop.cancel();
+    run.await.unwrap();
+    let seen = seen.lock().unwrap();
+    let got: Vec<_> = seen
+        .iter()
+        .map(|(k, p, at)| (k.as_str(), *p, at.duration_since(start).as_secs()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("changed", 0, 0),
+            ("resync", LOW_PRIORITY, 0),
+            ("later", 0, 5)
+        ]
+    );
+}
+
+// ---- why a key was queued: the span's `reasons` ------------------------------------------------
+
+/// Records the `key` and `reasons` fields of every `reconcile` span.
+struct ReasonSpans(Arc<Mutex<Vec<String>>>);
+
+struct Fields(Vec<String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if matches!(field.name(), "key" | "reasons") {
+            self.0.push(format!("{}={value:?}", field.name()));
+        }
+    }
+}
+
+impl tracing::Subscriber for ReasonSpans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        if span.metadata().name() == "reconcile" {
+            let mut fields = Fields(Vec::new());
+            span.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0.join(" "));
+        }
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The span of a reconcile names why its key was queued, collapsed across de-duplicated adds: two
+/// sources that add a key while it waits give one reconcile with both; then the reconcile's own
+/// requeue, and a retry after a failure.
+#[tokio::test(start_paused = true)]
+async fn the_span_names_why_a_key_was_queued() {
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(ReasonSpans(spans.clone()));
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    queue.add("busy"); // added directly; keeps the only worker busy for a second
+    let runs = Arc::new(AtomicUsize::new(0));
+    let reconcile = {
+        let runs = runs.clone();
+        move |key: &'static str, _ctx: Context| {
+            let n = if key == "a" {
+                runs.fetch_add(1, SeqCst)
+            } else {
+                usize::MAX
+            };
+            async move {
+                match n {
+                    usize::MAX => sleep(secs(1)).await,
+                    0 => return Ok(Action::RequeueAfter(secs(1))),
+                    1 => return Err("failed"),
+                    _ => {}
+                }
+                Ok(Action::Done)
+            }
+        }
+    };
+    let (list_tx, list, _) = channel();
+    let (watch_tx, watch, _) = channel();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        Runner::new(queue.clone(), reconcile)
+            .source("list", list)
+            .source("watch", watch)
+            .run(stop.clone()),
+    );
+    sleep(Duration::from_millis(100)).await;
+    list_tx.send("a").unwrap();
+    watch_tx.send("a").unwrap();
+    watch_tx.send("a").unwrap();
+    sleep(secs(10)).await;
+    stop.cancel();
+    run.await.unwrap();
+    assert_eq!(
+        *spans.lock().unwrap(),
+        [
+            r#"key="busy" reasons=direct"#,
+            r#"key="a" reasons=source:list,source:watch"#,
+            r#"key="a" reasons=requeue"#,
+            r#"key="a" reasons=retry"#,
+        ]
+    );
+}
