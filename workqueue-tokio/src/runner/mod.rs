@@ -355,11 +355,11 @@ where
     /// Must run inside a tokio runtime (workers and source readers are tasks). Dropping the
     /// future aborts the workers and the source readers; leases finish as dropped leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
-        let metrics = RunnerMetrics::new(self.queue.name());
+        let names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
+        let metrics = RunnerMetrics::new(self.queue.name(), &names);
         if let Err(message) = catch(|| metrics.start(self.workers)) {
             tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
         }
-        let names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
         let counters = Arc::new(Counters::default());
         let reasons = Arc::new(Reasons::new(names));
         let feeder = Arc::new(Feeder {
@@ -548,6 +548,9 @@ where
             caught(m);
             self.reasons.unknown()
         });
+        if let Err(message) = catch(|| self.metrics.queued_for(&reasons)) {
+            caught(message);
+        }
         let priority = lease.priority();
         let span = catch(|| {
             tracing::info_span!("reconcile", key = ?key, attempt, failures, priority, reasons = %reasons)

@@ -93,6 +93,40 @@ pub(crate) struct ReasonSet {
     names: Arc<[Arc<str>]>,
 }
 
+/// One reason of a [`ReasonSet`], for metrics.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // only metrics read it
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Label {
+    Direct,
+    Unknown,
+    Requeue,
+    Retry,
+    /// The source at this index (the last index stands for every source from it on).
+    Source(usize),
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // only metrics read it
+impl ReasonSet {
+    /// Calls `f` with each reason in the set (`Direct` or `Unknown` alone when it has none).
+    pub(crate) fn for_each_label(&self, mut f: impl FnMut(Label)) {
+        let bits = match self.bits {
+            None => return f(Label::Unknown),
+            Some(0) => return f(Label::Direct),
+            Some(bits) => bits,
+        };
+        for bit in 0..64u32 {
+            if bits & (1 << bit) == 0 {
+                continue;
+            }
+            f(match bit {
+                0 => Label::Requeue,
+                1 => Label::Retry,
+                source => Label::Source((source - FIRST_SOURCE_BIT) as usize),
+            });
+        }
+    }
+}
+
 impl fmt::Display for ReasonSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bits = match self.bits {
@@ -149,6 +183,20 @@ mod tests {
         assert_eq!(reasons.take(&"a").to_string(), "direct");
         assert_eq!(reasons.take(&"b").to_string(), "source:s1");
         assert!(reasons.pending.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn labels_name_each_reason() {
+        let reasons = Reasons::new(names(3));
+        reasons.mark([&"a"], source_bit(2));
+        reasons.mark([&"a"], RETRY);
+        let mut labels = Vec::new();
+        reasons.take(&"a").for_each_label(|l| labels.push(l));
+        assert_eq!(labels, [Label::Retry, Label::Source(2)]);
+        labels.clear();
+        reasons.take(&"a").for_each_label(|l| labels.push(l));
+        reasons.unknown().for_each_label(|l| labels.push(l));
+        assert_eq!(labels, [Label::Direct, Label::Unknown]);
     }
 
     #[test]
