@@ -21,6 +21,13 @@
 //! recorder, the error policy itself, which is then asked about its own panic; a second panic
 //! retries). A worker never dies of a panic (see [`Runner::run`]).
 //!
+//! Keys come from the queue (added by anyone holding a clone) and from the runner's sources
+//! ([`Runner::source`]: streams of keys, read while the runner runs). Every reconcile and the
+//! error policy get a [`Context`]: the shared data given once ([`Runner::context`]), the
+//! cancellation, the priority, and two counts of earlier failures ([`Context::failures`], the
+//! runner's, and [`Context::attempt`], the rate limiter's). Why a key was queued is in the
+//! reconcile's span and metrics, not in the context (see [`Context`]).
+//!
 //! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
 //! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
 //! their futures are dropped and their keys retried. `run` then returns a [`Report`].
