@@ -1,70 +1,19 @@
-//! The runner's sources: streams of keys fed into its queue (issue 14), and what the tracing span
-//! says about why a key was queued. All on tokio's paused clock.
+//! The runner's sources: streams of keys fed into its queue (issue 14). All on tokio's paused
+//! clock.
 
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+mod sources_common;
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use futures_util::stream::{self, Stream, StreamExt};
-use tokio::sync::mpsc;
+use futures_util::stream::{self, StreamExt};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::{Action, Context, Report, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// A stream of an mpsc receiver's messages; `dropped` is set when the stream is dropped.
-struct Channel<T> {
-    rx: mpsc::UnboundedReceiver<T>,
-    dropped: Arc<AtomicBool>,
-}
-
-impl<T> Stream for Channel<T> {
-    type Item = T;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<T>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-impl<T> Drop for Channel<T> {
-    fn drop(&mut self) {
-        self.dropped.store(true, SeqCst);
-    }
-}
-
-fn channel<T>() -> (mpsc::UnboundedSender<T>, Channel<T>, Arc<AtomicBool>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let dropped = Arc::new(AtomicBool::new(false));
-    (
-        tx,
-        Channel {
-            rx,
-            dropped: dropped.clone(),
-        },
-        dropped,
-    )
-}
-
-/// Records each reconciled key.
-fn recording(
-    log: &Arc<Mutex<Vec<String>>>,
-) -> impl Fn(String, Context) -> std::future::Ready<Result<Action, String>> + Send + Sync + 'static
-{
-    let log = log.clone();
-    move |key: String, _ctx: Context| {
-        log.lock().unwrap().push(key);
-        std::future::ready(Ok(Action::Done))
-    }
-}
-
-fn taken(log: &Arc<Mutex<Vec<String>>>) -> Vec<String> {
-    std::mem::take(&mut *log.lock().unwrap())
-}
+use sources_common::{WatchError, channel, recording, secs, taken};
 
 /// The backpressure claim: a source far faster than the workers (100k events for 1k keys, one
 /// worker taking 10 ms a key) never makes the queue hold more than one entry per key, and each
@@ -149,10 +98,6 @@ async fn a_stream_that_ends_is_reported_and_the_runner_goes_on() {
         (1, 3, 3)
     );
 }
-
-#[derive(Debug, thiserror::Error)]
-#[error("watch error {0}")]
-struct WatchError(u32);
 
 /// Errors in a stream of `Result`s are logged, counted and skipped; the keys around them are
 /// added, and the runner keeps reading the stream.
@@ -306,96 +251,6 @@ async fn a_source_of_keys_with_options() {
             ("changed", 0, 0),
             ("resync", LOW_PRIORITY, 0),
             ("later", 0, 5)
-        ]
-    );
-}
-
-// ---- why a key was queued: the span's `reasons` ------------------------------------------------
-
-/// Records the `key` and `reasons` fields of every `reconcile` span.
-struct ReasonSpans(Arc<Mutex<Vec<String>>>);
-
-struct Fields(Vec<String>);
-
-impl tracing::field::Visit for Fields {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if matches!(field.name(), "key" | "reasons") {
-            self.0.push(format!("{}={value:?}", field.name()));
-        }
-    }
-}
-
-impl tracing::Subscriber for ReasonSpans {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        if span.metadata().name() == "reconcile" {
-            let mut fields = Fields(Vec::new());
-            span.record(&mut fields);
-            self.0.lock().unwrap().push(fields.0.join(" "));
-        }
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// The span of a reconcile names why its key was queued, collapsed across de-duplicated adds: two
-/// sources that add a key while it waits give one reconcile with both; then the reconcile's own
-/// requeue, and a retry after a failure.
-#[tokio::test(start_paused = true)]
-async fn the_span_names_why_a_key_was_queued() {
-    let spans = Arc::new(Mutex::new(Vec::new()));
-    let _subscriber = tracing::subscriber::set_default(ReasonSpans(spans.clone()));
-    let queue: WorkQueue<&'static str> = WorkQueue::new();
-    queue.add("busy"); // added directly; keeps the only worker busy for a second
-    let runs = Arc::new(AtomicUsize::new(0));
-    let reconcile = {
-        let runs = runs.clone();
-        move |key: &'static str, _ctx: Context| {
-            let n = if key == "a" {
-                runs.fetch_add(1, SeqCst)
-            } else {
-                usize::MAX
-            };
-            async move {
-                match n {
-                    usize::MAX => sleep(secs(1)).await,
-                    0 => return Ok(Action::RequeueAfter(secs(1))),
-                    1 => return Err("failed"),
-                    _ => {}
-                }
-                Ok(Action::Done)
-            }
-        }
-    };
-    let (list_tx, list, _) = channel();
-    let (watch_tx, watch, _) = channel();
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(
-        Runner::new(queue.clone(), reconcile)
-            .source("list", list)
-            .source("watch", watch)
-            .run(stop.clone()),
-    );
-    sleep(Duration::from_millis(100)).await;
-    list_tx.send("a").unwrap();
-    watch_tx.send("a").unwrap();
-    watch_tx.send("a").unwrap();
-    sleep(secs(10)).await;
-    stop.cancel();
-    run.await.unwrap();
-    assert_eq!(
-        *spans.lock().unwrap(),
-        [
-            r#"key="busy" reasons=direct"#,
-            r#"key="a" reasons=source:list,source:watch"#,
-            r#"key="a" reasons=requeue"#,
-            r#"key="a" reasons=retry"#,
         ]
     );
 }
