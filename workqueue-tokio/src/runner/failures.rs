@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use super::action::{Decision, Reconciled};
@@ -18,17 +19,26 @@ use super::action::{Decision, Reconciled};
 #[derive(Debug)]
 pub(crate) struct FailureCounts<T> {
     counts: Mutex<HashMap<T, u32>>,
+    /// Whether `counts` may hold entries: false only while it is empty (written under its lock),
+    /// so that while no key is failing, a reconcile takes no lock here. A key's entry is written
+    /// at the end of one lease and read at the start of its next; the queue's lock orders the
+    /// two, so the read sees the flag the write set.
+    any: AtomicBool,
 }
 
 impl<T: Hash + Eq + Clone> FailureCounts<T> {
     pub(crate) fn new() -> Self {
         FailureCounts {
             counts: Mutex::new(HashMap::new()),
+            any: AtomicBool::new(false),
         }
     }
 
     /// Failures in a row of `key` so far.
     pub(crate) fn get(&self, key: &T) -> u32 {
+        if !self.any.load(Ordering::Acquire) {
+            return 0;
+        }
         let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         counts.get(key).copied().unwrap_or(0)
     }
@@ -36,17 +46,27 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
     /// Records `key`'s verdict: a success or a give-up resets, any other failure counts, an
     /// interrupted reconcile changes nothing.
     pub(crate) fn record<E>(&self, key: &T, verdict: &Reconciled<E>) {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         match verdict {
             Reconciled::Ok(_) | Reconciled::Failed(_, Decision::GiveUp) => {
-                counts.remove(key);
-            }
-            Reconciled::Failed(..) => match counts.get_mut(key) {
-                Some(n) => *n = n.saturating_add(1),
-                None => {
-                    counts.insert(key.clone(), 1);
+                if !self.any.load(Ordering::Acquire) {
+                    return;
                 }
-            },
+                let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+                counts.remove(key);
+                if counts.is_empty() {
+                    self.any.store(false, Ordering::Release);
+                }
+            }
+            Reconciled::Failed(..) => {
+                let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+                self.any.store(true, Ordering::Release);
+                match counts.get_mut(key) {
+                    Some(n) => *n = n.saturating_add(1),
+                    None => {
+                        counts.insert(key.clone(), 1);
+                    }
+                }
+            }
             Reconciled::Interrupted => {}
         }
     }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A reason bit: a requeue the reconcile asked for.
@@ -33,6 +34,11 @@ pub(crate) fn source_bit(index: usize) -> u64 {
 /// an exact account.
 pub(crate) struct Reasons<T> {
     pending: Mutex<HashMap<T, u64>>,
+    /// Whether `pending` may hold entries: false only while it is empty (written under its
+    /// lock). A runner without sources and without retries then takes no lock per lease. A mark
+    /// is made before the add it explains, and the queue's lock orders that add before the lease
+    /// that takes it, so the lease's `take` sees the flag the mark set.
+    any: AtomicBool,
     /// The sources' names, by index.
     names: Arc<[Arc<str>]>,
 }
@@ -41,6 +47,7 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
     pub(crate) fn new(names: Arc<[Arc<str>]>) -> Self {
         Reasons {
             pending: Mutex::new(HashMap::new()),
+            any: AtomicBool::new(false),
             names,
         }
     }
@@ -53,6 +60,7 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
         // A panic in a key's Hash or Eq leaves the map valid (std's map is panic-safe) and is
         // the caller's to catch; so is poisoning ignored.
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        self.any.store(true, Ordering::Release);
         for key in keys {
             match pending.get_mut(key) {
                 Some(bits) => *bits |= bit,
@@ -65,12 +73,16 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
 
     /// Takes the reasons of a key that was just handed out.
     pub(crate) fn take(&self, key: &T) -> ReasonSet {
-        let bits = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key)
-            .unwrap_or(0);
+        let bits = if self.any.load(Ordering::Acquire) {
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            let bits = pending.remove(key).unwrap_or(0);
+            if pending.is_empty() {
+                self.any.store(false, Ordering::Release);
+            }
+            bits
+        } else {
+            0
+        };
         ReasonSet {
             bits: Some(bits),
             names: self.names.clone(),
@@ -183,6 +195,12 @@ mod tests {
         assert_eq!(reasons.take(&"a").to_string(), "direct");
         assert_eq!(reasons.take(&"b").to_string(), "source:s1");
         assert!(reasons.pending.lock().unwrap().is_empty());
+        assert!(
+            !reasons.any.load(Ordering::Relaxed),
+            "no lock on the next take"
+        );
+        reasons.mark([&"c"], REQUEUE);
+        assert_eq!(reasons.take(&"c").to_string(), "requeue");
     }
 
     #[test]
