@@ -1,6 +1,7 @@
 //! The runner's sources: streams of keys fed into its queue (issue 14). All on tokio's paused
 //! clock.
 
+mod common;
 mod sources_common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::{Action, Context, Report, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
+use common::Fragile;
 use sources_common::{WatchError, channel, recording, secs, taken};
 
 /// The backpressure claim: a source far faster than the workers (100k events for 1k keys, one
@@ -252,5 +254,44 @@ async fn a_source_of_keys_with_options() {
             ("resync", LOW_PRIORITY, 0),
             ("later", 0, 5)
         ]
+    );
+}
+
+/// A key whose `Clone` panics while the runner records why it was queued (its first clone) is
+/// still added, and so are the keys after it in the same batch: the source's reader survives.
+#[tokio::test(start_paused = true)]
+async fn a_key_that_panics_in_a_batch_loses_nothing_after_it() {
+    let queue: WorkQueue<Fragile> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let reconcile = {
+        let log = log.clone();
+        move |key: Fragile, _ctx: Context| {
+            log.lock().unwrap().push(key.name);
+            std::future::ready(Ok::<_, ()>(Action::Done))
+        }
+    };
+    let keys = stream::iter([
+        Fragile::sturdy("a"),
+        Fragile::new("bad", |n| n == 1, |_| false),
+        Fragile::sturdy("c"),
+    ]);
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        Runner::new(queue.clone(), reconcile)
+            .source("fragile", keys)
+            .run(stop.clone()),
+    );
+    sleep(secs(1)).await;
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(*log.lock().unwrap(), ["a", "bad", "c"]);
+    assert_eq!(
+        (
+            report.processed,
+            report.panics,
+            report.source_panics,
+            report.sources_ended
+        ),
+        (3, 0, 0, 1)
     );
 }
