@@ -68,6 +68,83 @@
 //! in `workqueue-core`, in a module that is hidden and explicitly unstable (`__private`), so that
 //! both queues share one implementation without promising it to anyone else. This crate
 //! therefore depends on an exact version of `workqueue-core` (`=`): the two are released together.
+//!
+//! # Feeding the runner
+//!
+//! A [`Runner`](runner::Runner) reads any number of streams of keys ([`Runner::source`](runner::Runner::source)),
+//! shapes them with plain stream stages ([`source::changed`], [`source::keys`]), and gives every
+//! reconcile and the error policy one shared `Arc` ([`Runner::context`](runner::Runner::context)).
+//! The README's "Feeding the runner" section is this example:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use futures_util::stream::{self, StreamExt};
+//! use tokio_util::sync::CancellationToken;
+//! use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+//! use workqueue_tokio::source::{Relevant, changed, keys};
+//! use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
+//!
+//! /// What a watch yields (kube-runtime's watcher, or your own).
+//! enum Event {
+//!     Applied { name: String, generation: u64, owner: Option<String> },
+//!     Deleted { name: String },
+//! }
+//!
+//! /// Shared by every reconcile and the error policy: an API client, a cache, a recorder...
+//! struct State;
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("API error")]
+//! struct ApiError;
+//!
+//! # fn watch_apps() -> impl futures_util::Stream<Item = Event> + Send + 'static {
+//! #     let app = |name: &str, generation| Event::Applied { name: name.into(), generation, owner: None };
+//! #     stream::iter([app("default/web", 1), app("default/web", 1), Event::Deleted { name: "default/db".into() }])
+//! # }
+//! # fn watch_pods() -> impl futures_util::Stream<Item = Event> + Send + 'static {
+//! #     stream::iter([Event::Applied { name: "default/web-1".into(), generation: 1, owner: Some("default/web".into()) }])
+//! # }
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let (apps, pods) = (watch_apps(), watch_pods());
+//! let queue: WorkQueue<String> = WorkQueue::new();
+//! let shutdown = CancellationToken::new(); // cancelled on SIGTERM, say
+//! // Only a spec change (generation) queues an app, not a status write; a delete frees its memory.
+//! let apps = changed(apps, |e: &Event| match e {
+//!     Event::Applied { name, generation, .. } => Relevant::Object(name.clone(), *generation),
+//!     Event::Deleted { name } => Relevant::Deleted(name.clone()),
+//! });
+//! let apps = apps.map(|e| match e {
+//!     Event::Applied { name, .. } | Event::Deleted { name } => name,
+//! });
+//! // A pod's event queues the app that owns it.
+//! let owners = keys(pods, |e: Event| match e {
+//!     Event::Applied { owner, .. } => owner,
+//!     Event::Deleted { .. } => None,
+//! });
+//! // A resync (here of one key), served behind every change.
+//! let resync = stream::iter(["default/web".to_string()]).map(|k| (k, AddOptions::priority(LOW_PRIORITY)));
+//! # tokio::spawn({ let s = shutdown.clone(); async move { tokio::time::sleep(Duration::from_secs(1)).await; s.cancel() } });
+//! let report = Runner::new(queue, |key: String, ctx: Context<State>| async move {
+//!     let _state: &State = ctx.data();
+//!     println!("reconciling {key}");
+//!     Ok::<_, ApiError>(Action::Done)
+//! })
+//! .context(Arc::new(State))
+//! // Retry every 30 s, at most 5 times: the runner's failure count sees every failure.
+//! .error_policy(|_: &String, _: &Failure<ApiError>, ctx: &Context<State>| {
+//!     if ctx.failures() < 5 { Decision::RetryAfter(Duration::from_secs(30)) } else { Decision::GiveUp }
+//! })
+//! .source("apps", apps)
+//! .source("pods", owners)
+//! .source("resync", resync)
+//! .run(shutdown.clone())
+//! .await;
+//! # // web (from three sources, de-duplicated) and db; the repeated event was dropped.
+//! # assert_eq!((report.processed, report.sources_ended, report.source_items), (2, 3, 4));
+//! # }
+//! ```
 // Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -76,6 +153,7 @@
 mod clock;
 mod queue;
 pub mod runner;
+pub mod source;
 
 pub use clock::TokioClock;
 pub use queue::{Tokio, WorkQueue};

@@ -279,12 +279,12 @@ async fn policy_retry_after_uses_the_fixed_delay() {
     let seen: Log<(Key, u32)> = Log::new(log.start);
     let policy = {
         let seen = seen.clone();
-        move |key: &Key, failure: &Failure<&'static str>, requeues: u32| {
+        move |key: &Key, failure: &Failure<&'static str>, ctx: &Context| {
             assert!(
                 matches!(failure, Failure::Error("transient")),
                 "{failure:?}"
             );
-            seen.push((*key, requeues));
+            seen.push((*key, ctx.attempt()));
             Decision::RetryAfter(secs(7))
         }
     };
@@ -314,8 +314,8 @@ async fn policy_retry_after_uses_the_fixed_delay() {
 async fn policy_give_up_forgets_and_does_not_requeue() {
     let queue = queue();
     let log = Log::new(Instant::now());
-    let policy = |_: &Key, _: &Failure<&'static str>, requeues: u32| {
-        if requeues >= 1 {
+    let policy = |_: &Key, _: &Failure<&'static str>, ctx: &Context| {
+        if ctx.attempt() >= 1 {
             Decision::GiveUp
         } else {
             Decision::Retry
@@ -399,9 +399,9 @@ async fn terminal_error_policy_as_a_closure() {
     let decisions: Log<(Key, ReconcileError, u32)> = Log::new(log.start);
     let policy = {
         let decisions = decisions.clone();
-        move |key: &Key, failure: &Failure<ReconcileError>, requeues: u32| match failure {
+        move |key: &Key, failure: &Failure<ReconcileError>, ctx: &Context| match failure {
             Failure::Error(e) => {
-                decisions.push((*key, *e, requeues));
+                decisions.push((*key, *e, ctx.attempt()));
                 match e {
                     ReconcileError::Terminal => Decision::GiveUp,
                     ReconcileError::Transient => Decision::Retry,
@@ -467,9 +467,9 @@ async fn panics_are_caught_counted_and_retried() {
     let failures: Log<(Key, String, u32)> = Log::new(log.start);
     let policy = {
         let failures = failures.clone();
-        move |key: &Key, failure: &Failure<&'static str>, requeues: u32| {
+        move |key: &Key, failure: &Failure<&'static str>, ctx: &Context| {
             match failure {
-                Failure::Panic(message) => failures.push((*key, message.clone(), requeues)),
+                Failure::Panic(message) => failures.push((*key, message.clone(), ctx.attempt())),
                 other => panic!("unexpected failure {other:?}"),
             }
             Decision::Retry
@@ -519,7 +519,7 @@ async fn panics_are_caught_counted_and_retried() {
 async fn panicking_policy_retries() {
     let queue = queue();
     let log = Log::new(Instant::now());
-    let policy = |_: &Key, _: &Failure<&'static str>, _: u32| -> Decision {
+    let policy = |_: &Key, _: &Failure<&'static str>, _: &Context| -> Decision {
         panic!("policy panicked (expected by this test)")
     };
     let runner = Runner::new(queue.clone(), fail_first(&log, 1))
@@ -543,7 +543,7 @@ async fn a_panicking_error_policy_is_asked_about_its_own_panic() {
     let asked: Log<String> = Log::new(log.start);
     let policy = {
         let asked = asked.clone();
-        move |_: &Key, failure: &Failure<&'static str>, _: u32| {
+        move |_: &Key, failure: &Failure<&'static str>, _: &Context| {
             asked.push(failure.to_string());
             match failure {
                 Failure::Error(_) => panic!("policy panicked (expected by this test)"),
@@ -605,7 +605,7 @@ async fn timeout_cancels_the_context_and_retries() {
     let policy_saw = Arc::new(AtomicU32::new(0));
     let policy = {
         let policy_saw = policy_saw.clone();
-        move |_: &Key, failure: &Failure<&'static str>, _: u32| {
+        move |_: &Key, failure: &Failure<&'static str>, _: &Context| {
             assert!(matches!(failure, Failure::Timeout), "{failure:?}");
             policy_saw.fetch_add(1, SeqCst);
             Decision::Retry
@@ -1000,7 +1000,7 @@ async fn report_counts() {
             }
         }
     };
-    let policy = |key: &Key, _: &Failure<&'static str>, _: u32| {
+    let policy = |key: &Key, _: &Failure<&'static str>, _: &Context| {
         if *key == "hopeless" {
             Decision::GiveUp
         } else {
@@ -1183,7 +1183,7 @@ async fn the_error_policy_chooses_the_priority_of_a_retry() {
         "up" | "down" => Some(Err("transient")),
         _ => None,
     });
-    let policy = |key: &Key, _: &Failure<&'static str>, _: u32| match *key {
+    let policy = |key: &Key, _: &Failure<&'static str>, _: &Context| match *key {
         "up" => Decision::Retry.with_priority(7),
         _ => Decision::RetryAfter(ms(1)).with_priority(LOW_PRIORITY),
     };
@@ -1251,10 +1251,10 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
             }
         }
     };
-    let policy = |key: &usize, _: &Failure<usize>, requeues: u32| match key % 3 {
+    let policy = |key: &usize, _: &Failure<usize>, ctx: &Context| match key % 3 {
         0 => Decision::Retry,
         1 => Decision::RetryAfter(Duration::ZERO),
-        _ if requeues >= 2 => Decision::GiveUp,
+        _ if ctx.attempt() >= 2 => Decision::GiveUp,
         _ => Decision::Retry,
     };
     let runner = Runner::new(queue.clone(), reconcile)
@@ -1399,24 +1399,24 @@ impl workqueue_ratelimit::RateLimiter<Key> for PanickyNumRequeues {
     }
 }
 
-/// A policy that records each failure as `(key, "panic: <message>" or the failure, requeues)` and
+/// A policy that records each failure as `(key, "panic: <message>" or the failure, ctx.attempt())` and
 /// retries after a fixed 7 s.
 fn recording_policy<K: Copy + Send + Sync + 'static>(
     failures: &Log<(K, String, u32)>,
-) -> impl Fn(&K, &Failure<&'static str>, u32) -> Decision + Send + Sync + 'static {
+) -> impl Fn(&K, &Failure<&'static str>, &Context) -> Decision + Send + Sync + 'static {
     let failures = failures.clone();
-    move |key: &K, failure: &Failure<&'static str>, requeues: u32| {
+    move |key: &K, failure: &Failure<&'static str>, ctx: &Context| {
         let what = match failure {
             Failure::Panic(message) => format!("panic: {message}"),
             other => format!("{other:?}"),
         };
-        failures.push((*key, what, requeues));
+        failures.push((*key, what, ctx.attempt()));
         Decision::RetryAfter(secs(7))
     }
 }
 
 /// The runner asks the limiter for a key's failure count before the reconcile; a panic there is
-/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 requeues, the
+/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 ctx.attempt(), the
 /// count being unknown), whose decision finishes the lease. The key is not reconciled that time,
 /// the single worker survives, and `run` keeps running until the queue is shut down.
 #[tokio::test(start_paused = true)]
@@ -1484,8 +1484,8 @@ async fn a_panicking_key_clone_does_not_kill_the_worker() {
     let policy = {
         let failures = failures.clone();
         let record = recording_policy(&failures);
-        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
-            record(&key.name, failure, requeues)
+        move |key: &Fragile, failure: &Failure<&'static str>, ctx: &Context| {
+            record(&key.name, failure, ctx)
         }
     };
     let runner = Runner::new(queue.clone(), fragile_reconcile(&log))

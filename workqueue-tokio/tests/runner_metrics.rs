@@ -120,7 +120,7 @@ async fn runner_emits_controller_runtime_metrics() {
     .workers(3)
     .reconcile_timeout(Duration::from_secs(1))
     .cancel_grace(Duration::from_millis(100))
-    .error_policy(|key: &&'static str, _: &_, _| match *key {
+    .error_policy(|key: &&'static str, _: &_, _: &_| match *key {
         "giveup" => Decision::GiveUp,
         _ => Decision::RetryAfter(Duration::from_secs(3600)),
     });
@@ -304,7 +304,7 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
         })
         .error_policy({
             let failures = failures.clone();
-            move |_: &&'static str, failure: &Failure<&'static str>, _| {
+            move |_: &&'static str, failure: &Failure<&'static str>, _: &_| {
                 failures.lock().unwrap().push(format!("{failure}"));
                 Decision::RetryAfter(Duration::from_secs(1))
             }
@@ -434,4 +434,39 @@ async fn requeue_after_zero_counts_as_result_requeue() {
     }
     assert_eq!(counter(&m, RECONCILE_ERRORS_TOTAL, &[ctl]), 0);
     assert_eq!(counter(&m, qm::RETRIES_TOTAL, &[("name", "rq")]), 2);
+}
+
+/// Why keys were queued, counted by reason: a source's name, the runner's own retry, and keys
+/// added to the queue directly.
+#[tokio::test(start_paused = true)]
+async fn runner_counts_why_keys_were_queued() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let q: WorkQueue<&'static str> = WorkQueue::builder().name("why").build();
+    q.add("direct");
+    let failed = Arc::new(AtomicBool::new(false));
+    let runner = Runner::new(q.clone(), {
+        let failed = failed.clone();
+        move |key: &'static str, _ctx| {
+            let fail = key == "a" && !failed.swap(true, SeqCst);
+            std::future::ready(if fail { Err("once") } else { Ok(Action::Done) })
+        }
+    })
+    .source("watch", futures_util::stream::iter(["a", "b"]));
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    q.shut_down();
+    run.await.unwrap();
+    let m = snapshot(&recorder);
+    let reason = |r| {
+        counter(
+            &m,
+            RECONCILE_REASONS_TOTAL,
+            &[("controller", "why"), ("reason", r)],
+        )
+    };
+    assert_eq!(
+        (reason("direct"), reason("source:watch"), reason("retry")),
+        (1, 2, 1)
+    );
 }

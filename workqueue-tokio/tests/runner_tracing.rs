@@ -77,11 +77,11 @@ async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
     };
     let policy = {
         let failures = failures.clone();
-        move |key: &Fragile, failure: &Failure<&'static str>, requeues: u32| {
+        move |key: &Fragile, failure: &Failure<&'static str>, ctx: &Context| {
             failures
                 .lock()
                 .unwrap()
-                .push((key.name, failure.to_string(), requeues));
+                .push((key.name, failure.to_string(), ctx.attempt()));
             Decision::RetryAfter(Duration::from_secs(7))
         }
     };
@@ -155,7 +155,8 @@ impl tracing::Subscriber for ReconcileSpans {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// The reconcile span carries the key, the attempt and the priority the key was handed out at.
+/// The reconcile span carries the key, the two failure counts, the priority the key was handed
+/// out at, and why it was queued (`direct`: added to the queue, not by the runner).
 #[tokio::test(start_paused = true)]
 async fn the_reconcile_span_records_the_priority() {
     let spans = Arc::new(Mutex::new(Vec::new()));
@@ -172,8 +173,8 @@ async fn the_reconcile_span_records_the_priority() {
     assert_eq!(
         *spans.lock().unwrap(),
         [
-            r#"key="changed" attempt=0 priority=0"#,
-            r#"key="resync" attempt=0 priority=-100"#,
+            r#"key="changed" attempt=0 failures=0 priority=0 reasons=direct"#,
+            r#"key="resync" attempt=0 failures=0 priority=-100 reasons=direct"#,
         ]
     );
 }

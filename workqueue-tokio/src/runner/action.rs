@@ -131,11 +131,11 @@ impl<E: std::error::Error + 'static> std::error::Error for Failure<E> {
 /// ```
 /// use std::time::Duration;
 /// use workqueue_tokio::LOW_PRIORITY;
-/// use workqueue_tokio::runner::{Decision, Failure};
+/// use workqueue_tokio::runner::{Context, Decision, Failure};
 ///
 /// // Back off as usual; after five failures, behind every key added at the default priority.
-/// let policy = |_key: &String, _failure: &Failure<std::io::Error>, requeues: u32| {
-///     if requeues < 5 {
+/// let policy = |_key: &String, _failure: &Failure<std::io::Error>, ctx: &Context| {
+///     if ctx.failures() < 5 {
 ///         Decision::Retry
 ///     } else {
 ///         Decision::Retry.with_priority(LOW_PRIORITY)

@@ -12,6 +12,7 @@
 //! | [`RECONCILE_TIME_SECONDS`] | histogram | how long reconciles took ([`RECONCILE_TIME_BUCKETS`]) |
 //! | [`ACTIVE_WORKERS`] | gauge | workers reconciling now |
 //! | [`MAX_CONCURRENT_RECONCILES`] | gauge | the runner's number of workers |
+//! | [`RECONCILE_REASONS_TOTAL`] | counter | reconciles, by `reason` the key was queued for: `source:NAME`, `requeue`, `retry`, `direct` (added to the queue directly), `unknown` (the key panicked); a reconcile counts once for each reason in its set |
 //!
 //! The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with `d > 0`,
 //! `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
@@ -20,11 +21,15 @@
 //! panic, else `error` (an error or a timeout).
 //! A reconcile interrupted at shutdown counts in no `result` (its key is retried).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use workqueue_core::Outcome;
 
 use super::action::{Decision, Failure, Reconciled};
+#[cfg(feature = "metrics")]
+use super::reasons::Label;
+use super::reasons::ReasonSet;
 
 /// The label that carries the controller's (queue's) name.
 pub const CONTROLLER_LABEL: &str = "controller";
@@ -46,6 +51,12 @@ pub const RECONCILE_TIME_SECONDS: &str = "controller_runtime_reconcile_time_seco
 pub const ACTIVE_WORKERS: &str = "controller_runtime_active_workers";
 /// Gauge: maximum concurrent reconciles (workers), per controller.
 pub const MAX_CONCURRENT_RECONCILES: &str = "controller_runtime_max_concurrent_reconciles";
+
+/// The label of [`RECONCILE_REASONS_TOTAL`] that carries the reason.
+pub const REASON_LABEL: &str = "reason";
+/// Counter: reconciles per controller and reason the key was queued for (ours: controller-runtime
+/// has no such metric).
+pub const RECONCILE_REASONS_TOTAL: &str = "controller_reconcile_reasons_total";
 
 /// The `result` values of [`RECONCILE_TOTAL`].
 pub const RESULTS: [&str; 6] = [
@@ -112,6 +123,9 @@ impl Ended {
 pub(crate) struct RunnerMetrics {
     #[cfg(feature = "metrics")]
     controller: metrics::SharedString,
+    /// The `reason` label of each source, by index (built once: no formatting per reconcile).
+    #[cfg(feature = "metrics")]
+    sources: Vec<metrics::SharedString>,
 }
 
 #[cfg(feature = "metrics")]
@@ -149,6 +163,11 @@ fn describe() {
             Unit::Count,
             "Number of currently used workers per controller"
         );
+        describe_counter!(
+            RECONCILE_REASONS_TOTAL,
+            Unit::Count,
+            "Total number of reconciliations per controller and reason the key was queued for"
+        );
         describe_gauge!(
             MAX_CONCURRENT_RECONCILES,
             Unit::Count,
@@ -158,13 +177,43 @@ fn describe() {
 }
 
 impl RunnerMetrics {
-    pub(crate) fn new(controller: Option<&str>) -> Self {
+    pub(crate) fn new(controller: Option<&str>, sources: &[Arc<str>]) -> Self {
         #[cfg(not(feature = "metrics"))]
-        let _ = controller;
+        let _ = (controller, sources);
         RunnerMetrics {
             #[cfg(feature = "metrics")]
             controller: controller.unwrap_or(UNNAMED).to_owned().into(),
+            #[cfg(feature = "metrics")]
+            sources: sources
+                .iter()
+                .map(|name| format!("source:{name}").into())
+                .collect(),
         }
+    }
+
+    /// A key was handed out for `reasons`.
+    pub(crate) fn queued_for(&self, reasons: &ReasonSet) {
+        #[cfg(feature = "metrics")]
+        reasons.for_each_label(|label| {
+            let reason: metrics::SharedString = match label {
+                Label::Direct => "direct".into(),
+                Label::Unknown => "unknown".into(),
+                Label::Requeue => "requeue".into(),
+                Label::Retry => "retry".into(),
+                Label::Source(i) => match self.sources.get(i) {
+                    Some(name) => name.clone(),
+                    None => "unknown".into(),
+                },
+            };
+            metrics::counter!(
+                RECONCILE_REASONS_TOTAL,
+                CONTROLLER_LABEL => self.controller.clone(),
+                REASON_LABEL => reason
+            )
+            .increment(1);
+        });
+        #[cfg(not(feature = "metrics"))]
+        let _ = reasons;
     }
 
     /// The run started with `workers` workers: sets the maximum and zeroes every counter.

@@ -21,6 +21,13 @@
 //! recorder, the error policy itself, which is then asked about its own panic; a second panic
 //! retries). A worker never dies of a panic (see [`Runner::run`]).
 //!
+//! Keys come from the queue (added by anyone holding a clone) and from the runner's sources
+//! ([`Runner::source`]: streams of keys, read while the runner runs). Every reconcile and the
+//! error policy get a [`Context`]: the shared data given once ([`Runner::context`]), the
+//! cancellation, the priority, and two counts of earlier failures ([`Context::failures`], the
+//! runner's, and [`Context::attempt`], the rate limiter's). Why a key was queued is in the
+//! reconcile's span and metrics, not in the context (see [`Context`]).
+//!
 //! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
 //! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
 //! their futures are dropped and their keys retried. `run` then returns a [`Report`].
@@ -51,8 +58,11 @@
 
 mod action;
 mod context;
+mod failures;
+mod feed;
 pub mod metrics;
 mod policy;
+mod reasons;
 mod reconcile;
 mod report;
 
@@ -65,6 +75,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::stream::Stream;
 use tokio::task::JoinSet;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
@@ -79,8 +90,12 @@ pub use reconcile::Reconcile;
 pub use report::Report;
 
 use crate::WorkQueue;
+use crate::source::SourceItem;
 use action::Reconciled;
+use failures::FailureCounts;
+use feed::{Feeder, Source};
 use metrics::RunnerMetrics;
+use reasons::Reasons;
 use report::Counters;
 
 /// How long a worker pauses after the queue's `get` panicked before it asks for a key again (a key
@@ -92,25 +107,32 @@ pub const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
 ///
 /// Built with [`Runner::new`] and configured with its builder methods; [`Runner::run`] runs it
 /// until the queue shuts down (and is drained) or the shutdown token is cancelled.
+///
+/// `C` is the shared data every reconcile and the error policy reach through their
+/// [`Context`] ([`Runner::context`]); `()` without it.
 #[must_use = "a runner does nothing until `run` is awaited"]
-pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder> {
+pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
     queue: WorkQueue<T, S>,
     reconcile: R,
     policy: P,
+    context: Arc<C>,
+    sources: Vec<Source<T>>,
     workers: usize,
     timeout: Option<Duration>,
     cancel_grace: Duration,
     shutdown_grace: Duration,
 }
 
-impl<T, R, S> Runner<T, R, RetryAlways, S> {
-    /// A runner of `reconcile` over `queue`, with one worker, no timeout, the [`RetryAlways`]
-    /// policy, a 30 s shutdown grace and a 5 s cancel grace.
+impl<T, R, S> Runner<T, R, RetryAlways, S, ()> {
+    /// A runner of `reconcile` over `queue`, with one worker, no sources, no shared data, no
+    /// timeout, the [`RetryAlways`] policy, a 30 s shutdown grace and a 5 s cancel grace.
     pub fn new(queue: WorkQueue<T, S>, reconcile: R) -> Self {
         Runner {
             queue,
             reconcile,
             policy: RetryAlways,
+            context: Arc::new(()),
+            sources: Vec::new(),
             workers: 1,
             timeout: None,
             cancel_grace: Duration::from_secs(5),
@@ -119,19 +141,21 @@ impl<T, R, S> Runner<T, R, RetryAlways, S> {
     }
 }
 
-impl<T, R, P, S> Runner<T, R, P, S> {
+impl<T, R, P, S, C> Runner<T, R, P, S, C> {
     /// The number of workers (reconciles running at once). At least one: 0 is taken as 1.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
         self
     }
 
-    /// The policy that decides what happens to failed keys.
-    pub fn error_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S> {
+    /// The policy that decides what happens to failed keys ([`ErrorPolicy`]).
+    pub fn error_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C> {
         Runner {
             queue: self.queue,
             reconcile: self.reconcile,
             policy,
+            context: self.context,
+            sources: self.sources,
             workers: self.workers,
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
@@ -155,6 +179,56 @@ impl<T, R, P, S> Runner<T, R, P, S> {
         self
     }
 
+    /// The shared data of every reconcile and every error-policy decision, reached with
+    /// [`Context::data`]. Given once; the runner only clones the `Arc`. The reconcile and the
+    /// policy name it in their context's type, `Context<C>`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use tokio_util::sync::CancellationToken;
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+    ///
+    /// #[derive(Default)]
+    /// struct State { reconciled: AtomicU32, warnings: AtomicU32 }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let queue: WorkQueue<&'static str> = WorkQueue::new();
+    /// queue.add_batch(["ok", "bad"]);
+    /// let state = Arc::new(State::default());
+    /// let runner = Runner::new(queue.clone(), |key: &'static str, ctx: Context<State>| async move {
+    ///     ctx.data().reconciled.fetch_add(1, Ordering::Relaxed);
+    ///     if key == "bad" { Err("invalid") } else { Ok(Action::Done) }
+    /// })
+    /// .context(state.clone())
+    /// .error_policy(|_: &&str, _: &Failure<&str>, ctx: &Context<State>| {
+    ///     ctx.data().warnings.fetch_add(1, Ordering::Relaxed); // record an event, say
+    ///     Decision::GiveUp
+    /// });
+    /// let run = tokio::spawn(runner.run(CancellationToken::new()));
+    /// tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    /// queue.shut_down();
+    /// run.await.unwrap();
+    /// assert_eq!(state.reconciled.load(Ordering::Relaxed), 2);
+    /// assert_eq!(state.warnings.load(Ordering::Relaxed), 1);
+    /// # }
+    /// ```
+    pub fn context<C2>(self, data: Arc<C2>) -> Runner<T, R, P, S, C2> {
+        Runner {
+            queue: self.queue,
+            reconcile: self.reconcile,
+            policy: self.policy,
+            context: data,
+            sources: self.sources,
+            workers: self.workers,
+            timeout: self.timeout,
+            cancel_grace: self.cancel_grace,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
     /// How long in-flight reconciles may run after shutdown before their contexts are cancelled.
     /// Default 30 s. A grace too long to represent as an instant (`Duration::MAX`) is no limit.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -163,17 +237,91 @@ impl<T, R, P, S> Runner<T, R, P, S> {
     }
 }
 
+impl<T, R, P, S, C> Runner<T, R, P, S, C>
+where
+    T: Send + 'static,
+{
+    /// Adds a source: while the runner runs, it reads `stream` and adds its keys to the queue.
+    ///
+    /// The items are keys, keys with [`AddOptions`](crate::AddOptions), or `Result`s of either
+    /// ([`SourceItem`]). What is ready is read at once, up to
+    /// [`source::BATCH`](crate::source::BATCH) items, and added with one batch add per run of
+    /// equal options; `name` names the source in logs, in the reconcile span's `reasons`, and
+    /// in metrics. Any number of sources may be added; each is read by its own task.
+    ///
+    /// - At shutdown (the token given to [`run`](Runner::run)), and when the run ends, the
+    ///   runner stops reading its sources and drops them.
+    /// - A stream that ends is counted in [`Report::sources_ended`] and logged (`info`); the
+    ///   runner goes on with its other sources and its queue.
+    /// - An `Err` item is logged (`warn`), counted in [`Report::source_errors`] and skipped. No
+    ///   error is fatal to the runner. A controller that must stop on some error says so with
+    ///   its shutdown token, as below.
+    /// - A stream that panics when polled is ended there (counted in [`Report::source_panics`]
+    ///   and `sources_ended`, logged as an error): the items it yielded before are added, and
+    ///   the runner goes on.
+    ///
+    /// Backpressure: none is needed (see the [`source`](crate::source) module): the queue holds
+    /// one entry per distinct key, however fast a source yields.
+    ///
+    /// ```
+    /// use futures_util::stream::{self, StreamExt};
+    /// use tokio_util::sync::CancellationToken;
+    /// use workqueue_tokio::runner::{Action, Runner};
+    /// use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
+    ///
+    /// #[derive(Debug, thiserror::Error)]
+    /// enum WatchError {
+    ///     #[error("watch interrupted")]
+    ///     Interrupted,
+    ///     #[error("forbidden")]
+    ///     Forbidden,
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let stop = CancellationToken::new();
+    /// // An initial list, at low priority.
+    /// let list = stream::iter(["a", "b"]).map(|k| (k.to_string(), AddOptions::priority(LOW_PRIORITY)));
+    /// // A watch: a recoverable error is skipped; `Forbidden` stops the controller.
+    /// let watch = stream::iter([Ok("a"), Err(WatchError::Interrupted), Ok("c"), Err(WatchError::Forbidden)])
+    ///     .inspect({
+    ///         let stop = stop.clone();
+    ///         move |item| if let Err(WatchError::Forbidden) = item { stop.cancel() }
+    ///     })
+    ///     .map(|item| item.map(str::to_string));
+    /// let report = Runner::new(queue.clone(), |_key: String, _ctx| async { Ok::<_, WatchError>(Action::Done) })
+    ///     .source("list", list)
+    ///     .source("watch", watch)
+    ///     .run(stop)
+    ///     .await;
+    /// assert_eq!(report.source_errors, 2);
+    /// # }
+    /// ```
+    pub fn source<St>(mut self, name: &str, stream: St) -> Self
+    where
+        St: Stream + Send + 'static,
+        St::Item: SourceItem<T>,
+    {
+        self.sources.push(Source::new(name, stream));
+        self
+    }
+}
+
 /// What the workers share.
-struct Shared<T, R, P, S> {
+struct Shared<T, R, P, S, C> {
     queue: WorkQueue<T, S>,
     reconcile: R,
     policy: P,
+    context: Arc<C>,
     timeout: Option<Duration>,
     cancel_grace: Duration,
     intake: CancellationToken,
     abort: CancellationToken,
     hard_stop: CancellationToken,
-    counters: Counters,
+    counters: Arc<Counters>,
+    failures: FailureCounts<T>,
+    reasons: Arc<Reasons<T>>,
     metrics: RunnerMetrics,
 }
 
@@ -185,18 +333,20 @@ enum Ran<E> {
     Interrupted,
 }
 
-impl<T, R, P, S> Runner<T, R, P, S>
+impl<T, R, P, S, C> Runner<T, R, P, S, C>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
     S: BuildHasher + Send + Sync + 'static,
-    R: Reconcile<T>,
-    P: ErrorPolicy<T, R::Error>,
+    C: Send + Sync + 'static,
+    R: Reconcile<T, C>,
+    P: ErrorPolicy<T, R::Error, C>,
 {
     /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled, and
     /// returns what they did.
     ///
     /// It returns:
-    /// - after the queue was shut down, once every worker found it empty (`get` returned `None`);
+    /// - after the queue was shut down, once every worker found it empty (`get` returned `None`),
+    ///   whatever its sources are doing;
     /// - after `shutdown` was cancelled, once the reconciles in flight finished: within the
     ///   shutdown grace, else within the cancel grace after their contexts were cancelled, else
     ///   when their futures were dropped ([`Report::interrupted`]).
@@ -207,23 +357,43 @@ where
     /// is counted in [`Report::get_panics`]; the worker goes on. A worker that still ends with a
     /// panic is replaced unless intake has stopped, and counted in [`Report::worker_panics`].
     ///
-    /// Must run inside a tokio runtime (workers are tasks). Dropping the future aborts the
-    /// workers; their leases finish as dropped leases do.
+    /// A source that ends or fails never ends the run (see [`source`](Runner::source)).
+    ///
+    /// Must run inside a tokio runtime (workers and source readers are tasks). Dropping the
+    /// future aborts the workers and the source readers; leases finish as dropped leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
-        let metrics = RunnerMetrics::new(self.queue.name());
+        let names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
+        let metrics = RunnerMetrics::new(self.queue.name(), &names);
         if let Err(message) = catch(|| metrics.start(self.workers)) {
             tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
+        }
+        let counters = Arc::new(Counters::default());
+        let reasons = Arc::new(Reasons::new(names));
+        let feeder = Arc::new(Feeder {
+            queue: self.queue.clone(),
+            reasons: reasons.clone(),
+            counters: counters.clone(),
+            intake: shutdown.clone(),
+            stop: CancellationToken::new(),
+        });
+        // Dropping the set (with the run's future) aborts the readers.
+        let mut feeders = JoinSet::new();
+        for (index, source) in self.sources.into_iter().enumerate() {
+            feeders.spawn(feeder.clone().feed(index, source));
         }
         let shared = Arc::new(Shared {
             queue: self.queue,
             reconcile: self.reconcile,
             policy: self.policy,
+            context: self.context,
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
             intake: shutdown,
             abort: CancellationToken::new(),
             hard_stop: CancellationToken::new(),
-            counters: Counters::default(),
+            counters,
+            failures: FailureCounts::new(),
+            reasons,
             metrics,
         });
         let mut workers = Workers::start(self.workers, shared.intake.clone(), {
@@ -242,6 +412,13 @@ where
                 }
             }
             () = workers.join_all() => {}
+        }
+        feeder.stop.cancel();
+        while let Some(joined) = feeders.join_next().await {
+            if let Err(e) = joined {
+                // The readers catch their sources' panics; this is defence in depth.
+                tracing::error!(error = %e, "a source reader failed");
+            }
         }
         shared.counters.report(shared.queue.len(), workers.panics)
     }
@@ -318,12 +495,13 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     catch_unwind(AssertUnwindSafe(f)).map_err(|payload| workqueue_core::panic_message(&*payload))
 }
 
-impl<T, R, P, S> Shared<T, R, P, S>
+impl<T, R, P, S, C> Shared<T, R, P, S, C>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
     S: BuildHasher + Send + Sync + 'static,
-    R: Reconcile<T>,
-    P: ErrorPolicy<T, R::Error>,
+    C: Send + Sync + 'static,
+    R: Reconcile<T, C>,
+    P: ErrorPolicy<T, R::Error, C>,
 {
     async fn worker(self: Arc<Self>) {
         loop {
@@ -359,34 +537,72 @@ where
     async fn process(&self, lease: Lease<T>) {
         let key = lease.key();
         let started = tokio::time::Instant::now();
-        // The count and the span are caught one by one: a panic in either still leaves the other
-        // (the policy needs the count, the logs want the span).
-        let (attempt, mut early) = match catch(|| self.queue.num_requeues(key)) {
-            Ok(n) => (n, None),
-            Err(message) => (0, Some(message)),
+        // The counts, the reasons and the span are caught one by one: a panic in one still leaves
+        // the others (the policy needs the counts, the logs want the span).
+        let mut early = None;
+        let mut caught = |message| {
+            early.get_or_insert(message);
         };
+        let attempt = catch(|| self.queue.num_requeues(key)).unwrap_or_else(|m| {
+            caught(m);
+            0
+        });
+        let failures = catch(|| self.failures.get(key)).unwrap_or_else(|m| {
+            caught(m);
+            0
+        });
+        let reasons = catch(|| self.reasons.take(key)).unwrap_or_else(|m| {
+            caught(m);
+            self.reasons.unknown()
+        });
+        if let Err(message) = catch(|| self.metrics.queued_for(&reasons)) {
+            caught(message);
+        }
         let priority = lease.priority();
-        let span = catch(|| tracing::info_span!("reconcile", key = ?key, attempt, priority))
-            .unwrap_or_else(|message| {
-                early.get_or_insert(message);
-                tracing::Span::none()
-            });
-        let judged = AssertUnwindSafe(
-            self.judge(key, attempt, priority, early)
-                .instrument(span.clone()),
-        )
-        .catch_unwind()
-        .await;
+        let span = catch(|| {
+            tracing::info_span!("reconcile", key = ?key, attempt, failures, priority, reasons = %reasons)
+        })
+        .unwrap_or_else(|message| {
+            caught(message);
+            tracing::Span::none()
+        });
+        let ctx = Context::new(
+            self.context.clone(),
+            self.abort.child_token(),
+            attempt,
+            failures,
+            priority,
+        );
+        let judged = AssertUnwindSafe(self.judge(key, &ctx, early).instrument(span.clone()))
+            .catch_unwind()
+            .await;
         let verdict = match judged {
             Ok(verdict) => verdict,
             Err(payload) => {
                 let message = workqueue_core::panic_message(&*payload);
-                self.after_panic(&span, key, message, attempt, started.elapsed())
+                self.after_panic(&span, key, message, &ctx, started.elapsed())
             }
         };
         self.counters.count(&verdict);
         let (outcome, priority) = verdict.outcome();
+        self.record(key, &verdict, outcome);
         finish(lease, outcome, priority);
+    }
+
+    /// Records a verdict in the runner's failure counts, and the reason of the re-add the
+    /// outcome asks for. Never panics (a key's `Hash`, `Eq` or `Clone` may: logged).
+    fn record(&self, key: &T, verdict: &Reconciled<R::Error>, outcome: Outcome) {
+        if let Err(message) = catch(|| self.failures.record(key, verdict)) {
+            let _ = catch(|| tracing::error!(panic = %message, "counting a failure panicked"));
+        }
+        let reason = match (verdict, outcome) {
+            (_, Outcome::Done | Outcome::Forget) => return,
+            (Reconciled::Ok(_), _) => reasons::REQUEUE,
+            _ => reasons::RETRY,
+        };
+        if let Err(message) = catch(|| self.reasons.mark([key], reason)) {
+            let _ = catch(|| tracing::error!(panic = %message, "recording a reason panicked"));
+        }
     }
 
     /// Reconciles `key` (unless `early` says what panicked before the reconcile), asks the policy
@@ -394,8 +610,7 @@ where
     async fn judge(
         &self,
         key: &T,
-        attempt: u32,
-        priority: i32,
+        ctx: &Context<C>,
         early: Option<String>,
     ) -> Reconciled<R::Error> {
         let started = tokio::time::Instant::now();
@@ -404,7 +619,7 @@ where
             None => {
                 let owned = key.clone();
                 let active = ActiveWorker::new(&self.metrics);
-                let ran = self.run_reconcile(owned, attempt, priority).await;
+                let ran = self.run_reconcile(owned, ctx).await;
                 active.end();
                 ran
             }
@@ -425,7 +640,7 @@ where
                 Err(Failure::Timeout)
             }
         };
-        let verdict = failure.unwrap_or_else(|failure| self.decide(key, failure, attempt));
+        let verdict = failure.unwrap_or_else(|failure| self.decide(key, failure, ctx));
         self.metrics.reconciled(&verdict, started.elapsed());
         verdict
     }
@@ -439,13 +654,13 @@ where
         span: &tracing::Span,
         key: &T,
         message: String,
-        attempt: u32,
+        ctx: &Context<C>,
         elapsed: Duration,
     ) -> Reconciled<R::Error> {
         let _ = catch(|| {
             span.in_scope(|| tracing::error!(panic = %message, "handling a key panicked"))
         });
-        let verdict = self.decide(key, Failure::Panic(message), attempt);
+        let verdict = self.decide(key, Failure::Panic(message), ctx);
         if let Err(message) = catch(|| self.metrics.reconciled(&verdict, elapsed)) {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
@@ -454,22 +669,25 @@ where
 
     /// The policy's decision on `failure`. The policy is user code too: its panic becomes the
     /// key's failure, about which it is asked once more; a second panic retries. Never panics.
-    fn decide(&self, key: &T, failure: Failure<R::Error>, attempt: u32) -> Reconciled<R::Error> {
-        let message = match catch(|| self.policy.decide(key, &failure, attempt)) {
+    fn decide(
+        &self,
+        key: &T,
+        failure: Failure<R::Error>,
+        ctx: &Context<C>,
+    ) -> Reconciled<R::Error> {
+        let message = match catch(|| self.policy.decide(key, &failure, ctx)) {
             Ok(decision) => return Reconciled::Failed(failure, decision),
             Err(message) => message,
         };
         let _ = catch(|| tracing::error!(panic = %message, "the error policy panicked"));
         let failure = Failure::Panic(message);
-        let decision =
-            catch(|| self.policy.decide(key, &failure, attempt)).unwrap_or(Decision::Retry);
+        let decision = catch(|| self.policy.decide(key, &failure, ctx)).unwrap_or(Decision::Retry);
         Reconciled::Failed(failure, decision)
     }
 
-    async fn run_reconcile(&self, key: T, attempt: u32, priority: i32) -> Ran<R::Error> {
-        let token = self.abort.child_token();
-        let ctx = Context::new(token.clone(), attempt, priority);
-        let fut = match catch(|| self.reconcile.reconcile(key, ctx)) {
+    async fn run_reconcile(&self, key: T, ctx: &Context<C>) -> Ran<R::Error> {
+        let token = ctx.token();
+        let fut = match catch(|| self.reconcile.reconcile(key, ctx.clone())) {
             Ok(fut) => fut,
             Err(message) => return Ran::Panicked(message),
         };
@@ -548,9 +766,10 @@ fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>) {
     }
 }
 
-impl<T, R, P, S> fmt::Debug for Runner<T, R, P, S> {
+impl<T, R, P, S, C> fmt::Debug for Runner<T, R, P, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
+            .field("sources", &self.sources)
             .field("workers", &self.workers)
             .field("timeout", &self.timeout)
             .field("cancel_grace", &self.cancel_grace)

@@ -7,29 +7,30 @@ use super::{Action, Context};
 
 /// A reconcile function: brings the object behind a key to its desired state.
 ///
-/// Implemented for every `Fn(T, Context) -> impl Future<Output = Result<Action, E>>` that can be
-/// shared between workers, so a closure or an `async fn` is a reconcile function; implement it
-/// by hand to name the future type or keep state in a struct.
-pub trait Reconcile<T>: Send + Sync + 'static {
+/// Implemented for every `Fn(T, Context<C>) -> impl Future<Output = Result<Action, E>>` that
+/// can be shared between workers, so a closure or an `async fn` is a reconcile function;
+/// implement it by hand to name the future type or keep state in a struct. `C` is the runner's
+/// shared data ([`Runner::context`](super::Runner::context)), `()` by default.
+pub trait Reconcile<T, C = ()>: Send + Sync + 'static {
     /// What a failed reconcile returns; the error policy sees it as [`Failure::Error`](super::Failure::Error).
     type Error: fmt::Debug + Send + 'static;
     /// The reconcile's future.
     type Future: Future<Output = Result<Action, Self::Error>> + Send + 'static;
 
     /// Reconciles `key`; stops promptly once `ctx` is cancelled.
-    fn reconcile(&self, key: T, ctx: Context) -> Self::Future;
+    fn reconcile(&self, key: T, ctx: Context<C>) -> Self::Future;
 }
 
-impl<T, F, Fut, E> Reconcile<T> for F
+impl<T, C, F, Fut, E> Reconcile<T, C> for F
 where
-    F: Fn(T, Context) -> Fut + Send + Sync + 'static,
+    F: Fn(T, Context<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: fmt::Debug + Send + 'static,
 {
     type Error = E;
     type Future = Fut;
 
-    fn reconcile(&self, key: T, ctx: Context) -> Fut {
+    fn reconcile(&self, key: T, ctx: Context<C>) -> Fut {
         self(key, ctx)
     }
 }

@@ -8,7 +8,9 @@ use super::action::{Decision, Failure, Reconciled};
 ///
 /// Each lease a worker took is counted once: as `processed`, as `interrupted`, or as a failure
 /// (`errors`, `panics` or `timeouts`) that was then `retried` or `given_up`. `get_panics` and
-/// `worker_panics` count what went wrong outside any lease; both are 0 in a healthy run.
+/// `worker_panics` count what went wrong outside any lease; both are 0 in a healthy run. The
+/// `source_*` counters and `sources_ended` count what the runner read from its sources
+/// ([`Runner::source`](super::Runner::source)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Report {
@@ -38,6 +40,18 @@ pub struct Report {
     pub worker_panics: u64,
     /// Keys still ready in the queue when the run ended.
     pub still_queued: usize,
+    /// Keys read from the runner's sources and added to the queue (each one, de-duplicated or
+    /// not; errors are counted in `source_errors`).
+    pub source_items: u64,
+    /// Errors the sources yielded; each was logged and skipped.
+    pub source_errors: u64,
+    /// Sources whose stream ended (or panicked) while the runner ran; the runner went on
+    /// without them. Sources still open at shutdown are not counted: the runner stopped reading
+    /// them.
+    pub sources_ended: u64,
+    /// Sources that panicked while they were polled (counted in `sources_ended` too: a source
+    /// that panicked is not polled again; what it yielded before was added).
+    pub source_panics: u64,
 }
 
 #[derive(Debug, Default)]
@@ -50,11 +64,19 @@ pub(crate) struct Counters {
     pub(crate) timeouts: AtomicU64,
     pub(crate) interrupted: AtomicU64,
     pub(crate) get_panics: AtomicU64,
+    pub(crate) source_items: AtomicU64,
+    pub(crate) source_errors: AtomicU64,
+    pub(crate) sources_ended: AtomicU64,
+    pub(crate) source_panics: AtomicU64,
 }
 
 impl Counters {
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Counts one lease's verdict: exactly one of processed, interrupted, or a failure (error,
@@ -90,6 +112,10 @@ impl Counters {
             get_panics: get(&self.get_panics),
             worker_panics,
             still_queued,
+            source_items: get(&self.source_items),
+            source_errors: get(&self.source_errors),
+            sources_ended: get(&self.sources_ended),
+            source_panics: get(&self.source_panics),
         }
     }
 }
