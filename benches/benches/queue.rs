@@ -1,5 +1,6 @@
-//! Criterion benches of W1 (cycle), W2 (dedup), W3 (mpmc), W11 (priority-cycle) and W12
-//! (fair-cycle): ours against the client-go port and crossbeam (W11, W12: against our own W1).
+//! Criterion benches of W1 (cycle), W2 (dedup), W3 (mpmc), W11 (priority-cycle), W12
+//! (fair-cycle) and W13 (named-cycle, with the `metrics` feature): ours against the client-go port
+//! and crossbeam (W11, W12, W13: against our own W1).
 //! Each iteration is one whole workload; throughput is in items (W2: adds).
 
 mod common;
@@ -71,12 +72,31 @@ fn w12_fair_cycle(c: &mut Criterion) {
     g.finish();
 }
 
+/// W13 (named-cycle): with the `metrics` feature only (`cargo bench --features metrics`).
+fn w13_named_cycle(c: &mut Criterion) {
+    #[cfg(feature = "metrics")]
+    {
+        let n = Sizes::FULL.w1;
+        let k = keys(n);
+        let mut g = common::group(c, "W13 named-cycle", Some(n as u64));
+        g.bench_function("ours", |b| {
+            common::whole(b, || workqueue_benches::workloads::w13::ours(&k))
+        });
+        // The target's peer, in the same group so that a `W13` filter runs both.
+        g.bench_function("ours W1 (add)", |b| common::whole(b, || w1::ours(&k)));
+        g.finish();
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = c;
+}
+
 criterion_group!(
     benches,
     w1_cycle,
     w2_dedup,
     w3_mpmc,
     w11_priority_cycle,
-    w12_fair_cycle
+    w12_fair_cycle,
+    w13_named_cycle
 );
 criterion_main!(benches);

@@ -440,10 +440,30 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
                 ]
             }),
         },
+        #[cfg(feature = "metrics")]
+        Workload {
+            id: "W13".into(),
+            name: "named-cycle",
+            metrics: vec![NS_ITEM],
+            // The peer is our own unnamed W1, interleaved with W13 in the same repeats.
+            targets: vec![ratio("ours", W1_OURS, 1.25)],
+            build: Box::new(move || {
+                let k = shared_keys(s.w1);
+                let n = s.w1;
+                let (k1, k2) = (k.clone(), k);
+                vec![
+                    row("ours", true, move || {
+                        vec![per(crate::workloads::w13::ours(&k1), n)]
+                    }),
+                    row(W1_OURS, true, move || vec![per(w1::ours(&k2), n)]),
+                ]
+            }),
+        },
     ]
 }
 
-/// The row of W11 and W12 that runs our W1 (plain `add`, no options), the peer of their targets.
+/// The row of W11, W12 and W13 that runs our W1 (plain `add`, no options, unnamed), the peer of
+/// their targets.
 const W1_OURS: &str = "ours W1 (add)";
 /// The row of W11 with aging on (`max_ready_wait`); its peer is W11's `ours`.
 const W11_AGING: &str = "ours (aging)";

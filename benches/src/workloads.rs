@@ -1272,3 +1272,20 @@ mod tests {
         w10::ours_async(&k);
     }
 }
+
+/// W13 named-cycle: W1 (the same keys, `add`, checks and drain) on a named queue with the
+/// `metrics` feature on and a no-op recorder installed (for the thread, as a local recorder), so
+/// that every operation emits client-go's metrics and keeps per-key timing. Its target is a ratio
+/// to our own unnamed W1 ([`w1::ours`]) in the same run: what leaving metrics on costs.
+#[cfg(feature = "metrics")]
+pub mod w13 {
+    use super::*;
+
+    /// Our named queue, emitting to a no-op recorder.
+    pub fn ours(keys: &[Key]) -> Duration {
+        let recorder = metrics::NoopRecorder;
+        metrics::with_local_recorder(&recorder, || {
+            w1::ours_on(WorkQueue::builder().name("w13").build(), keys)
+        })
+    }
+}

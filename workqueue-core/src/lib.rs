@@ -47,6 +47,10 @@
 //! | a lease ends | the recorder, the released key's `Drop` | the key is finished, as asked |
 //! | a lease is dropped while the thread unwinds | any of the above | as above, and the panic is swallowed (a second panic would abort) |
 //! | any operation | the recorder | the operation is done and waiters are woken; only metrics are lost |
+//!
+//! A named queue calls the recorder when it sends its batched metrics (every
+//! `metrics::FLUSH_EVERY` operations, at a refresh, at shutdown), so "the recorder" above is
+//! called by the operation that sends the batch, and by retries and rate-limited adds.
 //! | `forget`, `num_requeues` | the limiter | nothing changed in the queue |
 //!
 //! The freeing of a key (when a lease ends, at shutdown) calls no user code: a key whose index

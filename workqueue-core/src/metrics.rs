@@ -27,10 +27,19 @@
 //! stay stuck high while the overflow goes negative), each series here stays exact: a priority that
 //! has a value keeps it, and the overflow value is the number of keys at the other priorities.
 //!
-//! The two "unfinished" gauges are refreshed every [`REFRESH_PERIOD`] by one process-wide thread,
-//! started on the first get of a named queue and holding only weak references to queues (a queue
-//! leaves it when it shuts down), so they stay fresh even when every worker is stuck; call the
-//! queue's `refresh_metrics()` to refresh them at once (tests on a `ManualClock` do).
+//! A queue records what its operations do in its own per-key timing, and sends it to the
+//! recorder in batches: every [`FLUSH_EVERY`] operations, at every refresh, and at shutdown. So a
+//! value can be up to 64 operations or one [`REFRESH_PERIOD`] (500 ms) behind the queue, far less
+//! than a scrape interval, and a named queue costs what the recording costs, not a recorder call
+//! per operation (W13 in BENCHMARKS.md). Retries and rate-limiter delays are sent as they happen.
+//!
+//! The two "unfinished" gauges and the oldest-ready gauge are refreshed every [`REFRESH_PERIOD`]
+//! by one process-wide thread, joined by a named queue when it is built and holding only weak
+//! references to queues (a queue leaves it when it shuts down), so they stay fresh even when
+//! every worker is stuck; call the queue's `refresh_metrics()` to flush and refresh at once
+//! (tests on a `ManualClock` do). The thread is started on demand and exits when no named queue
+//! is left; a process that wants no such thread drives `refresh_metrics()` itself and turns the
+//! thread off with `Builder::refresh_thread(false)`.
 //!
 //! Each queue caches its handles for the recorder in effect. Every emission checks which recorder
 //! that is (the lookup the `metrics` macros make) and registers new handles when it changed, so a
@@ -89,8 +98,16 @@ pub const RATE_LIMITER_DELAY_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1000.0,
 ];
 
-/// How often the process-wide refresher updates the "unfinished work" gauges.
+/// How often the process-wide refresher updates the "unfinished work" gauges, and sends what a
+/// queue's operations recorded since its last flush.
 pub const REFRESH_PERIOD: Duration = Duration::from_millis(500);
+
+/// A named queue sends what its operations recorded to the recorder every `FLUSH_EVERY`
+/// operations, at every refresh ([`REFRESH_PERIOD`], or a call to `refresh_metrics()`), and at
+/// shutdown: metrics are at most that far behind the queue. Sending on every operation cost W13
+/// (W1 on a named queue) 1.34x the unnamed queue's time; in batches it costs what recording into
+/// the queue's own timing costs.
+pub const FLUSH_EVERY: u32 = 64;
 
 #[cfg(feature = "metrics")]
 pub(crate) use emit::{QueueMetrics, RefreshMetrics};
@@ -107,6 +124,8 @@ mod emit {
     use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
+
+    use parking_lot::Mutex as HandlesLock;
     use std::time::Duration;
 
     use metrics::{
@@ -173,7 +192,13 @@ mod emit {
 
         /// The depth gauge for `priority` (`None`: the overflow value), registered on first use.
         fn depth(&mut self, r: &dyn Recorder, name: &Arc<str>, priority: Option<i32>) -> &Gauge {
-            let i = match self.depth.iter().position(|(p, _)| *p == priority) {
+            // Without priorities, every key is at 0: the first entry, once registered.
+            let first = self.depth.first().is_some_and(|(p, _)| *p == priority);
+            let i = match first {
+                true => Some(0),
+                false => self.depth.iter().position(|(p, _)| *p == priority),
+            };
+            let i = match i {
                 Some(i) => i,
                 None => {
                     let value = match priority {
@@ -197,7 +222,10 @@ mod emit {
     pub(crate) struct QueueMetrics {
         name: Arc<str>,
         /// Handles for the recorder the queue last emitted to (see the module documentation).
-        handles: Mutex<Option<Handles>>,
+        handles: HandlesLock<Option<Handles>>,
+        /// Handles were registered with a new recorder: the next emission sends every gauge,
+        /// not only what changed.
+        resend: AtomicBool,
         id: u64,
         registered: AtomicBool,
         context: OnceLock<Context>,
@@ -262,7 +290,8 @@ mod emit {
             static NEXT_ID: AtomicU64 = AtomicU64::new(0);
             QueueMetrics {
                 name,
-                handles: Mutex::new(None),
+                handles: HandlesLock::new(None),
+                resend: AtomicBool::new(false),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 registered: AtomicBool::new(false),
                 context: OnceLock::new(),
@@ -273,34 +302,57 @@ mod emit {
         fn with_handles(&self, f: impl FnOnce(&mut Handles, &dyn Recorder)) {
             describe();
             metrics::with_recorder(|r| {
-                let mut cache = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+                let mut cache = self.handles.lock();
                 let handles = match &mut *cache {
                     Some(h) if h.recorder == recorder_id(r) => h,
-                    stale => stale.insert(Handles::register(r, &self.name)),
+                    stale => {
+                        self.resend.store(true, Ordering::Relaxed);
+                        stale.insert(Handles::register(r, &self.name))
+                    }
                 };
                 f(handles, r);
             });
         }
 
-        /// Emits what changed in `state` since the last emission (called under the queue's lock).
+        /// One operation happened: every [`FLUSH_EVERY`] operations, sends what changed (see
+        /// [`QueueMetrics::flush`]). Called under the queue's lock.
+        #[inline]
         pub(crate) fn emit<T, S>(&self, state: &mut QueueState<T, S>) {
+            let Some(t) = state.timing_mut() else { return };
+            t.unflushed += 1;
+            if t.unflushed >= FLUSH_EVERY {
+                self.flush(state);
+            }
+        }
+
+        /// Sends what changed in `state` since the last flush: the adds, the depths that
+        /// changed, the observations, and the waiting depth if it changed (every gauge after a
+        /// recorder change). Called under the queue's lock (see `QueueCore::emit` for why).
+        pub(crate) fn flush<T, S>(&self, state: &mut QueueState<T, S>) {
             let waiting = state.counts().waiting;
             let Some(t) = state.timing_mut() else { return };
+            t.unflushed = 0;
             self.with_handles(|h, r| {
+                // A plain load first: a swap is a locked instruction on every emission.
+                let all = self.resend.load(Ordering::Relaxed)
+                    && self.resend.swap(false, Ordering::Relaxed);
                 let adds = t.take_adds();
                 if adds > 0 {
                     h.adds.increment(adds);
                 }
-                for (priority, depth) in t.depth_by_priority() {
-                    h.depth(r, &self.name, priority).set(depth as f64);
-                }
+                t.take_changed_depths(all, |label, depth| {
+                    h.depth(r, &self.name, label).set(depth as f64);
+                });
                 for d in t.drain_queue_latencies() {
                     h.queue_duration.record(d.as_secs_f64());
                 }
                 for d in t.drain_work_durations() {
                     h.work_duration.record(d.as_secs_f64());
                 }
-                h.waiting_depth.set(waiting as f64);
+                if all || t.last_waiting != Some(waiting) {
+                    t.last_waiting = Some(waiting);
+                    h.waiting_depth.set(waiting as f64);
+                }
             });
         }
 

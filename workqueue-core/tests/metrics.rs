@@ -12,7 +12,8 @@ use workqueue_core::{AddOptions, LOW_PRIORITY, ManualClock, Outcome, WorkQueue};
 ///
 /// `DebuggingRecorder`'s snapshots reset what they read (counters and gauges to 0, histograms
 /// emptied), so the probe snapshots once after each step: counters accumulate, histograms
-/// accumulate, and a gauge holds the value set during the last step.
+/// accumulate, and a gauge is set back to what it read, so it holds its last value as in a real
+/// recorder.
 struct Probe {
     recorder: DebuggingRecorder,
     snapshotter: Snapshotter,
@@ -34,9 +35,15 @@ impl Probe {
         }
     }
 
-    /// Runs one step under the recorder, then collects what it emitted.
+    /// Runs one step under the recorder, then flushes the test's queues (a queue sends its
+    /// metrics in batches, and at every refresh: see `metrics::FLUSH_EVERY`), then collects what
+    /// was emitted.
     fn run<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let r = metrics::with_local_recorder(&self.recorder, f);
+        let r = metrics::with_local_recorder(&self.recorder, || {
+            let r = f();
+            QUEUES.with_borrow(|queues| queues.iter().for_each(WorkQueue::refresh_metrics));
+            r
+        });
         self.collect();
         r
     }
@@ -52,6 +59,11 @@ impl Probe {
             match value {
                 DebugValue::Counter(c) => *self.values.entry(id).or_default() += c as f64,
                 DebugValue::Gauge(g) => {
+                    // The snapshot zeroed the gauge: set it back, as a real recorder keeps a
+                    // gauge's value until it is set again (the queue sets only what changed).
+                    static META: metrics::Metadata<'static> =
+                        metrics::Metadata::new("probe", metrics::Level::INFO, None);
+                    metrics::Recorder::register_gauge(&self.recorder, k, &META).set(g.into_inner());
                     self.values.insert(id, g.into_inner());
                 }
                 DebugValue::Histogram(h) => self
@@ -111,11 +123,20 @@ impl Probe {
     }
 }
 
+thread_local! {
+    /// The named queues of the running test, which `Probe::run` flushes after each step.
+    static QUEUES: std::cell::RefCell<Vec<WorkQueue<&'static str>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn named(clock: &ManualClock) -> WorkQueue<&'static str> {
-    WorkQueue::builder()
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
         .name("test")
         .clock(clock.clone())
-        .build()
+        // This test flushes (`Probe::run`): the refresher thread would flush to another recorder.
+        .refresh_thread(false)
+        .build();
+    QUEUES.with_borrow_mut(|queues| queues.push(q.clone()));
+    q
 }
 
 /// client-go `metrics_test.go` `TestMetrics`, value for value.
@@ -199,10 +220,11 @@ fn unnamed_queue_keeps_no_per_key_timing() {
 fn recorder_installed_after_construction_still_receives() {
     let clock = ManualClock::new();
     let q = named(&clock); // built before any recorder exists
-    q.add("early"); // emitted to no recorder
+    q.add("early"); // recorded, not yet sent: metrics go out in batches
     let mut p = Probe::new();
     p.run(|| q.add("late"));
-    assert_eq!(p.value(ADDS_TOTAL), Some(1.0));
+    // The batch, early add included, goes to the recorder in effect when it is sent.
+    assert_eq!(p.value(ADDS_TOTAL), Some(2.0));
     assert_eq!(p.depth("0"), Some(2.0));
 }
 

@@ -297,6 +297,7 @@ mod recorder {
         WorkQueue::builder()
             .clock(ManualClock::new())
             .name("panicking-recorder")
+            .refresh_thread(false)
             .build()
     }
 
@@ -311,11 +312,23 @@ mod recorder {
         })
     }
 
+    /// Brings `queue` to one operation before its next flush (a queue sends its metrics every
+    /// `FLUSH_EVERY` operations), with operations that change nothing: re-adds of `queued`.
+    fn one_before_a_flush(rec: &PanickingRecorder, queue: &WorkQueue<FaultyKey>, queued: &str) {
+        metrics::with_local_recorder(rec, || {
+            queue.refresh_metrics();
+            for _ in 1..workqueue_core::metrics::FLUSH_EVERY {
+                queue.add(key(queued));
+            }
+        });
+    }
+
     #[test]
     fn a_recorder_that_panics_in_get_leaves_the_key_queued() {
         let rec = PanickingRecorder::default();
         let queue = named_queue();
         metrics::with_local_recorder(&rec, || queue.add(key("a")));
+        one_before_a_flush(&rec, &queue, "a");
         assert!(armed(&rec, || queue.try_get()).is_err());
         let c = queue.counts();
         assert_eq!((c.ready, c.processing), (1, 0), "the key is not stranded");
@@ -329,10 +342,12 @@ mod recorder {
     fn a_recorder_that_panics_in_add_keeps_the_added_key() {
         let rec = PanickingRecorder::default();
         let queue = named_queue();
+        queue.add(key("pad"));
+        one_before_a_flush(&rec, &queue, "pad");
         assert!(armed(&rec, || queue.add(key("a"))).is_err());
         assert_eq!(
             queue.len(),
-            1,
+            2,
             "the add happened before the recorder was called"
         );
         assert_drains(&queue);

@@ -105,6 +105,7 @@ where
                 refresh();
             });
         }
+        core.join_refresher();
         WorkQueue { core, clock }
     }
 }

@@ -63,8 +63,9 @@ async fn example_serves_queue_and_runner_metrics_over_http() {
         if let Ok(body) = tokio::task::spawn_blocking(move || fetch(addr)).await.unwrap()
             && sample(&body, ok).is_some_and(|v| v >= 5.0)
             && body.contains("workqueue_queue_duration_seconds_bucket")
-            // the refresher thread's first round (every 500 ms)
-            && body.contains(qm::UNFINISHED_WORK_SECONDS)
+            // the refresher thread's first round (every 500 ms), which sends what the queue's
+            // operations recorded since the last batch
+            && body.contains(&format!("{}{{", qm::DEPTH))
         {
             break body;
         }

@@ -75,7 +75,10 @@ fn histogram(m: &Metrics, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
 async fn tokio_queue_measures_on_the_runtime_clock() {
     let recorder = DebuggingRecorder::new();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("tq").build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
+        .name("tq")
+        .refresh_thread(false)
+        .build();
     q.add("a");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let lease = q.get().await.unwrap();
@@ -92,6 +95,7 @@ async fn tokio_queue_measures_on_the_runtime_clock() {
     assert_eq!(histogram(&m, qm::QUEUE_DURATION_SECONDS, &name), vec![0.05]);
     assert_eq!(gauge(&m, qm::UNFINISHED_WORK_SECONDS, &name), 0.025);
     lease.done();
+    q.refresh_metrics(); // metrics are sent in batches, and at every refresh
     let m = snapshot(&recorder);
     assert_eq!(histogram(&m, qm::WORK_DURATION_SECONDS, &name), vec![0.025]);
 }
@@ -100,7 +104,10 @@ async fn tokio_queue_measures_on_the_runtime_clock() {
 async fn runner_emits_controller_runtime_metrics() {
     let recorder = DebuggingRecorder::new();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("ctl").build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
+        .name("ctl")
+        .refresh_thread(false)
+        .build();
     for key in ["ok", "poll", "err", "panic", "slow", "giveup"] {
         q.add(key);
     }
@@ -365,9 +372,14 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
 async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
     let recorder = Trapping::new(Trap::FirstRecord(qm::QUEUE_DURATION_SECONDS));
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("q").build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder().name("q").refresh_thread(false).build();
     q.add("a");
     q.add("b");
+    // The queue sends its metrics every `FLUSH_EVERY` operations: re-adds bring it to one
+    // operation before a flush, so that the runner's first get sends them, and panics.
+    for _ in 2..qm::FLUSH_EVERY - 1 {
+        q.add("a");
+    }
     let seen = Arc::new(Mutex::new(Vec::new()));
     let runner = Runner::new(q.clone(), {
         let seen = seen.clone();
@@ -399,7 +411,10 @@ async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
 async fn requeue_after_zero_counts_as_result_requeue() {
     let recorder = DebuggingRecorder::new();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("rq").build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
+        .name("rq")
+        .refresh_thread(false)
+        .build();
     q.add("k");
     let runner = Runner::new(
         q.clone(),
@@ -442,7 +457,10 @@ async fn requeue_after_zero_counts_as_result_requeue() {
 async fn runner_counts_why_keys_were_queued() {
     let recorder = DebuggingRecorder::new();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("why").build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
+        .name("why")
+        .refresh_thread(false)
+        .build();
     q.add("direct");
     let failed = Arc::new(AtomicBool::new(false));
     let runner = Runner::new(q.clone(), {

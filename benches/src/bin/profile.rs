@@ -10,7 +10,8 @@
 //! or calls for W6–W8); `RUNS` (default 1) repeats it. Implementations: `ours`, `naive`, and per
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
 //! `presized` (W1, W4), `named` (W1), `async` (W5, W10: the tokio queue),
-//! `tokio_sleep` (W5), `aging` (W11). W12 has `ours` only (the peer of W11 and W12 is `W1 ours`).
+//! `tokio_sleep` (W5), `aging` (W11). W12 and W13 (built with `--features metrics`) have `ours`
+//! only (the peer of W11, W12 and W13 is `W1 ours`).
 //! Prints the figure of each run on stderr.
 
 use std::process::ExitCode;
@@ -151,6 +152,15 @@ fn main() -> ExitCode {
                 let k = keys(n.unwrap_or(s.w1));
                 let d = match imp {
                     "ours" => w12::ours(&k),
+                    _ => return unknown(&w, imp),
+                };
+                ns(d, k.len())
+            }
+            #[cfg(feature = "metrics")]
+            "W13" => {
+                let k = keys(n.unwrap_or(s.w1));
+                let d = match imp {
+                    "ours" => workqueue_benches::workloads::w13::ours(&k),
                     _ => return unknown(&w, imp),
                 };
                 ns(d, k.len())

@@ -85,6 +85,7 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 skip_limiter_when_pending: false,
                 max_ready_wait: None,
                 group: None,
+                refresh_thread: true,
             },
         }
     }
@@ -205,6 +206,16 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Whether a named queue joins the process-wide thread that refreshes the "unfinished work"
+    /// gauges and sends batched metrics every 500 ms (see `workqueue_core::metrics`). Default:
+    /// `true`. With `false`, no thread is started for this queue: call the queue's
+    /// `refresh_metrics()` yourself (from your own timer), or its gauges go stale and its
+    /// metrics lag up to `metrics::FLUSH_EVERY` operations.
+    pub fn refresh_thread(mut self, on: bool) -> Self {
+        self.config.refresh_thread = on;
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -221,6 +232,7 @@ impl<T, S, D> Builder<T, S, D> {
                 skip_limiter_when_pending: c.skip_limiter_when_pending,
                 max_ready_wait: c.max_ready_wait,
                 group: c.group,
+                refresh_thread: c.refresh_thread,
             },
         }
     }

@@ -141,6 +141,7 @@ where
     fn from_config(config: CoreConfig<T, S>) -> Self {
         let virtual_clock = config.clock.is_virtual();
         let core = Arc::new(QueueCore::new(config, Condvars::default()));
+        core.join_refresher();
         if virtual_clock {
             let weak: Weak<QueueCore<T, S, Condvars>> = Arc::downgrade(&core);
             core.clock().register(weak);

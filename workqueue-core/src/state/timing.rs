@@ -18,21 +18,47 @@ const NONE: u64 = u64::MAX;
 /// Timing data for metrics, indexed by slot (see the module docs).
 #[derive(Debug, Default)]
 pub struct Timing {
-    added: Vec<u64>,
-    started: Vec<u64>,
+    /// Per slot: the first add since the last get, and when processing started (`NONE` when
+    /// unset). One array, so a key's times share a cache line.
+    times: Vec<Times>,
     depth: u64,
     depths: PriorityDepths,
+    /// Operations since the driver last sent its metrics.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) unflushed: u32,
+    /// The waiting depth the driver last emitted.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) last_waiting: Option<usize>,
     adds: u64,
     queue_latencies: Vec<u64>,
     work_durations: Vec<u64>,
 }
 
-fn entry(v: &mut Vec<u64>, slot: SlotId) -> &mut u64 {
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    added: u64,
+    started: u64,
+}
+
+const UNSET: Times = Times {
+    added: NONE,
+    started: NONE,
+};
+
+#[inline]
+fn entry(v: &mut Vec<Times>, slot: SlotId) -> &mut Times {
     let i = slot as usize;
     if i >= v.len() {
-        v.resize(i + 1, NONE);
+        grow(v, i);
     }
     &mut v[i]
+}
+
+/// Makes room for slot `i`, doubling: a growing queue asks for one more slot at each new key.
+#[cold]
+fn grow(v: &mut Vec<Times>, i: usize) {
+    let len = (i + 1).max(v.len() * 2).max(16);
+    v.resize(len, UNSET);
 }
 
 impl Timing {
@@ -42,9 +68,9 @@ impl Timing {
         self.adds += 1;
         self.depth += 1;
         *self.depths.count(priority) += 1;
-        let added = entry(&mut self.added, slot);
-        if *added == NONE {
-            *added = now;
+        let times = entry(&mut self.times, slot);
+        if times.added == NONE {
+            times.added = now;
         }
     }
 
@@ -54,11 +80,11 @@ impl Timing {
         self.depth = self.depth.saturating_sub(1);
         let count = self.depths.count(priority);
         *count = count.saturating_sub(1);
-        *entry(&mut self.started, slot) = now;
-        let added = entry(&mut self.added, slot);
-        if *added != NONE {
-            self.queue_latencies.push(now.saturating_sub(*added));
-            *added = NONE;
+        let times = entry(&mut self.times, slot);
+        times.started = now;
+        if times.added != NONE {
+            self.queue_latencies.push(now.saturating_sub(times.added));
+            times.added = NONE;
         }
     }
 
@@ -73,13 +99,13 @@ impl Timing {
         priority: i32,
         dirty_at: Option<i32>,
     ) {
-        *entry(&mut self.started, slot) = NONE;
+        entry(&mut self.times, slot).started = NONE;
         match dirty_at {
             Some(from) => self.on_raise(from, priority),
             None => {
                 self.depth += 1;
                 *self.depths.count(priority) += 1;
-                *entry(&mut self.added, slot) = now;
+                entry(&mut self.times, slot).added = now;
             }
         }
     }
@@ -97,10 +123,10 @@ impl Timing {
     /// The key in `slot` was finished.
     #[inline]
     pub(crate) fn on_finish(&mut self, slot: SlotId, now: u64) {
-        let started = entry(&mut self.started, slot);
-        if *started != NONE {
-            self.work_durations.push(now.saturating_sub(*started));
-            *started = NONE;
+        let times = entry(&mut self.times, slot);
+        if times.started != NONE {
+            self.work_durations.push(now.saturating_sub(times.started));
+            times.started = NONE;
         }
     }
 
@@ -113,15 +139,19 @@ impl Timing {
     /// (0 once they are all handed out), in the order the priorities were first seen. After
     /// [`PRIORITY_LABELS`] distinct priorities, later ones are counted together under `None`.
     pub fn depth_by_priority(&self) -> impl Iterator<Item = (Option<i32>, u64)> + '_ {
-        let overflow = self
-            .depths
-            .overflowed
-            .then_some((None, self.depths.overflow));
-        self.depths
-            .labelled
-            .iter()
-            .map(|&(p, n)| (Some(p), n))
-            .chain(overflow)
+        self.depths.entries.iter().map(|e| (e.label, e.count))
+    }
+
+    /// Calls `f` with each priority's depth that changed since the last call (every one with
+    /// `all`), as [`Timing::depth_by_priority`] gives them.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn take_changed_depths(&mut self, all: bool, mut f: impl FnMut(Option<i32>, u64)) {
+        for e in &mut self.depths.entries {
+            if e.changed || all {
+                e.changed = false;
+                f(e.label, e.count);
+            }
+        }
     }
 
     /// The number of adds since the last call.
@@ -143,7 +173,7 @@ impl Timing {
     pub fn unfinished_work(&self, now: Instant) -> (Duration, Duration) {
         let now = now.as_nanos();
         let (mut total, mut longest) = (0u64, 0u64);
-        for &started in self.started.iter().filter(|&&s| s != NONE) {
+        for started in self.times.iter().map(|t| t.started).filter(|&s| s != NONE) {
             let age = now.saturating_sub(started);
             total = total.saturating_add(age);
             longest = longest.max(age);
@@ -153,14 +183,14 @@ impl Timing {
 
     /// The longest time a key whose `is_ready(slot)` holds has been dirty at `now`: since its
     /// first add after it was last handed out. `None` when no such key is dirty.
-    pub fn oldest_ready(
+    pub(crate) fn oldest_ready(
         &self,
         now: Instant,
         is_ready: impl Fn(SlotId) -> bool,
     ) -> Option<Duration> {
         let now = now.as_nanos();
         let mut oldest = None;
-        for (slot, &added) in self.added.iter().enumerate() {
+        for (slot, added) in self.times.iter().map(|t| t.added).enumerate() {
             if added != NONE && oldest.is_none_or(|o| added < o) && is_ready(slot as SlotId) {
                 oldest = Some(added);
             }
@@ -171,67 +201,86 @@ impl Timing {
     /// Frees per-slot buffers larger than `above` entries; called when the state is empty, so no
     /// slot has timing data left.
     pub(crate) fn shrink_if_large(&mut self, above: usize) {
-        for v in [&mut self.added, &mut self.started] {
-            if v.capacity() > above {
-                *v = Vec::new();
-            }
+        if self.times.capacity() > above {
+            self.times = Vec::new();
         }
     }
 
     /// Heap bytes held.
     pub fn allocated_bytes(&self) -> usize {
         size_of::<Self>()
-            + (self.added.capacity()
-                + self.started.capacity()
-                + self.queue_latencies.capacity()
-                + self.work_durations.capacity())
-                * size_of::<u64>()
-            + self.depths.labelled.capacity() * size_of::<(i32, u64)>()
+            + self.times.capacity() * size_of::<Times>()
+            + (self.queue_latencies.capacity() + self.work_durations.capacity()) * size_of::<u64>()
+            + self.depths.entries.capacity() * size_of::<Depth>()
     }
 }
 
 /// Dirty keys per priority (see [`Timing::depth_by_priority`]).
 ///
-/// Invariant: `labelled` holds at most [`PRIORITY_LABELS`] distinct priorities, 0 first (so a
-/// queue's depth series exists before its first add), then in the order they were first seen.
-/// Entries are never removed, so a label keeps its series once it has one. A priority first seen
-/// after the limit is counted in `overflow` for good.
+/// Invariant: `entries` holds at most [`PRIORITY_LABELS`] entries labelled by a priority, 0 first
+/// (so a queue's depth series exists before its first add), then in the order they were first
+/// seen, and at most one overflow entry (label `None`): a priority first seen after the limit is
+/// counted there for good. Entries are never removed, so a label keeps its series once it has
+/// one. `changed` marks the entries whose count changed since the driver last took them.
 #[derive(Debug)]
 struct PriorityDepths {
-    labelled: Vec<(i32, u64)>,
-    overflow: u64,
-    overflowed: bool,
+    entries: Vec<Depth>,
+    labelled: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Depth {
+    label: Option<i32>,
+    count: u64,
+    changed: bool,
 }
 
 impl Default for PriorityDepths {
     fn default() -> Self {
         PriorityDepths {
-            labelled: vec![(0, 0)],
-            overflow: 0,
-            overflowed: false,
+            entries: vec![Depth {
+                label: Some(0),
+                count: 0,
+                changed: true,
+            }],
+            labelled: 1,
         }
     }
 }
 
 impl PriorityDepths {
-    /// The count for `priority`. The first entry is checked first: without priorities, every key
-    /// is at 0 and this is one comparison.
+    /// The count for `priority`, marked changed. The first entry is checked first: without
+    /// priorities, every key is at 0 and this is one comparison.
     #[inline]
     fn count(&mut self, priority: i32) -> &mut u64 {
-        if let Some(i) = self.labelled.iter().position(|e| e.0 == priority) {
-            return &mut self.labelled[i].1;
-        }
-        self.count_new(priority)
+        let i = match self.entries.iter().position(|e| e.label == Some(priority)) {
+            Some(i) => i,
+            None => self.entry_new(priority),
+        };
+        let e = &mut self.entries[i];
+        e.changed = true;
+        &mut e.count
     }
 
     #[cold]
-    fn count_new(&mut self, priority: i32) -> &mut u64 {
-        if self.labelled.len() < PRIORITY_LABELS {
-            self.labelled.push((priority, 0));
-            let last = self.labelled.len() - 1;
-            return &mut self.labelled[last].1;
+    fn entry_new(&mut self, priority: i32) -> usize {
+        let label = match self.labelled < PRIORITY_LABELS {
+            true => {
+                self.labelled += 1;
+                Some(priority)
+            }
+            false => None,
+        };
+        if label.is_none()
+            && let Some(i) = self.entries.iter().position(|e| e.label.is_none())
+        {
+            return i;
         }
-        self.overflowed = true;
-        &mut self.overflow
+        self.entries.push(Depth {
+            label,
+            count: 0,
+            changed: true,
+        });
+        self.entries.len() - 1
     }
 }
