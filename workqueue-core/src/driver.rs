@@ -905,6 +905,17 @@ where
     }
 }
 
+impl<T, S, N> QueueCore<T, S, N> {
+    /// From now on, the queue's metrics also carry the `controller` label, with the queue's name
+    /// (controller-runtime's labels for a controller's queue). The tokio runner calls it.
+    pub fn label_controller(&self) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = &self.metrics {
+            m.label_controller();
+        }
+    }
+}
+
 impl<T, S, N> fmt::Debug for QueueCore<T, S, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueueCore")

@@ -54,6 +54,9 @@ use std::time::Duration;
 
 /// The label that carries the queue's name.
 pub const NAME_LABEL: &str = "name";
+/// The label that carries the controller's name on a runner's queue (the queue's name), as
+/// controller-runtime labels its queues' metrics.
+pub const CONTROLLER_LABEL: &str = "controller";
 /// The label of [`DEPTH`] that carries the keys' priority (controller-runtime).
 pub const PRIORITY_LABEL: &str = "priority";
 /// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first [`PRIORITY_LABELS`]
@@ -87,12 +90,20 @@ pub const RATE_LIMITER_DELAY_SECONDS: &str = "workqueue_rate_limiter_delay_secon
 /// under steady load without `max_ready_wait`, or too few workers.
 pub const OLDEST_READY_SECONDS: &str = "workqueue_oldest_ready_seconds";
 
-/// client-go's (component-base) buckets for the queue and work durations:
-/// `ExponentialBuckets(10e-9, 10, 10)`, 10 ns to 10 s.
-pub const QUEUE_DURATION_BUCKETS: [f64; 10] =
-    [1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
+/// Buckets for the queue and work durations: controller-runtime's
+/// `ExponentialBuckets(10e-9, 10, 12)`, 10 ns to 1000 s.
+///
+/// client-go's own provider (component-base) uses the first 10 (up to 10 s). We use
+/// controller-runtime's because a controller's keys routinely wait, and its reconciles run,
+/// longer than 10 s: low-priority keys behind a busy queue, aging limits of minutes, reconciles
+/// that call slow APIs. Above the top bucket a histogram only counts, so client-go's buckets
+/// would hide exactly the waits that matter. The 10 shared buckets have the same bounds, so a
+/// client-go dashboard's `le` values all still exist.
+pub const QUEUE_DURATION_BUCKETS: [f64; 12] = [
+    1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0,
+];
 /// Buckets for [`WORK_DURATION_SECONDS`]: the same as [`QUEUE_DURATION_BUCKETS`].
-pub const WORK_DURATION_BUCKETS: [f64; 10] = QUEUE_DURATION_BUCKETS;
+pub const WORK_DURATION_BUCKETS: [f64; 12] = QUEUE_DURATION_BUCKETS;
 /// Buckets for [`RATE_LIMITER_DELAY_SECONDS`]: 1 ms to the default limiter's 1000 s cap.
 pub const RATE_LIMITER_DELAY_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1000.0,
@@ -152,6 +163,8 @@ mod emit {
     struct Handles {
         /// The address of the recorder they were registered with.
         recorder: usize,
+        /// Whether they carry the `controller` label.
+        controller: bool,
         adds: Counter,
         /// One gauge per priority value, registered when the value is first emitted.
         depth: Vec<(Option<i32>, Gauge)>,
@@ -165,18 +178,27 @@ mod emit {
         oldest_ready: Gauge,
     }
 
+    /// The labels of every metric of queue `name`: `name`, and `controller` (the same value) for
+    /// a runner's queue, as controller-runtime labels them.
+    fn labels(name: &Arc<str>, controller: bool) -> Vec<Label> {
+        let value = || SharedString::from(Arc::clone(name));
+        let mut labels = vec![Label::new(NAME_LABEL, value())];
+        if controller {
+            labels.push(Label::new(CONTROLLER_LABEL, value()));
+        }
+        labels
+    }
+
     fn recorder_id(r: &dyn Recorder) -> usize {
         (r as *const dyn Recorder).cast::<()>() as usize
     }
 
     impl Handles {
-        fn register(r: &dyn Recorder, name: &Arc<str>) -> Self {
-            let key = |metric: &'static str| {
-                let label = Label::new(NAME_LABEL, SharedString::from(Arc::clone(name)));
-                Key::from_parts(metric, vec![label])
-            };
+        fn register(r: &dyn Recorder, name: &Arc<str>, controller: bool) -> Self {
+            let key = |metric: &'static str| Key::from_parts(metric, labels(name, controller));
             Handles {
                 recorder: recorder_id(r),
+                controller,
                 adds: r.register_counter(&key(ADDS_TOTAL), &METADATA),
                 depth: Vec::new(),
                 queue_duration: r.register_histogram(&key(QUEUE_DURATION_SECONDS), &METADATA),
@@ -205,10 +227,8 @@ mod emit {
                         Some(p) => SharedString::from(p.to_string()),
                         None => SharedString::const_str(EXCEEDED_CARDINALITY_LIMIT),
                     };
-                    let labels = vec![
-                        Label::new(NAME_LABEL, SharedString::from(Arc::clone(name))),
-                        Label::new(PRIORITY_LABEL, value),
-                    ];
+                    let mut labels = labels(name, self.controller);
+                    labels.push(Label::new(PRIORITY_LABEL, value));
                     let gauge = r.register_gauge(&Key::from_parts(DEPTH, labels), &METADATA);
                     self.depth.push((priority, gauge));
                     self.depth.len() - 1
@@ -226,6 +246,8 @@ mod emit {
         /// Handles were registered with a new recorder: the next emission sends every gauge,
         /// not only what changed.
         resend: AtomicBool,
+        /// The queue belongs to a runner: its metrics carry the `controller` label too.
+        controller: AtomicBool,
         id: u64,
         registered: AtomicBool,
         context: OnceLock<Context>,
@@ -292,6 +314,7 @@ mod emit {
                 name,
                 handles: HandlesLock::new(None),
                 resend: AtomicBool::new(false),
+                controller: AtomicBool::new(false),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 registered: AtomicBool::new(false),
                 context: OnceLock::new(),
@@ -303,11 +326,12 @@ mod emit {
             describe();
             metrics::with_recorder(|r| {
                 let mut cache = self.handles.lock();
+                let controller = self.controller.load(Ordering::Relaxed);
                 let handles = match &mut *cache {
-                    Some(h) if h.recorder == recorder_id(r) => h,
+                    Some(h) if h.recorder == recorder_id(r) && h.controller == controller => h,
                     stale => {
                         self.resend.store(true, Ordering::Relaxed);
-                        stale.insert(Handles::register(r, &self.name))
+                        stale.insert(Handles::register(r, &self.name, controller))
                     }
                 };
                 f(handles, r);
@@ -371,6 +395,12 @@ mod emit {
                 h.longest.set(longest.as_secs_f64());
                 h.oldest_ready.set(oldest_ready.as_secs_f64());
             });
+        }
+
+        /// From now on, the queue's metrics carry the `controller` label as well (a runner's
+        /// queue). The next emission registers them again with it.
+        pub(crate) fn label_controller(&self) {
+            self.controller.store(true, Ordering::Relaxed);
         }
 
         /// Runs `refresh` in the queue's refresh context, if it set one.

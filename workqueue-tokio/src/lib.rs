@@ -73,7 +73,7 @@
 //!
 //! A [`Runner`](runner::Runner) reads any number of streams of keys ([`Runner::source`](runner::Runner::source)),
 //! shapes them with plain stream stages ([`source::changed`], [`source::keys`]), and gives every
-//! reconcile and the error policy one shared `Arc` ([`Runner::context`](runner::Runner::context)).
+//! reconcile and the error policy one shared `Arc` ([`Runner::with_context`](runner::Runner::with_context)).
 //! The README's "Feeding the runner" section is this example:
 //!
 //! ```
@@ -126,12 +126,11 @@
 //! // A resync (here of one key), served behind every change.
 //! let resync = stream::iter(["default/web".to_string()]).map(|k| (k, AddOptions::priority(LOW_PRIORITY)));
 //! # tokio::spawn({ let s = shutdown.clone(); async move { tokio::time::sleep(Duration::from_secs(1)).await; s.cancel() } });
-//! let report = Runner::new(queue, |key: String, ctx: Context<State>| async move {
+//! let report = Runner::with_context(queue, Arc::new(State), |key: String, ctx: Context<State>| async move {
 //!     let _state: &State = ctx.data();
 //!     println!("reconciling {key}");
 //!     Ok::<_, ApiError>(Action::Done)
 //! })
-//! .context(Arc::new(State))
 //! // Retry every 30 s, at most 5 times: the runner's failure count sees every failure.
 //! .error_policy(|_: &String, _: &Failure<ApiError>, ctx: &Context<State>| {
 //!     if ctx.failures() < 5 { Decision::RetryAfter(Duration::from_secs(30)) } else { Decision::GiveUp }

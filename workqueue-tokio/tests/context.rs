@@ -55,7 +55,7 @@ async fn the_shared_data_reaches_every_reconcile_and_the_policy() {
     let queue: WorkQueue<&'static str> = WorkQueue::new();
     queue.add_batch(["a", "b"]);
     let same = Arc::new(Mutex::new(Vec::new()));
-    let runner = Runner::new(queue.clone(), {
+    let runner = Runner::with_context(queue.clone(), data.clone(), {
         let (data, same) = (data.clone(), same.clone());
         move |key: &'static str, ctx: Context<Shared>| {
             same.lock().unwrap().push(Arc::ptr_eq(ctx.data(), &data));
@@ -68,7 +68,6 @@ async fn the_shared_data_reaches_every_reconcile_and_the_policy() {
             }
         }
     })
-    .context(data.clone())
     .error_policy({
         let (data, same) = (data.clone(), same.clone());
         move |_: &&'static str, _: &Failure<&'static str>, ctx: &Context<Shared>| {
@@ -100,9 +99,7 @@ async fn failures_count_every_failure_and_bound_retry_after() {
             Decision::GiveUp
         }
     };
-    let runner = Runner::new(queue.clone(), reconcile)
-        .context(data.clone())
-        .error_policy(policy);
+    let runner = Runner::with_context(queue.clone(), data.clone(), reconcile).error_policy(policy);
     let run = tokio::spawn(runner.run(CancellationToken::new()));
     queue.add("k");
     sleep(secs(3600)).await;
@@ -131,9 +128,8 @@ async fn a_success_resets_both_counts() {
     let data = Arc::new(Shared::default());
     *data.fail_runs.lock().unwrap() = vec![2, 1];
     let queue: WorkQueue<&'static str> = WorkQueue::new();
-    let runner = Runner::new(queue.clone(), reconcile)
-        .context(data.clone())
-        .error_policy(MaxRetries(3));
+    let runner =
+        Runner::with_context(queue.clone(), data.clone(), reconcile).error_policy(MaxRetries(3));
     let run = tokio::spawn(runner.run(CancellationToken::new()));
     queue.add("k");
     sleep(secs(60)).await;

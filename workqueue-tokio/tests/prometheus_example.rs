@@ -99,8 +99,22 @@ async fn example_serves_queue_and_runner_metrics_over_http() {
             "{name} missing:\n{body}"
         );
     }
-    assert!(sample(&body, r#"workqueue_adds_total{name="example"}"#).unwrap() >= 5.0);
-    assert!(sample(&body, r#"workqueue_retries_total{name="example"}"#).unwrap() >= 5.0);
+    assert!(
+        sample(
+            &body,
+            r#"workqueue_adds_total{name="example",controller="example"}"#
+        )
+        .unwrap()
+            >= 5.0
+    );
+    assert!(
+        sample(
+            &body,
+            r#"workqueue_retries_total{name="example",controller="example"}"#
+        )
+        .unwrap()
+            >= 5.0
+    );
     assert_eq!(
         sample(
             &body,
@@ -108,11 +122,11 @@ async fn example_serves_queue_and_runner_metrics_over_http() {
         ),
         Some(2.0)
     );
-    // client-go's 10 buckets and controller-runtime's 40, each plus +Inf.
+    // controller-runtime's 12 queue buckets and 40 reconcile buckets, each plus +Inf.
     let buckets =
         |name: &str, label: &str| lines_starting(&body, &format!("{name}_bucket{{{label}"));
-    assert_eq!(buckets(qm::QUEUE_DURATION_SECONDS, r#"name="example""#), 11);
-    assert_eq!(buckets(qm::WORK_DURATION_SECONDS, r#"name="example""#), 11);
+    assert_eq!(buckets(qm::QUEUE_DURATION_SECONDS, r#"name="example""#), 13);
+    assert_eq!(buckets(qm::WORK_DURATION_SECONDS, r#"name="example""#), 13);
     assert_eq!(
         buckets(rm::RECONCILE_TIME_SECONDS, r#"controller="example""#),
         41

@@ -216,7 +216,10 @@ async fn ok_requeue_after_forgets_and_readds_after_exactly_d() {
             }
         }
     };
-    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
+    let handle = tokio::spawn(
+        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
+            .run(CancellationToken::new()),
+    );
 
     queue.add("a");
     sleep(secs(1)).await;
@@ -410,7 +413,8 @@ async fn terminal_error_policy_as_a_closure() {
             _ => Decision::Retry,
         }
     };
-    let runner = Runner::new(queue.clone(), reconcile).error_policy(policy);
+    let runner =
+        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile).error_policy(policy);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
 
     queue.add("broken");
@@ -1108,7 +1112,10 @@ async fn a_requeue_at_a_chosen_priority_is_served_by_that_priority() {
     for key in ["up", "down", "x1", "x2", "x3"] {
         queue.add(key);
     }
-    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
+    let handle = tokio::spawn(
+        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
+            .run(CancellationToken::new()),
+    );
     sleep(secs(1)).await;
     assert_eq!(
         log.get(),
@@ -1151,7 +1158,10 @@ async fn a_retry_without_a_priority_keeps_the_leases_priority() {
         }
     };
     queue.add_with("low", AddOptions::priority(LOW_PRIORITY));
-    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
+    let handle = tokio::spawn(
+        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
+            .run(CancellationToken::new()),
+    );
     sleep(ms(1)).await;
     queue.add("a");
     sleep(ms(5)).await;
@@ -1190,7 +1200,8 @@ async fn the_error_policy_chooses_the_priority_of_a_retry() {
     for key in ["up", "down", "a", "b"] {
         queue.add(key);
     }
-    let runner = Runner::new(queue.clone(), reconcile).error_policy(policy);
+    let runner =
+        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile).error_policy(policy);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
     sleep(secs(1)).await;
     assert_eq!(

@@ -142,10 +142,22 @@ async fn runner_emits_controller_runtime_metrics() {
     let result = |r: &'static str| counter(&m, RECONCILE_TOTAL, &[ctl[0], ("result", r)]);
     assert_eq!(result("success"), 1);
     assert_eq!(result("requeue_after"), 1);
-    assert_eq!(result("error"), 2); // "err", and "slow" timing out
-    assert_eq!(result("panic"), 1);
-    assert_eq!(result("given_up"), 1);
+    assert_eq!(result("requeue"), 0);
+    // Every failure is an error, as controller-runtime counts it: "err", "slow" timing out,
+    // "panic", and "giveup" (a terminal error).
+    assert_eq!(result("error"), 4);
+    let results: Vec<&str> = m
+        .keys()
+        .filter(|(name, _)| name == RECONCILE_TOTAL)
+        .flat_map(|(_, labels)| labels.iter().filter(|(k, _)| k == "result"))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert!(
+        results.iter().all(|r| RESULTS.contains(r)) && results.len() == 4,
+        "controller-runtime's four results only: {results:?}"
+    );
     assert_eq!(counter(&m, RECONCILE_ERRORS_TOTAL, &ctl), 4);
+    assert_eq!(counter(&m, TERMINAL_RECONCILE_ERRORS_TOTAL, &ctl), 1);
     assert_eq!(counter(&m, RECONCILE_PANICS_TOTAL, &ctl), 1);
     assert_eq!(counter(&m, RECONCILE_TIMEOUTS_TOTAL, &ctl), 1);
     let mut times = histogram(&m, RECONCILE_TIME_SECONDS, &ctl);
@@ -153,8 +165,16 @@ async fn runner_emits_controller_runtime_metrics() {
     assert_eq!(times, vec![0.1, 0.1, 0.1, 0.1, 0.1, 1.1]);
     assert_eq!(gauge(&m, MAX_CONCURRENT_RECONCILES, &ctl), 3.0);
     assert_eq!(gauge(&m, ACTIVE_WORKERS, &ctl), 0.0);
-    // The queue's own metrics, labelled with its name.
-    assert_eq!(counter(&m, qm::RETRIES_TOTAL, &[("name", "ctl")]), 4);
+    // The queue's own metrics, labelled with its name, and as a runner's queue with the
+    // controller's (controller-runtime's labels).
+    assert_eq!(
+        counter(
+            &m,
+            qm::RETRIES_TOTAL,
+            &[("name", "ctl"), ("controller", "ctl")]
+        ),
+        4
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -358,7 +378,7 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
             }
         };
         assert_eq!(
-            (result("success"), result("panic")),
+            (result("success"), result("error")),
             (1, panics),
             "{trap:?}"
         );
@@ -448,7 +468,14 @@ async fn requeue_after_zero_counts_as_result_requeue() {
         );
     }
     assert_eq!(counter(&m, RECONCILE_ERRORS_TOTAL, &[ctl]), 0);
-    assert_eq!(counter(&m, qm::RETRIES_TOTAL, &[("name", "rq")]), 2);
+    assert_eq!(
+        counter(
+            &m,
+            qm::RETRIES_TOTAL,
+            &[("name", "rq"), ("controller", "rq")]
+        ),
+        2
+    );
 }
 
 /// Why keys were queued, counted by reason: a source's name, the runner's own retry, and keys
@@ -487,4 +514,22 @@ async fn runner_counts_why_keys_were_queued() {
         (reason("direct"), reason("source:watch"), reason("retry")),
         (1, 2, 1)
     );
+}
+
+/// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets, written out as its
+/// source lists them: 0.005, 0.01, 0.025, 0.05, 0.1 to 0.5 by 0.05, 0.6 to 1.0 by 0.1, 1.25,
+/// 1.5, 1.75, 2, 2.5, 3 to 5 by 0.5, 6 to 10 by 1, 15, 20, 25, 30, 40, 50, 60.
+#[test]
+fn reconcile_time_buckets_are_controller_runtime_s() {
+    let mut expected = vec![0.005, 0.01, 0.025, 0.05];
+    expected.extend((2..=10).map(|i| f64::from(i) * 0.05));
+    expected.extend((6..=10).map(|i| f64::from(i) * 0.1));
+    expected.extend([1.25, 1.5, 1.75, 2.0, 2.5]);
+    expected.extend((6..=10).map(|i| f64::from(i) * 0.5));
+    expected.extend((6..=10).map(f64::from));
+    expected.extend([15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0]);
+    assert_eq!(RECONCILE_TIME_BUCKETS.len(), expected.len());
+    for (ours, theirs) in RECONCILE_TIME_BUCKETS.iter().zip(&expected) {
+        assert!((ours - theirs).abs() < 1e-9, "{ours} against {theirs}");
+    }
 }

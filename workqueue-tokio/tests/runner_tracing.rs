@@ -22,6 +22,7 @@ struct Formatting;
 struct FormatFields;
 
 impl tracing::field::Visit for FormatFields {
+    // `%value` fields arrive here too, through a `Debug` wrapper around their `Display`.
     fn record_debug(&mut self, _: &tracing::field::Field, value: &dyn std::fmt::Debug) {
         let _ = format!("{value:?}");
     }
@@ -57,7 +58,7 @@ impl tracing::Subscriber for Formatting {
 /// single worker survives. (A current-thread runtime: the thread-local subscriber sees every
 /// task.)
 #[tokio::test(start_paused = true)]
-async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
+async fn a_panicking_key_display_in_the_span_does_not_kill_the_worker() {
     let _subscriber = tracing::subscriber::set_default(Formatting);
     let queue: WorkQueue<Fragile> = WorkQueue::builder()
         .rate_limiter(ExponentialFailure::new(
@@ -90,7 +91,7 @@ async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
         .error_policy(policy);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
 
-    queue.add(Fragile::new("bad-debug", |_| false, |n| n == 1));
+    queue.add(Fragile::new("bad-display", |_| false, |n| n == 1));
     queue.add(Fragile::sturdy("good"));
     sleep(Duration::from_secs(60)).await;
     assert!(!handle.is_finished(), "run returned: its only worker died");
@@ -98,14 +99,15 @@ async fn a_panicking_key_debug_in_the_span_does_not_kill_the_worker() {
         *runs.lock().unwrap(),
         [
             ("good", Duration::ZERO),
-            ("bad-debug", Duration::from_secs(7))
+            ("bad-display", Duration::from_secs(7))
         ]
     );
     assert_eq!(
         *failures.lock().unwrap(),
         [(
-            "bad-debug",
-            "reconcile panicked: debug 1 of bad-debug panicked (expected by this test)".to_string(),
+            "bad-display",
+            "reconcile panicked: display 1 of bad-display panicked (expected by this test)"
+                .to_string(),
             0
         )]
     );
@@ -155,8 +157,9 @@ impl tracing::Subscriber for ReconcileSpans {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// The reconcile span carries the key, the two failure counts, the priority the key was handed
-/// out at, and why it was queued (`direct`: added to the queue, not by the runner).
+/// The reconcile span carries the controller's name, the key (its `Display`), a reconcile id
+/// unique to each reconcile, the two failure counts, the priority the key was handed out at,
+/// and why it was queued (`direct`: added to the queue, not by the runner).
 #[tokio::test(start_paused = true)]
 async fn the_reconcile_span_records_the_priority() {
     let spans = Arc::new(Mutex::new(Vec::new()));
@@ -170,11 +173,89 @@ async fn the_reconcile_span_records_the_priority() {
     sleep(Duration::from_secs(1)).await;
     queue.shut_down();
     handle.await.unwrap();
+    let spans = spans.lock().unwrap().clone();
+    // The ids, 16 hex digits, differ; the rest is fixed.
+    let mut ids = Vec::new();
+    let fixed: Vec<String> = spans
+        .iter()
+        .map(|span| {
+            let (before, rest) = span.split_once("reconcile_id=").expect("an id");
+            let (id, after) = rest.split_once(' ').expect("fields after the id");
+            assert!(
+                id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit()),
+                "{id}"
+            );
+            ids.push(id.to_string());
+            format!("{before}reconcile_id=ID {after}")
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
     assert_eq!(
-        *spans.lock().unwrap(),
+        fixed,
         [
-            r#"key="changed" attempt=0 failures=0 priority=0 reasons=direct"#,
-            r#"key="resync" attempt=0 failures=0 priority=-100 reasons=direct"#,
+            "controller=unnamed key=changed reconcile_id=ID attempt=0 failures=0 priority=0 reasons=direct",
+            "controller=unnamed key=resync reconcile_id=ID attempt=0 failures=0 priority=-100 reasons=direct",
         ]
     );
+}
+
+/// Records every event: its level and fields.
+struct Events(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        let line = format!("{} {}", event.metadata().level(), fields.0);
+        self.0.lock().unwrap().push(line);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The events a runner logs for one reconcile that fails with an error and is given up on,
+/// with failure logging at `level`.
+async fn failure_events(level: Option<tracing::Level>) -> Vec<String> {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(Events(events.clone()));
+    let queue: WorkQueue<&'static str> = WorkQueue::new();
+    queue.add("bad");
+    let reconcile = |_key: &'static str, _ctx: Context| std::future::ready(Err("invalid spec"));
+    let runner = Runner::new(queue.clone(), reconcile)
+        .on_error(|_, _, _| Decision::GiveUp)
+        .failure_log(level);
+    let handle = tokio::spawn(runner.run(CancellationToken::new()));
+    sleep(Duration::from_secs(1)).await;
+    queue.shut_down();
+    handle.await.unwrap();
+    events.lock().unwrap().clone()
+}
+
+/// A failure is one event, at the level the runner is given, or none.
+#[tokio::test(start_paused = true)]
+async fn a_failure_is_one_event_at_the_chosen_level() {
+    let logged = r#"message=reconcile failed error="invalid spec" decision=GiveUp"#;
+    assert_eq!(
+        failure_events(Some(tracing::Level::ERROR)).await,
+        [format!("ERROR {logged}")]
+    );
+    assert_eq!(
+        failure_events(Some(tracing::Level::WARN)).await,
+        [format!("WARN {logged}")]
+    );
+    assert_eq!(failure_events(None).await, Vec::<String>::new());
 }

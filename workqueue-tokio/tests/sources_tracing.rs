@@ -113,10 +113,10 @@ async fn the_span_names_why_a_key_was_queued() {
     assert_eq!(
         *spans.lock().unwrap(),
         [
-            r#"key="busy" reasons=direct"#,
-            r#"key="a" reasons=source:list,source:watch"#,
-            r#"key="a" reasons=requeue"#,
-            r#"key="a" reasons=retry"#,
+            "key=busy reasons=direct",
+            "key=a reasons=source:list,source:watch",
+            "key=a reasons=requeue",
+            "key=a reasons=retry",
         ]
     );
 }

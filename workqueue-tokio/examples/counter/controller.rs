@@ -111,8 +111,7 @@ pub async fn run(api: Api, shutdown: CancellationToken) -> Report {
         e.map(|e| e.object().owner.clone()).transpose()
     });
     let queue = WorkQueue::builder().name("counter").build();
-    Runner::new(queue, reconcile)
-        .context(Arc::new(State { api }))
+    Runner::with_context(queue, Arc::new(State { api }), reconcile)
         .error_policy(error_policy)
         .workers(WORKERS)
         .shutdown_grace(Duration::from_secs(10))

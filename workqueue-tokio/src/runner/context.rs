@@ -9,7 +9,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// two counts of earlier failures. The error policy gets the same context for the failure it
 /// decides on.
 ///
-/// The shared data is the `Arc<C>` given once to [`Runner::context`](super::Runner::context)
+/// The shared data is the `Arc<C>` given once to [`Runner::with_context`](super::Runner::with_context)
 /// (`()` without it): an API client, a cache, an event recorder. Every reconcile and every
 /// policy decision sees the same `Arc`.
 ///
@@ -72,7 +72,7 @@ impl<C> Context<C> {
         }
     }
 
-    /// The runner's shared data ([`Runner::context`](super::Runner::context)).
+    /// The runner's shared data ([`Runner::with_context`](super::Runner::with_context)).
     pub fn data(&self) -> &Arc<C> {
         &self.data
     }

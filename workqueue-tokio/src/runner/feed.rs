@@ -99,7 +99,7 @@ pub(crate) struct Feeder<T, S> {
 
 impl<T, S> Feeder<T, S>
 where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
+    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
 {
     /// Feeds the queue from the source at `index` until it ends or panics, or the run stops.

@@ -5,8 +5,9 @@
 //!
 //! | metric | kind | what |
 //! |---|---|---|
-//! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `requeue`, `requeue_after`, `error`, `panic`, `given_up` |
-//! | [`RECONCILE_ERRORS_TOTAL`] | counter | failed reconciles (errors, panics, timeouts) |
+//! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `error`, `requeue`, `requeue_after` (all four zeroed at the start) |
+//! | [`RECONCILE_ERRORS_TOTAL`] | counter | failed reconciles: errors, panics, timeouts, given up or not |
+//! | [`TERMINAL_RECONCILE_ERRORS_TOTAL`] | counter | failures the error policy gave up on ([`Decision::GiveUp`]) |
 //! | [`RECONCILE_PANICS_TOTAL`] | counter | reconciles that panicked |
 //! | [`RECONCILE_TIMEOUTS_TOTAL`] | counter | reconciles that timed out |
 //! | [`RECONCILE_TIME_SECONDS`] | histogram | how long reconciles took ([`RECONCILE_TIME_BUCKETS`]) |
@@ -14,12 +15,25 @@
 //! | [`MAX_CONCURRENT_RECONCILES`] | gauge | the runner's number of workers |
 //! | [`RECONCILE_REASONS_TOTAL`] | counter | reconciles, by `reason` the key was queued for: `source:NAME`, `requeue`, `retry`, `direct` (added to the queue directly), `unknown` (the key panicked); a reconcile counts once for each reason in its set |
 //!
-//! The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with `d > 0`,
-//! `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
-//! controller-runtime's `Requeue: true`), else `success`, whatever priority the requeue asks
-//! for. The `result` of a failure is `given_up` when the error policy gave up, else `panic` for a
-//! panic, else `error` (an error or a timeout).
-//! A reconcile interrupted at shutdown counts in no `result` (its key is retried).
+//! These are controller-runtime's names, labels and values, so its dashboards and alerts work
+//! unchanged. The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with
+//! `d > 0`, `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
+//! controller-runtime's `Requeue: true`), else `success`, whatever priority the requeue asks for.
+//! Every failure is `result="error"` and counts in [`RECONCILE_ERRORS_TOTAL`], as
+//! controller-runtime counts them: a panic also counts in [`RECONCILE_PANICS_TOTAL`], a timeout
+//! in [`RECONCILE_TIMEOUTS_TOTAL`], and a failure the policy gave up on in
+//! [`TERMINAL_RECONCILE_ERRORS_TOTAL`] (controller-runtime's `TerminalError`). There are no other
+//! `result` values. A reconcile interrupted at shutdown counts in no `result` (its key is
+//! retried).
+//!
+//! One difference, on purpose: controller-runtime's `TerminalError` does not `Forget` the key, so
+//! its failure count persists and the next event's failure starts at a long backoff; our
+//! `GiveUp` forgets the key (rate limiter and the runner's failure count), so that the next event
+//! for it, usually a fix, starts afresh.
+//!
+//! The queue's own `workqueue_*` metrics (see `workqueue_core::metrics`) are labelled `name`;
+//! a runner's queue is labelled `controller` as well, with the same value, as controller-runtime
+//! labels them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +45,8 @@ use super::action::{Decision, Failure, Reconciled};
 use super::reasons::Label;
 use super::reasons::ReasonSet;
 
-/// The label that carries the controller's (queue's) name.
-pub const CONTROLLER_LABEL: &str = "controller";
+/// The label that carries the controller's (queue's) name (the queue's metrics carry it too).
+pub use workqueue_core::metrics::CONTROLLER_LABEL;
 /// The label of [`RECONCILE_TOTAL`] that carries the result.
 pub const RESULT_LABEL: &str = "result";
 /// The `controller` label of a runner whose queue has no name.
@@ -41,6 +55,10 @@ pub const UNNAMED: &str = "unnamed";
 pub const RECONCILE_TOTAL: &str = "controller_runtime_reconcile_total";
 /// Counter: reconcile errors per controller.
 pub const RECONCILE_ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total";
+/// Counter: reconcile errors the error policy gave up on, per controller (controller-runtime's
+/// terminal errors).
+pub const TERMINAL_RECONCILE_ERRORS_TOTAL: &str =
+    "controller_runtime_terminal_reconcile_errors_total";
 /// Counter: reconcile panics per controller.
 pub const RECONCILE_PANICS_TOTAL: &str = "controller_runtime_reconcile_panics_total";
 /// Counter: reconcile timeouts per controller.
@@ -58,15 +76,8 @@ pub const REASON_LABEL: &str = "reason";
 /// has no such metric).
 pub const RECONCILE_REASONS_TOTAL: &str = "controller_reconcile_reasons_total";
 
-/// The `result` values of [`RECONCILE_TOTAL`].
-pub const RESULTS: [&str; 6] = [
-    "success",
-    "requeue",
-    "requeue_after",
-    "error",
-    "panic",
-    "given_up",
-];
+/// The `result` values of [`RECONCILE_TOTAL`] (controller-runtime's four).
+pub const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 
 /// controller-runtime's buckets for [`RECONCILE_TIME_SECONDS`].
 pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
@@ -142,6 +153,11 @@ fn describe() {
             RECONCILE_ERRORS_TOTAL,
             Unit::Count,
             "Total number of reconciliation errors per controller"
+        );
+        describe_counter!(
+            TERMINAL_RECONCILE_ERRORS_TOTAL,
+            Unit::Count,
+            "Total number of terminal reconciliation errors per controller"
         );
         describe_counter!(
             RECONCILE_PANICS_TOTAL,
@@ -231,6 +247,7 @@ impl RunnerMetrics {
             }
             for name in [
                 RECONCILE_ERRORS_TOTAL,
+                TERMINAL_RECONCILE_ERRORS_TOTAL,
                 RECONCILE_PANICS_TOTAL,
                 RECONCILE_TIMEOUTS_TOTAL,
             ] {
@@ -262,18 +279,22 @@ impl RunnerMetrics {
             let c = || self.controller.clone();
             histogram!(RECONCILE_TIME_SECONDS, CONTROLLER_LABEL => c())
                 .record(elapsed.as_secs_f64());
-            let (label, failed, timeout, panic) = match result {
-                Ended::Success => ("success", false, false, false),
-                Ended::Requeue => ("requeue", false, false, false),
-                Ended::RequeueAfter => ("requeue_after", false, false, false),
-                Ended::Error => ("error", true, false, false),
-                Ended::Timeout => ("error", true, true, false),
-                Ended::Panic => ("panic", true, false, true),
-                Ended::GivenUp { timeout, panic } => ("given_up", true, timeout, panic),
+            // (result, failed, timeout, panic, terminal)
+            let (label, failed, timeout, panic, terminal) = match result {
+                Ended::Success => ("success", false, false, false, false),
+                Ended::Requeue => ("requeue", false, false, false, false),
+                Ended::RequeueAfter => ("requeue_after", false, false, false, false),
+                Ended::Error => ("error", true, false, false, false),
+                Ended::Timeout => ("error", true, true, false, false),
+                Ended::Panic => ("error", true, false, true, false),
+                Ended::GivenUp { timeout, panic } => ("error", true, timeout, panic, true),
             };
             counter!(RECONCILE_TOTAL, CONTROLLER_LABEL => c(), RESULT_LABEL => label).increment(1);
             if failed {
                 counter!(RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+            }
+            if terminal {
+                counter!(TERMINAL_RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
             }
             if timeout {
                 counter!(RECONCILE_TIMEOUTS_TOTAL, CONTROLLER_LABEL => c()).increment(1);

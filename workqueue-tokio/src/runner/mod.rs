@@ -23,10 +23,30 @@
 //!
 //! Keys come from the queue (added by anyone holding a clone) and from the runner's sources
 //! ([`Runner::source`]: streams of keys, read while the runner runs). Every reconcile and the
-//! error policy get a [`Context`]: the shared data given once ([`Runner::context`]), the
+//! error policy get a [`Context`]: the shared data given once ([`Runner::with_context`]), the
 //! cancellation, the priority, and two counts of earlier failures ([`Context::failures`], the
 //! runner's, and [`Context::attempt`], the rate limiter's). Why a key was queued is in the
 //! reconcile's span and metrics, not in the context (see [`Context`]).
+//!
+//! # Tracing
+//!
+//! Each reconcile runs in an `INFO` span named `reconcile`, with these fields:
+//!
+//! | field | what |
+//! |---|---|
+//! | `controller` | the queue's name, or `unnamed` |
+//! | `key` | the key, with its `Display` (so keys must implement it) |
+//! | `reconcile_id` | 16 hex digits, unique to this reconcile (controller-runtime's `reconcileID`) |
+//! | `attempt` | the rate limiter's failure count ([`Context::attempt`]) |
+//! | `failures` | the runner's failure count ([`Context::failures`]) |
+//! | `priority` | the priority the key was handed out at |
+//! | `reasons` | why the key was queued, merged across de-duplicated adds: `source:NAME`, `requeue`, `retry`, `direct` |
+//!
+//! A failed reconcile logs one event in that span, at the level [`Runner::failure_log`] sets
+//! (`ERROR` by default, or none): `reconcile failed` (with the `error`), `reconcile panicked`
+//! (with the `panic` message) or `reconcile timed out`, each with the policy's `decision`. The
+//! runner's own troubles (a panicking recorder or source, a worker that died) are `ERROR` events
+//! outside it.
 //!
 //! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
 //! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
@@ -109,7 +129,7 @@ pub const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
 /// until the queue shuts down (and is drained) or the shutdown token is cancelled.
 ///
 /// `C` is the shared data every reconcile and the error policy reach through their
-/// [`Context`] ([`Runner::context`]); `()` without it.
+/// [`Context`] ([`Runner::with_context`]); `()` without it.
 #[must_use = "a runner does nothing until `run` is awaited"]
 pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
     queue: WorkQueue<T, S>,
@@ -121,22 +141,90 @@ pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
     timeout: Option<Duration>,
     cancel_grace: Duration,
     shutdown_grace: Duration,
+    failure_log: Option<tracing::Level>,
 }
 
 impl<T, R, S> Runner<T, R, RetryAlways, S, ()> {
     /// A runner of `reconcile` over `queue`, with one worker, no sources, no shared data, no
     /// timeout, the [`RetryAlways`] policy, a 30 s shutdown grace and a 5 s cancel grace.
-    pub fn new(queue: WorkQueue<T, S>, reconcile: R) -> Self {
+    ///
+    /// `reconcile` is a closure or an `async fn` taking the key and its [`Context`]; the bound
+    /// is written out here so that a closure's argument types are inferred, and a reconcile of
+    /// the wrong shape is reported at this call. For shared data use [`Runner::with_context`];
+    /// for a [`Reconcile`] implemented by hand, [`Runner::from_reconcile`].
+    pub fn new<Fut, E>(queue: WorkQueue<T, S>, reconcile: R) -> Self
+    where
+        R: Fn(T, Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: fmt::Debug + Send + 'static,
+    {
+        Runner::from_reconcile(queue, Arc::new(()), reconcile)
+    }
+}
+
+impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
+    /// A runner whose reconciles and error policy share `data`, reached with [`Context::data`]
+    /// (an API client, a cache, an event recorder). Given once; the runner only clones the
+    /// `Arc`. Otherwise as [`Runner::new`].
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use workqueue_tokio::{CancellationToken, WorkQueue};
+    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+    ///
+    /// #[derive(Default)]
+    /// struct State { reconciled: AtomicU32, warnings: AtomicU32 }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let queue: WorkQueue<&'static str> = WorkQueue::new();
+    /// queue.add_batch(["ok", "bad"]);
+    /// let state = Arc::new(State::default());
+    /// let runner = Runner::with_context(queue.clone(), state.clone(), |key, ctx: Context<State>| async move {
+    ///     ctx.data().reconciled.fetch_add(1, Ordering::Relaxed);
+    ///     if key == "bad" { Err("invalid") } else { Ok(Action::Done) }
+    /// })
+    /// .on_error(|_key, _failure, ctx| {
+    ///     ctx.data().warnings.fetch_add(1, Ordering::Relaxed); // record an event, say
+    ///     Decision::GiveUp
+    /// });
+    /// let run = tokio::spawn(runner.run(CancellationToken::new()));
+    /// tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    /// queue.shut_down();
+    /// run.await.unwrap();
+    /// assert_eq!(state.reconciled.load(Ordering::Relaxed), 2);
+    /// assert_eq!(state.warnings.load(Ordering::Relaxed), 1);
+    /// # }
+    /// ```
+    pub fn with_context<Fut, E>(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self
+    where
+        R: Fn(T, Context<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: fmt::Debug + Send + 'static,
+    {
+        Runner::from_reconcile(queue, data, reconcile)
+    }
+
+    /// A runner of any [`Reconcile`]: one implemented by hand (to name its future type, or to
+    /// keep state in a struct) as well as a closure. Otherwise as [`Runner::with_context`].
+    pub fn from_reconcile(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self
+    where
+        R: Reconcile<T, C>,
+    {
+        // controller-runtime labels a controller's queue metrics with `controller` too.
+        queue.core.label_controller();
         Runner {
             queue,
             reconcile,
             policy: RetryAlways,
-            context: Arc::new(()),
+            context: data,
             sources: Vec::new(),
             workers: 1,
             timeout: None,
             cancel_grace: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
+            failure_log: Some(tracing::Level::ERROR),
         }
     }
 }
@@ -148,8 +236,43 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
         self
     }
 
-    /// The policy that decides what happens to failed keys ([`ErrorPolicy`]).
-    pub fn error_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C> {
+    /// The policy that decides what happens to failed keys: an [`ErrorPolicy`] such as
+    /// [`MaxRetries`], or a closure whose argument types are written out (for a closure without
+    /// them, [`Runner::on_error`]). A policy of the wrong shape is reported at this call.
+    pub fn error_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C>
+    where
+        R: Reconcile<T, C>,
+        P2: ErrorPolicy<T, R::Error, C>,
+    {
+        self.with_policy(policy)
+    }
+
+    /// The error policy as a closure, `|key, failure, ctx| -> Decision`, whose argument types
+    /// are inferred from the reconcile: what [`Runner::error_policy`] does, for closures.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Decision, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let runner = Runner::new(queue, |_key, _ctx| async { Err::<Action, _>("api down") })
+    ///     // Retry every 30 s, at most 5 times (the runner's count sees every failure).
+    ///     .on_error(|_key, _failure, ctx| match ctx.failures() {
+    ///         0..5 => Decision::RetryAfter(Duration::from_secs(30)),
+    ///         _ => Decision::GiveUp,
+    ///     });
+    /// # drop(runner);
+    /// ```
+    pub fn on_error<F>(self, policy: F) -> Runner<T, R, F, S, C>
+    where
+        R: Reconcile<T, C>,
+        F: Fn(&T, &Failure<R::Error>, &Context<C>) -> Decision + Send + Sync + 'static,
+    {
+        self.with_policy(policy)
+    }
+
+    fn with_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C> {
         Runner {
             queue: self.queue,
             reconcile: self.reconcile,
@@ -160,6 +283,7 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
             shutdown_grace: self.shutdown_grace,
+            failure_log: self.failure_log,
         }
     }
 
@@ -179,54 +303,14 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
         self
     }
 
-    /// The shared data of every reconcile and every error-policy decision, reached with
-    /// [`Context::data`]. Given once; the runner only clones the `Arc`. The reconcile and the
-    /// policy name it in their context's type, `Context<C>`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::sync::atomic::{AtomicU32, Ordering};
-    /// use tokio_util::sync::CancellationToken;
-    /// use workqueue_tokio::WorkQueue;
-    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
-    ///
-    /// #[derive(Default)]
-    /// struct State { reconciled: AtomicU32, warnings: AtomicU32 }
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let queue: WorkQueue<&'static str> = WorkQueue::new();
-    /// queue.add_batch(["ok", "bad"]);
-    /// let state = Arc::new(State::default());
-    /// let runner = Runner::new(queue.clone(), |key: &'static str, ctx: Context<State>| async move {
-    ///     ctx.data().reconciled.fetch_add(1, Ordering::Relaxed);
-    ///     if key == "bad" { Err("invalid") } else { Ok(Action::Done) }
-    /// })
-    /// .context(state.clone())
-    /// .error_policy(|_: &&str, _: &Failure<&str>, ctx: &Context<State>| {
-    ///     ctx.data().warnings.fetch_add(1, Ordering::Relaxed); // record an event, say
-    ///     Decision::GiveUp
-    /// });
-    /// let run = tokio::spawn(runner.run(CancellationToken::new()));
-    /// tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    /// queue.shut_down();
-    /// run.await.unwrap();
-    /// assert_eq!(state.reconciled.load(Ordering::Relaxed), 2);
-    /// assert_eq!(state.warnings.load(Ordering::Relaxed), 1);
-    /// # }
-    /// ```
-    pub fn context<C2>(self, data: Arc<C2>) -> Runner<T, R, P, S, C2> {
-        Runner {
-            queue: self.queue,
-            reconcile: self.reconcile,
-            policy: self.policy,
-            context: data,
-            sources: self.sources,
-            workers: self.workers,
-            timeout: self.timeout,
-            cancel_grace: self.cancel_grace,
-            shutdown_grace: self.shutdown_grace,
-        }
+    /// The level of the one event logged for each failed reconcile (`"reconcile failed"`,
+    /// `"reconcile panicked"` or `"reconcile timed out"`, inside the reconcile's span, with the
+    /// error or panic message and the policy's `decision`); `None` logs nothing, for an error
+    /// policy that logs failures its own way. Default: `ERROR`, as controller-runtime logs
+    /// "Reconciler error".
+    pub fn failure_log(mut self, level: Option<tracing::Level>) -> Self {
+        self.failure_log = level;
+        self
     }
 
     /// How long in-flight reconciles may run after shutdown before their contexts are cancelled.
@@ -323,6 +407,9 @@ struct Shared<T, R, P, S, C> {
     failures: FailureCounts<T>,
     reasons: Arc<Reasons<T>>,
     metrics: RunnerMetrics,
+    /// The controller's name in the reconcile span (the queue's, or `"unnamed"`).
+    controller: Arc<str>,
+    failure_log: Option<tracing::Level>,
 }
 
 /// How one reconcile ended, before the policy is asked.
@@ -335,7 +422,7 @@ enum Ran<E> {
 
 impl<T, R, P, S, C> Runner<T, R, P, S, C>
 where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
+    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
     C: Send + Sync + 'static,
     R: Reconcile<T, C>,
@@ -364,6 +451,7 @@ where
     pub async fn run(self, shutdown: CancellationToken) -> Report {
         let names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
         let metrics = RunnerMetrics::new(self.queue.name(), &names);
+        let controller = self.queue.name().unwrap_or(metrics::UNNAMED).to_owned();
         if let Err(message) = catch(|| metrics.start(self.workers)) {
             tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
         }
@@ -395,6 +483,8 @@ where
             failures: FailureCounts::new(),
             reasons,
             metrics,
+            controller: Arc::from(controller.as_str()),
+            failure_log: self.failure_log,
         });
         let mut workers = Workers::start(self.workers, shared.intake.clone(), {
             let shared = shared.clone();
@@ -497,7 +587,7 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
 
 impl<T, R, P, S, C> Shared<T, R, P, S, C>
 where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
+    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
     C: Send + Sync + 'static,
     R: Reconcile<T, C>,
@@ -560,7 +650,16 @@ where
         }
         let priority = lease.priority();
         let span = catch(|| {
-            tracing::info_span!("reconcile", key = ?key, attempt, failures, priority, reasons = %reasons)
+            tracing::info_span!(
+                "reconcile",
+                controller = %self.controller,
+                key = %key,
+                reconcile_id = %ReconcileId::next(),
+                attempt,
+                failures,
+                priority,
+                reasons = %reasons,
+            )
         })
         .unwrap_or_else(|message| {
             caught(message);
@@ -627,20 +726,12 @@ where
         let failure = match ran {
             Ran::Returned(Ok(action)) => Ok(Reconciled::Ok(action)),
             Ran::Interrupted => Ok(Reconciled::Interrupted),
-            Ran::Returned(Err(e)) => {
-                tracing::warn!(error = ?e, "reconcile failed");
-                Err(Failure::Error(e))
-            }
-            Ran::Panicked(message) => {
-                tracing::error!(panic = %message, "reconcile (or code called for its key) panicked");
-                Err(Failure::Panic(message))
-            }
-            Ran::TimedOut => {
-                tracing::warn!("reconcile timed out");
-                Err(Failure::Timeout)
-            }
+            Ran::Returned(Err(e)) => Err(Failure::Error(e)),
+            Ran::Panicked(message) => Err(Failure::Panic(message)),
+            Ran::TimedOut => Err(Failure::Timeout),
         };
         let verdict = failure.unwrap_or_else(|failure| self.decide(key, failure, ctx));
+        log_failure(self.failure_log, &verdict);
         self.metrics.reconciled(&verdict, started.elapsed());
         verdict
     }
@@ -657,10 +748,8 @@ where
         ctx: &Context<C>,
         elapsed: Duration,
     ) -> Reconciled<R::Error> {
-        let _ = catch(|| {
-            span.in_scope(|| tracing::error!(panic = %message, "handling a key panicked"))
-        });
         let verdict = self.decide(key, Failure::Panic(message), ctx);
+        let _ = catch(|| span.in_scope(|| log_failure(self.failure_log, &verdict)));
         if let Err(message) = catch(|| self.metrics.reconciled(&verdict, elapsed)) {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
@@ -763,6 +852,56 @@ fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>) {
             panic = %message,
             "the rate limiter panicked while finishing a key"
         );
+    }
+}
+
+/// The one event of a failed reconcile, at `level` (see [`Runner::failure_log`]).
+fn log_failure<E: fmt::Debug>(level: Option<tracing::Level>, verdict: &Reconciled<E>) {
+    let (Some(level), Reconciled::Failed(failure, decision)) = (level, verdict) else {
+        return;
+    };
+    // `tracing` wants a constant level per call site: one per level.
+    macro_rules! event {
+        ($level:expr) => {
+            match failure {
+                Failure::Error(e) => {
+                    tracing::event!($level, error = ?e, ?decision, "reconcile failed")
+                }
+                Failure::Panic(m) => {
+                    tracing::event!($level, panic = %m, ?decision, "reconcile panicked")
+                }
+                Failure::Timeout => tracing::event!($level, ?decision, "reconcile timed out"),
+            }
+        };
+    }
+    match level {
+        tracing::Level::ERROR => event!(tracing::Level::ERROR),
+        tracing::Level::WARN => event!(tracing::Level::WARN),
+        tracing::Level::INFO => event!(tracing::Level::INFO),
+        tracing::Level::DEBUG => event!(tracing::Level::DEBUG),
+        _ => event!(tracing::Level::TRACE),
+    }
+}
+
+/// A reconcile's id in its span (controller-runtime's `reconcileID`): unique in the process, and
+/// across restarts with high probability (a random prefix per process).
+struct ReconcileId(u64);
+
+impl ReconcileId {
+    fn next() -> Self {
+        use std::hash::BuildHasher;
+        use std::sync::OnceLock;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static PREFIX: OnceLock<u32> = OnceLock::new();
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let prefix = *PREFIX.get_or_init(|| std::hash::RandomState::new().hash_one(0u8) as u32);
+        ReconcileId(u64::from(prefix) << 32 | u64::from(NEXT.fetch_add(1, Ordering::Relaxed)))
+    }
+}
+
+impl fmt::Display for ReconcileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
     }
 }
 

@@ -10,7 +10,7 @@ use super::{Action, Context};
 /// Implemented for every `Fn(T, Context<C>) -> impl Future<Output = Result<Action, E>>` that
 /// can be shared between workers, so a closure or an `async fn` is a reconcile function;
 /// implement it by hand to name the future type or keep state in a struct. `C` is the runner's
-/// shared data ([`Runner::context`](super::Runner::context)), `()` by default.
+/// shared data ([`Runner::with_context`](super::Runner::with_context)), `()` by default.
 pub trait Reconcile<T, C = ()>: Send + Sync + 'static {
     /// What a failed reconcile returns; the error policy sees it as [`Failure::Error`](super::Failure::Error).
     type Error: fmt::Debug + Send + 'static;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
-/// What makes a [`Fragile`] key's `Clone` or `Debug` panic: the 1-based number of the call.
+/// What makes a [`Fragile`] key's `Clone` or `Display` panic: the 1-based number of the call.
 pub struct Trap {
     clones: AtomicU32,
     debugs: AtomicU32,
@@ -11,8 +11,8 @@ pub struct Trap {
     debug_panics: fn(u32) -> bool,
 }
 
-/// A key whose `Clone` and `Debug` are user code that can panic. Equality and hashing see only
-/// its name and id.
+/// A key whose `Clone` and `Display` (what the runner's span shows) are user code that can panic.
+/// Equality and hashing see only its name and id; `Debug` never panics.
 pub struct Fragile {
     pub name: &'static str,
     id: u32,
@@ -70,15 +70,21 @@ impl Clone for Fragile {
     }
 }
 
-impl std::fmt::Debug for Fragile {
+impl std::fmt::Display for Fragile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let n = self.trap.debugs.fetch_add(1, SeqCst) + 1;
         if (self.trap.debug_panics)(n) {
             panic!(
-                "debug {n} of {} panicked (expected by this test)",
+                "display {n} of {} panicked (expected by this test)",
                 self.name
             );
         }
+        f.write_str(self.name)
+    }
+}
+
+impl std::fmt::Debug for Fragile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name)
     }
 }
