@@ -1154,14 +1154,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    #[inline]
+    /// Inlined down to the `None` check: an unnamed queue (no timing) pays a branch, not a call.
+    #[inline(always)]
     fn timing_add(&mut self, slot: SlotId, priority: i32) {
         if let Some(t) = &mut self.timing {
             t.on_add(slot, self.now, priority);
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn timing_raise(&mut self, from: i32, to: i32) {
         if let Some(t) = &mut self.timing {
             t.on_raise(from, to);
