@@ -42,7 +42,7 @@ use crate::clock::TokioClock;
 /// # }
 /// ```
 pub struct WorkQueue<T, S = DefaultHashBuilder> {
-    core: Arc<QueueCore<T, S, Notifies>>,
+    pub(crate) core: Arc<QueueCore<T, S, Notifies>>,
     clock: TokioClock,
 }
 

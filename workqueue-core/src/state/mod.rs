@@ -43,6 +43,7 @@
 //! ```
 
 mod aging;
+mod parking;
 mod priorities;
 mod ready;
 mod slots;
@@ -61,6 +62,8 @@ use workqueue_ratelimit::{Instant, duration_to_nanos};
 
 use crate::Outcome;
 use aging::Aging;
+pub use parking::OutageEvent;
+use parking::{PARKED, Parking};
 use priorities::Priorities;
 use ready::{OVERDUE, ReadyQueue};
 pub(crate) use slots::SlotId;
@@ -233,6 +236,8 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     unrecorded: HashMap<SlotId, u64>,
     /// Buckets at or above this are not recorded in slots (`NO_POS`; tests lower it).
     bucket_limit: u32,
+    /// Outage detection (`parking.rs`); `None` (off) unless a driver enables it.
+    parking: Option<Box<Parking>>,
 }
 
 /// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
@@ -285,9 +290,13 @@ impl<T, S> QueueState<T, S> {
         self.ready.len()
     }
 
-    /// When the earliest waiting key becomes due, if any key waits.
+    /// When the earliest waiting key becomes due, if any key waits (parked keys never become
+    /// due on their own: only parked keys waiting is `None`).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.waiting.peek().map(|w| Instant::from_nanos(w.deadline))
+        self.waiting
+            .peek()
+            .filter(|w| w.deadline < PARKED)
+            .map(|w| Instant::from_nanos(w.deadline))
     }
 
     /// Whether an operation at `now` would promote a waiting key.
@@ -363,6 +372,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             groups: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
+            parking: None,
         }
     }
 
@@ -955,6 +965,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             assert!(w.deadline > self.now, "a due key was not promoted");
         }
         self.waiting.check(&self.slots);
+        self.check_parking();
         if let Some(t) = &self.timing {
             self.check_depths(t);
         }
