@@ -290,12 +290,12 @@ impl<T, S> QueueState<T, S> {
         self.ready.len()
     }
 
-    /// When the earliest waiting key becomes due, if any key waits (parked keys never become
-    /// due on their own: only parked keys waiting is `None`).
+    /// When the earliest waiting key becomes due, if any key waits (with outage detection on,
+    /// parked keys never become due on their own: only parked keys waiting is `None`).
     pub fn next_deadline(&self) -> Option<Instant> {
         self.waiting
             .peek()
-            .filter(|w| w.deadline < PARKED)
+            .filter(|w| w.deadline != PARKED || self.parking.is_none())
             .map(|w| Instant::from_nanos(w.deadline))
     }
 

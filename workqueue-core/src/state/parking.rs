@@ -29,7 +29,8 @@ use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket};
 use crate::Outcome;
 
 /// The sentinel deadline of a parked key: never reached by any clock (584 years of nanoseconds),
-/// below [`Instant::NEVER`], which is never stored.
+/// below [`Instant::NEVER`], which is never stored. With outage detection on, a delay that lands
+/// exactly on it counts as parked (it would never be reached either).
 pub(crate) const PARKED: u64 = u64::MAX - 1;
 
 /// What a finish changed in the outage detector.
@@ -104,7 +105,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// The sequence of `slot`'s waiting entry if it is parked.
     fn parked_seq(&self, slot: SlotId) -> Option<u64> {
-        if !self.slots.is_live(slot) {
+        if self.parking.is_none() || !self.slots.is_live(slot) {
             return None;
         }
         let w = self.waiting.get(self.slots.heap_pos(slot)?);
