@@ -34,10 +34,12 @@
 pub mod differential;
 pub mod faults;
 mod ledger;
+mod parking;
 mod ready;
 mod rng;
 
 pub use ledger::Ledger;
+pub use parking::{ModelEvent, PARKED};
 pub use rng::SplitMix64;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -93,6 +95,8 @@ pub struct Model<K> {
     shutting_down: bool,
     now: u64,
     seq: u64,
+    /// Outage detection (`parking.rs`), when on.
+    parking: Option<parking::ModelParking<K>>,
 }
 
 impl<K: Ord + Clone> Default for Model<K> {
@@ -119,6 +123,7 @@ impl<K: Ord + Clone> Model<K> {
             shutting_down: false,
             now: 0,
             seq: 0,
+            parking: None,
         }
     }
 
@@ -345,10 +350,14 @@ impl<K: Ord + Clone> Model<K> {
                 }
             }
         }
+        let released = !self.is_tracked(key);
+        if released {
+            self.forget_probe(key);
+        }
         Some(ModelFinished {
             requeued,
             waiting: self.waiting.contains_key(key),
-            released: !self.is_tracked(key),
+            released,
         })
     }
 
@@ -357,10 +366,14 @@ impl<K: Ord + Clone> Model<K> {
     pub fn shut_down(&mut self) -> Vec<K> {
         self.shutting_down = true;
         let dropped = std::mem::take(&mut self.waiting);
-        dropped
+        let released: Vec<K> = dropped
             .into_keys()
             .filter(|k| !self.is_tracked(k))
-            .collect()
+            .collect();
+        for k in &released {
+            self.forget_probe(k);
+        }
+        released
     }
 
     /// `len()`: keys ready at `now`.
@@ -397,6 +410,7 @@ impl<K: Ord + Clone> Model<K> {
             .values()
             .map(|&(deadline, _, _)| deadline)
             .min()
+            .filter(|&d| d != parking::PARKED || self.parking.is_none())
             .map(Instant::from_nanos)
     }
 

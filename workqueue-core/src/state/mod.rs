@@ -1342,6 +1342,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             // Only the control byte is touched: the entry's own value is never read.
             entry.remove();
         }
+        if let Some(p) = &mut self.parking {
+            p.forget_slot(slot);
+        }
         let key = self.slots.remove(slot);
         if self.slots.live() == 0 {
             self.shrink_if_large();
