@@ -46,7 +46,7 @@ struct ApiState {
 
 impl Api {
     fn invalid(&self, object: u32) -> bool {
-        self.invalid_every.is_some_and(|n| object % n == 0)
+        self.invalid_every.is_some_and(|n| object.is_multiple_of(n))
     }
 
     async fn update(&self, object: u32) -> Result<(), ApiError> {
@@ -100,7 +100,7 @@ async fn storm(outage: Duration, detection: bool, invalid_every: Option<u32>) ->
     const OBJECTS: u32 = 200;
     let start = Instant::now();
     let invalid = (0..OBJECTS)
-        .filter(|o| invalid_every.is_some_and(|n| o % n == 0))
+        .filter(|o| invalid_every.is_some_and(|n| o.is_multiple_of(n)))
         .count() as u32;
     let api = Arc::new(Api {
         start,
