@@ -253,6 +253,11 @@ where
                 .is_some_and(|d| d.is_open())
     }
 
+    /// Whether `key` is parked (`false` when detection is off).
+    pub fn is_parked(&self, key: &T) -> bool {
+        self.has_outage_detection() && self.lock().state.is_parked(key)
+    }
+
     /// How many keys are parked (0 when detection is off).
     pub fn parked_len(&self) -> usize {
         match self.has_outage_detection() {

@@ -144,6 +144,11 @@ macro_rules! queue_handle_methods {
             self.core.is_outage_open()
         }
 
+        /// Whether the outage detector holds `key` parked.
+        pub fn is_parked(&self, key: &T) -> bool {
+            self.core.is_parked(key)
+        }
+
         /// How many keys the outage detector holds parked (0 when detection is off).
         pub fn parked_len(&self) -> usize {
             self.core.parked_len()
