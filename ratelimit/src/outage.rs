@@ -258,7 +258,7 @@ impl OutageDetector {
         let epoch = self.epoch(self.now);
         self.buckets
             .iter()
-            .filter(|b| b.epoch + BUCKETS as u64 > epoch && b.epoch <= epoch)
+            .filter(|b| b.epoch.saturating_add(BUCKETS as u64) > epoch && b.epoch <= epoch)
             .fold((0u32, 0u32), |(f, s), b| {
                 (
                     f.saturating_add(b.first_failures),
@@ -506,6 +506,29 @@ mod tests {
             assert_eq!(d.window_counts(), (0, 0));
         }
         assert_eq!(d.openings(), 3);
+    }
+
+    /// Found by the fuzzer: a window of a few nanoseconds at the end of time overflowed.
+    #[test]
+    fn extreme_times_and_tiny_windows_do_not_overflow() {
+        let config = OutageConfig::default()
+            .window(Duration::ZERO)
+            .min_first_failures(1)
+            .probe_initial(Duration::MAX)
+            .probe_max(Duration::MAX);
+        let mut d = OutageDetector::new(config);
+        for t in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+            let now = Instant::from_nanos(t);
+            d.record(Signal::Success, now);
+            d.record(Signal::FirstFailure, now);
+            d.probe(false, now);
+            d.probe(false, now);
+            d.window_counts();
+        }
+        assert!(matches!(
+            d.probe(true, Instant::from_nanos(u64::MAX)),
+            Transition::Closed { .. }
+        ));
     }
 
     #[test]

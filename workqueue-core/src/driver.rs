@@ -134,8 +134,8 @@ pub struct QueueCore<T, S, N> {
     /// Whether outage detection is on: read before each finish, the one branch it costs when
     /// off. Set under the lock, with the state's detector.
     outage_on: AtomicBool,
-    /// Told of the detector's changes, after the lock is released.
-    outage_hook: std::sync::Mutex<Option<OutageHook>>,
+    /// Told of the detector's changes, in order, after the lock is released.
+    outage_hooks: std::sync::Mutex<Vec<OutageHook>>,
     /// Openings of the outage detector, and parked keys as of the latest finish.
     outage_openings: std::sync::atomic::AtomicU64,
     parked: std::sync::atomic::AtomicUsize,
@@ -194,7 +194,7 @@ where
             name: config.name,
             notifier,
             outage_on: AtomicBool::new(config.outage.is_some()),
-            outage_hook: std::sync::Mutex::new(config.outage_hook),
+            outage_hooks: std::sync::Mutex::new(config.outage_hook.into_iter().collect()),
             outage_openings: Default::default(),
             parked: Default::default(),
             parked_dropped: Default::default(),
@@ -223,19 +223,28 @@ where
         &*self.limiter
     }
 
-    /// Turns outage detection on (or restarts it with a new `config`, closed), telling `hook`
-    /// of its changes when it is `Some`. Keys parked meanwhile stay parked until a probe
-    /// succeeds under the new detector.
+    /// Turns outage detection on (a closed detector restarts with `config`; an open one is kept
+    /// until a probe closes it), also telling `hook` of its changes when it is `Some` (after
+    /// the hooks given before; one `Arc` given again is not added twice).
     pub fn set_outage_detection(&self, config: OutageConfig, hook: Option<OutageHook>) {
         if let Some(hook) = hook {
-            *self
-                .outage_hook
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
+            self.add_outage_hook(hook);
         }
         let mut g = self.lock();
         g.state.enable_outage_detection(config);
         self.outage_on.store(true, Ordering::Relaxed);
+    }
+
+    /// Also tells `hook` of the outage detector's changes (after the hooks given before; one
+    /// `Arc` given again is not added twice).
+    pub fn add_outage_hook(&self, hook: OutageHook) {
+        let mut hooks = self
+            .outage_hooks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !hooks.iter().any(|h| Arc::ptr_eq(h, &hook)) {
+            hooks.push(hook);
+        }
     }
 
     /// Whether outage detection is on.
@@ -880,15 +889,15 @@ where
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.outage_metrics(&event))) {
                 before.panic.get_or_insert(panic);
             }
-            let hook = self
-                .outage_hook
+            let hooks = self
+                .outage_hooks
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
-            if let Some(hook) = hook
-                && let Err(panic) = catch_unwind(AssertUnwindSafe(|| hook(&event)))
-            {
-                before.panic.get_or_insert(panic);
+            for hook in hooks {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| hook(&event))) {
+                    before.panic.get_or_insert(panic);
+                }
             }
         } else if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.parked_metric(parked))) {
             before.panic.get_or_insert(panic);

@@ -80,7 +80,16 @@ impl Parking {
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Turns outage detection on with `config` (see the [module docs](self)). Keys are parked
     /// only by [`QueueState::finish_signalled`]; plain [`QueueState::finish`] sends no signal.
+    ///
+    /// Already on: a closed detector restarts with `config`; an open one is kept, with its
+    /// parked keys, until a probe closes it (its parked keys are never orphaned).
     pub fn enable_outage_detection(&mut self, config: OutageConfig) {
+        if let Some(p) = self.parking.as_deref_mut() {
+            if !p.detector.is_open() {
+                p.detector = OutageDetector::new(config);
+            }
+            return;
+        }
         self.parking = Some(Box::new(Parking {
             detector: OutageDetector::new(config),
             round: VecDeque::new(),

@@ -511,13 +511,19 @@ where
             }
             fits
         });
+        // One tracing hook for every runner: a queue run again is not told twice.
+        static LOG: std::sync::OnceLock<workqueue_core::__private::OutageHook> =
+            std::sync::OnceLock::new();
+        let log = || LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
         if let Some(config) = self.outage {
-            self.queue
-                .core
-                .set_outage_detection(config, Some(Arc::new(log_outage_event)));
+            self.queue.core.set_outage_detection(config, Some(log()));
+        } else if self.queue.core.has_outage_detection() {
+            self.queue.core.add_outage_hook(log());
         }
         let shared = Arc::new(Shared {
-            outage: self.outage.is_some(),
+            // Also when the queue's builder turned it on: the runner's signals are finer than
+            // the outcome's (a `RequeueAfter(0)` is a success; the runner's failure counts).
+            outage: self.queue.core.has_outage_detection(),
             classifier,
             queue: self.queue,
             reconcile: self.reconcile,
