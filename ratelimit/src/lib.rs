@@ -14,7 +14,7 @@
 //! | [`Jitter`] | lengthens another limiter's delay by a deterministic random fraction |
 //!
 //! [`OutageDetector`] is not a limiter: it recognises a failure shared by many keys (an API
-//! outage) from their outcomes, so that a queue can park failing keys and probe (see its module).
+//! outage) from their outcomes, so that a queue can park failing keys and probe.
 //!
 //! [`default_controller_rate_limiter`] is client-go's default: the maximum of a per-key
 //! exponential backoff (5 ms to 1000 s) and a 10 qps / burst 100 token bucket.

@@ -1,40 +1,5 @@
-//! The outage detector: a pure state machine that recognises a failure shared by many keys.
-//!
-//! Per-key backoff cannot tell that every key fails for one shared reason (the API server is
-//! down). The detector sees every key's outcome, as a [`Signal`], and the time, and decides:
-//!
-//! - **Closed** (normal): it counts *first failures* (a key whose failure count goes from 0 to 1)
-//!   and successes in a sliding window. Failures of keys that already failed are not counted:
-//!   with a few objects failing for their own reasons in a quiet steady state, a ratio of all
-//!   failures would reach 100 %, while their first failures age out of the window.
-//! - **Open**: once the window holds at least [`OutageConfig::min_first_failures`] first
-//!   failures and they are at least [`OutageConfig::ratio`] of the window's first failures and
-//!   successes together. The queue then parks failing keys and lets one probe through at a time,
-//!   [`OutageDetector::probe_interval`] apart, an interval that doubles after each failed probe
-//!   up to [`OutageConfig::probe_max`].
-//! - It closes only when a **probe** succeeds ([`OutageDetector::probe`]): the success of an
-//!   unrelated key is no proof that the shared dependency is back, so a partial outage does not
-//!   make it flap. Closing clears the window.
-//!
-//! ```
-//! use std::time::Duration;
-//! use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
-//!
-//! let mut d = OutageDetector::new(OutageConfig::default());
-//! let t = Instant::from_nanos(1_000_000_000);
-//! for _ in 0..4 {
-//!     assert_eq!(d.record(Signal::FirstFailure, t), Transition::None);
-//! }
-//! assert_eq!(d.record(Signal::FirstFailure, t), Transition::Opened);
-//! assert_eq!(d.probe_interval(), Some(Duration::from_secs(1)));
-//! // Another key's success does not close it; a failed probe backs the probes off.
-//! assert_eq!(d.record(Signal::Success, t), Transition::None);
-//! assert_eq!(d.probe(false, t), Transition::ProbeFailed { next: Duration::from_secs(2) });
-//! // A probe that succeeds closes it.
-//! let later = Instant::from_nanos(61_000_000_000);
-//! assert_eq!(d.probe(true, later), Transition::Closed { lasted: Duration::from_secs(60) });
-//! assert!(!d.is_open());
-//! ```
+//! The outage detector: a pure state machine that recognises a failure shared by many keys
+//! (see [`OutageDetector`]).
 
 use std::time::Duration;
 
@@ -85,7 +50,19 @@ pub enum Transition {
     },
 }
 
-/// The detector's parameters (see the [module documentation](self)).
+/// The [`OutageDetector`]'s parameters.
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_ratelimit::OutageConfig;
+///
+/// // Probe more often than the default, and require more first failures to open.
+/// let config = OutageConfig::default()
+///     .probe_max(Duration::from_secs(2))
+///     .min_first_failures(20);
+/// assert_eq!(config.get_probe_initial(), Duration::from_secs(1));
+/// assert_eq!(config.get_min_first_failures(), 20);
+/// ```
 ///
 /// The defaults, and why (the storm demo, `workqueue-tokio/examples/storm.rs`, measures them):
 ///
@@ -203,10 +180,45 @@ struct Open {
     interval: Duration,
 }
 
-/// The outage detector's state machine: a function of [`Signal`]s and the times they come at.
+/// The outage detector: a pure state machine that recognises a failure shared by many keys.
+///
+/// Per-key backoff cannot tell that every key fails for one shared reason (the API server is
+/// down). The detector sees every key's outcome, as a [`Signal`], and the time, and decides:
+///
+/// - **Closed** (normal): it counts *first failures* (a key whose failure count goes from 0 to 1)
+///   and successes in a sliding window. Failures of keys that already failed are not counted:
+///   with a few objects failing for their own reasons in a quiet steady state, a ratio of all
+///   failures would reach 100 %, while their first failures age out of the window.
+/// - **Open**: once the window holds at least [`OutageConfig::min_first_failures`] first
+///   failures and they are at least [`OutageConfig::ratio`] of the window's first failures and
+///   successes together. The queue then parks failing keys and lets one probe through at a time,
+///   [`OutageDetector::probe_interval`] apart, an interval that doubles after each failed probe
+///   up to [`OutageConfig::probe_max`].
+/// - It closes only when a **probe** succeeds ([`OutageDetector::probe`]): the success of an
+///   unrelated key is no proof that the shared dependency is back, so a partial outage does not
+///   make it flap. Closing clears the window.
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
+///
+/// let mut d = OutageDetector::new(OutageConfig::default());
+/// let t = Instant::from_nanos(1_000_000_000);
+/// for _ in 0..4 {
+///     assert_eq!(d.record(Signal::FirstFailure, t), Transition::None);
+/// }
+/// assert_eq!(d.record(Signal::FirstFailure, t), Transition::Opened);
+/// assert_eq!(d.probe_interval(), Some(Duration::from_secs(1)));
+/// // Another key's success does not close it; a failed probe backs the probes off.
+/// assert_eq!(d.record(Signal::Success, t), Transition::None);
+/// assert_eq!(d.probe(false, t), Transition::ProbeFailed { next: Duration::from_secs(2) });
+/// // A probe that succeeds closes it.
+/// let later = Instant::from_nanos(61_000_000_000);
+/// assert_eq!(d.probe(true, later), Transition::Closed { lasted: Duration::from_secs(60) });
+/// assert!(!d.is_open());
+/// ```
 ///
 /// Pure: it never reads a clock, and times that go backwards are clamped to the latest one seen.
-/// See the [module documentation](self) for its rules and an example.
 #[derive(Debug, Clone)]
 pub struct OutageDetector {
     config: OutageConfig,

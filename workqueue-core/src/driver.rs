@@ -1091,7 +1091,10 @@ where
                 None => g.state.now(),
             };
             let rejected = g.state.is_shutting_down();
-            (g.state.finish(ticket, outcome, before.delay, now), rejected)
+            (
+                g.state.finish_fast(ticket, outcome, before.delay, now),
+                rejected,
+            )
         });
         if let Some(panic) = before.panic {
             drop(finished.released);

@@ -315,7 +315,35 @@ impl<K: Ord + Clone> Model<K> {
 
     /// [`Model::finish`] whose re-add is at `priority` (`Ticket::set_priority`), not the
     /// priority the key was handed out at.
+    ///
+    /// With outage detection on, it is [`Model::finish_signalled`] with `Signal::Ignored`.
     pub fn finish_at(
+        &mut self,
+        key: &K,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        priority: i32,
+        now: Instant,
+    ) -> Option<ModelFinished> {
+        if self.parking.is_some() {
+            let ignored = workqueue_core::ratelimit::Signal::Ignored;
+            return self
+                .finish_signalled(
+                    key,
+                    outcome,
+                    limiter_delay,
+                    priority,
+                    ignored,
+                    now,
+                    &mut |_| Duration::ZERO,
+                )
+                .map(|(f, _)| f);
+        }
+        self.finish_unobserved(key, outcome, limiter_delay, priority, now)
+    }
+
+    /// The finish rule itself, without the outage detector.
+    fn finish_unobserved(
         &mut self,
         key: &K,
         outcome: Outcome,
@@ -351,9 +379,6 @@ impl<K: Ord + Clone> Model<K> {
             }
         }
         let released = !self.is_tracked(key);
-        if released {
-            self.forget_probe(key);
-        }
         Some(ModelFinished {
             requeued,
             waiting: self.waiting.contains_key(key),
@@ -370,8 +395,9 @@ impl<K: Ord + Clone> Model<K> {
             .into_keys()
             .filter(|k| !self.is_tracked(k))
             .collect();
-        for k in &released {
-            self.forget_probe(k);
+        if let Some(p) = &mut self.parking {
+            // The probe's waiting entry goes with the others; no probe runs after shutdown.
+            p.probe = None;
         }
         released
     }

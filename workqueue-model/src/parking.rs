@@ -68,15 +68,6 @@ impl<K: Ord + Clone> Model<K> {
             .collect()
     }
 
-    /// `key` is no longer tracked: it is no longer the probe (the state forgets a freed slot).
-    pub(crate) fn forget_probe(&mut self, key: &K) {
-        if let Some(p) = &mut self.parking
-            && p.probe.as_ref() == Some(key)
-        {
-            p.probe = None;
-        }
-    }
-
     /// Whether the detector is open.
     pub fn is_outage_open(&self) -> bool {
         self.parking.as_ref().is_some_and(|p| p.detector.is_open())
@@ -101,7 +92,7 @@ impl<K: Ord + Clone> Model<K> {
     ) -> Option<(ModelFinished, Option<ModelEvent>)> {
         if self.parking.is_none() {
             return self
-                .finish_at(key, outcome, limiter_delay, priority, now)
+                .finish_unobserved(key, outcome, limiter_delay, priority, now)
                 .map(|f| (f, None));
         }
         self.processing.get(key)?;
@@ -129,7 +120,7 @@ impl<K: Ord + Clone> Model<K> {
             true => Outcome::RetryAfter(Duration::from_nanos(PARKED - self.now)),
             false => outcome,
         };
-        let finished = self.finish_at(key, outcome, limiter_delay, priority, now)?;
+        let finished = self.finish_unobserved(key, outcome, limiter_delay, priority, now)?;
         let entry = self.waiting.get(key).copied();
         let p = self.parking.as_mut().expect("on");
         if park

@@ -680,7 +680,51 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// [`QueueState::finish`] that reports a ticket from another state instead of ignoring it.
+    ///
+    /// With outage detection on, it is [`QueueState::finish_signalled`] with
+    /// [`Signal::Ignored`](workqueue_ratelimit::Signal::Ignored): the outcome says nothing
+    /// about an outage, but a finished probe is noticed.
     pub fn try_finish(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Result<Finished<T>, ForeignTicket> {
+        if self.parking.is_some() {
+            let ignored = workqueue_ratelimit::Signal::Ignored;
+            // An ignored signal never closes the detector: nothing is released, paced.
+            let mut pace = |_: &T| Duration::ZERO;
+            return self
+                .finish_signalled(ticket, outcome, limiter_delay, ignored, now, &mut pace)
+                .map(|(f, _)| f);
+        }
+        self.finish_unobserved(ticket, outcome, limiter_delay, now)
+    }
+
+    /// [`QueueState::finish`] for a driver that checked that outage detection is off (or that
+    /// finishes through [`QueueState::finish_signalled`] otherwise): the hot path, with no
+    /// branch for it.
+    #[inline]
+    pub(crate) fn finish_fast(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Finished<T> {
+        match self.finish_unobserved(ticket, outcome, limiter_delay, now) {
+            Ok(f) => f,
+            Err(ForeignTicket) => Finished {
+                requeued: false,
+                waiting: false,
+                released: None,
+            },
+        }
+    }
+
+    /// The finish rule itself, without the outage detector.
+    fn finish_unobserved(
         &mut self,
         ticket: Ticket,
         outcome: Outcome,
@@ -738,6 +782,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// drop them outside its lock). Queued keys stay to be drained by `get`. Idempotent.
     pub fn shut_down(&mut self) -> Vec<T> {
         self.shutting_down = true;
+        if let Some(p) = self.parking.as_deref_mut() {
+            // The probe's waiting entry goes with the others; no probe runs after shutdown.
+            p.forget_probe();
+        }
         let slots = self.waiting.clear(&mut self.slots);
         let released: Vec<T> = slots
             .into_iter()
@@ -1341,9 +1389,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             );
             // Only the control byte is touched: the entry's own value is never read.
             entry.remove();
-        }
-        if let Some(p) = &mut self.parking {
-            p.forget_slot(slot);
         }
         let key = self.slots.remove(slot);
         if self.slots.live() == 0 {

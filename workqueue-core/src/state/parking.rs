@@ -67,18 +67,14 @@ pub(crate) struct Parking {
 }
 
 impl Parking {
-    /// `slot` is freed (its key is no longer tracked): it is no longer the probe. (Its round
-    /// entries are stale already: it waits no more.)
-    #[inline]
-    pub(super) fn forget_slot(&mut self, slot: SlotId) {
-        if self.probe == Some(slot) {
-            self.probe = None;
-        }
+    /// At shutdown: no probe runs any more.
+    pub(super) fn forget_probe(&mut self) {
+        self.probe = None;
     }
 }
 
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
-    /// Turns outage detection on with `config` (see the [module docs](self)). Keys are parked
+    /// Turns outage detection on with `config` (see [`QueueState::finish_signalled`]). Keys are parked
     /// only by [`QueueState::finish_signalled`]; plain [`QueueState::finish`] sends no signal.
     ///
     /// Already on: a closed detector restarts with `config`; an open one is kept, with its
@@ -138,8 +134,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         (w.deadline == PARKED).then_some(w.seq)
     }
 
-    /// [`QueueState::finish`] that also tells the outage detector what the key's outcome says
-    /// (see the [module docs](self)); without outage detection it is `finish`.
+    /// [`QueueState::finish`] that also tells the outage detector what the key's outcome says;
+    /// without outage detection it is `finish`.
+    ///
+    /// While the detector ([`OutageDetector`]) is open:
+    /// - **Park**: a failing key whose outcome asks for a re-add is scheduled at a sentinel
+    ///   deadline that is never reached, instead of its own delay: an ordinary waiting entry, so
+    ///   no per-slot flag is needed, and earliest-wins keeps an earlier deadline it already has.
+    /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
+    ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
+    ///   back of the round. A run of any parked key (an `add` of a parked key runs it at once:
+    ///   its waiting entry is independent of the FIFO) counts as a probe.
+    /// - **Release**: a probe that succeeds closes the detector, and every parked key is moved,
+    ///   in the order it was parked, to `now + pace(key)`: decrease-keys again.
+    ///
+    /// Shutdown drops parked keys as it drops every waiting key; drains do not wait for them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_core::ratelimit::{OutageConfig, Signal};
+    /// use workqueue_core::state::{Get, OutageEvent, QueueState};
+    /// use workqueue_core::{Instant, Outcome};
+    ///
+    /// let mut q: QueueState<u32> = QueueState::new();
+    /// q.enable_outage_detection(OutageConfig::default().min_first_failures(1));
+    /// let t0 = Instant::ZERO;
+    /// q.add(1, t0);
+    /// let Get::Ready(ticket, _) = q.get(t0) else { panic!() };
+    /// let mut pace = |_: &u32| Duration::ZERO;
+    /// let retry = Some(Duration::from_millis(5));
+    /// let (_, event) =
+    ///     q.finish_signalled(ticket, Outcome::Retry, retry, Signal::FirstFailure, t0, &mut pace)
+    ///         .unwrap();
+    /// assert_eq!(event, Some(OutageEvent::Opened));
+    /// // Key 1 is the probe, due after the first probe interval (1 s).
+    /// assert_eq!(q.next_deadline(), Some(Instant::from_nanos(1_000_000_000)));
+    /// ```
     ///
     /// `pace` is called, for each key a successful probe releases, in the order they were
     /// parked; it returns the key's delay (drivers forget the key in the limiter and take one
@@ -157,7 +187,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let slot = ticket.slot;
         if self.parking.is_none() {
             return self
-                .try_finish(ticket, outcome, limiter_delay, now)
+                .finish_unobserved(ticket, outcome, limiter_delay, now)
                 .map(|f| (f, None));
         }
         if ticket.state != self.id || !self.slots.is_live(slot) || !self.slots.is_processing(slot) {
@@ -188,7 +218,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             true => Outcome::RetryAfter(Duration::from_nanos(PARKED - self.now)),
             false => outcome,
         };
-        let finished = self.try_finish(ticket, outcome, limiter_delay, now)?;
+        let finished = self.finish_unobserved(ticket, outcome, limiter_delay, now)?;
         if park
             && let Some(seq) = self.parked_seq(slot)
             && parked_before != Some(seq)
@@ -308,6 +338,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         // outside the round: it is never probed nor released, as it would never be reached.
         assert!(parked_in_heap >= seen.len(), "a round entry is not parked");
         if let Some(probe) = p.probe {
+            // Every finish goes through `finish_signalled` while detection is on, and it
+            // forgets a probe that finishes; shutdown forgets it too: the probe's slot is live.
             assert!(self.slots.is_live(probe), "the probe is not tracked");
             assert!(
                 self.slots.heap_pos(probe).is_some()
