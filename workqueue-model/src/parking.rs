@@ -101,7 +101,9 @@ impl<K: Ord + Clone> Model<K> {
         let was_parked = self.at_sentinel(key);
         let parked_seq_before = self.waiting.get(key).filter(|w| w.0 == PARKED).map(|w| w.1);
         let p = self.parking.as_mut().expect("on");
-        let is_probe = p.detector.is_open() && (p.probe.as_ref() == Some(key) || was_parked);
+        // Nothing parked, no probe pending: the next key to finish is the probe.
+        let is_probe =
+            p.detector.is_open() && (p.probe.as_ref().is_none_or(|p| p == key) || was_parked);
         let transition = if is_probe && signal == Signal::Success {
             p.detector.probe(true, now)
         } else if is_probe && signal.is_failure() {

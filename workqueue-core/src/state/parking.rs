@@ -144,7 +144,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
     ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
     ///   back of the round. A run of any parked key (an `add` of a parked key runs it at once:
-    ///   its waiting entry is independent of the FIFO) counts as a probe.
+    ///   its waiting entry is independent of the FIFO) counts as a probe; with no key parked
+    ///   (all given up), the next key to finish is the probe.
     /// - **Release**: a probe that succeeds closes the detector, and every parked key is moved,
     ///   in the order it was parked, to `now + pace(key)`: decrease-keys again.
     ///
@@ -196,8 +197,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.promote(now);
         let parked_before = self.parked_seq(slot);
         let parking = self.parking.as_deref().expect("checked above");
-        let is_probe =
-            parking.detector.is_open() && (parking.probe == Some(slot) || parked_before.is_some());
+        // With nothing parked (every parked key was given up) there is no probe to wait for: the
+        // next key to finish is the probe.
+        let is_probe = parking.detector.is_open()
+            && (parking.probe.is_none_or(|p| p == slot) || parked_before.is_some());
         let now = Instant::from_nanos(self.now);
         let mut event = None;
         let parking = self.parking.as_deref_mut().expect("checked above");

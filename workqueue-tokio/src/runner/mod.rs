@@ -265,7 +265,8 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
     ///
     /// - An event for a parked key (an add) runs it at once, as an extra probe.
     /// - A give-up ([`Decision::GiveUp`], [`MaxRetries`]) is honoured while open: the key is not
-    ///   parked. A parked key's failure count grows only when it runs (as a probe).
+    ///   parked. A parked key's failure count grows only when it runs (as a probe). Once every
+    ///   parked key was given up, the next key to finish is the probe.
     /// - [`Context::attempt`] (the limiter's count) is 0 at a released key's first run: the
     ///   release forgot its backoff. [`Context::failures`] counts failures in a row until the
     ///   next success.
