@@ -277,7 +277,8 @@ async fn an_add_of_a_parked_key_runs_it_at_once_as_an_extra_probe() {
 
 /// `MaxRetries(2)` while open: a parked key runs only as a probe, so its failure count grows by
 /// one per probe; after its third failure it is given up (not parked). Given-up keys are not
-/// released at the recovery; the others are.
+/// released at the recovery. With every parked key given up, the next key to finish is the
+/// probe.
 #[tokio::test(start_paused = true)]
 async fn a_give_up_while_open_is_honoured_and_the_key_is_not_parked() {
     let s = Small::new(10);
@@ -299,6 +300,10 @@ async fn a_give_up_while_open_is_honoured_and_the_key_is_not_parked() {
         s.ok.lock().unwrap().is_empty(),
         "given-up keys do not run again"
     );
+    // Nothing is parked: the next key to finish is the probe; its success closes the detector.
+    s.queue.add(99);
+    sleep(secs(1)).await;
+    assert!(!s.queue.is_outage_open());
     stop.cancel();
     let report = run.await.unwrap();
     assert_eq!(report.given_up, 10);
