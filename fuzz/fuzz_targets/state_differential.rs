@@ -9,6 +9,11 @@
 //! `Eq`; the harness checks that only operations that may call user code panic, and that the
 //! state then matches the model and keeps its invariants. The input also chooses how many index
 //! buckets the state records in its slots, so freeing keys takes the path of huge queues.
+//!
+//! Outage detection: the input may turn it on (with small parameters, so the detector opens,
+//! probes and closes within a run); `FinishSignalled` then finishes a ticket with a signal, and
+//! parked keys, probes, releases (in order, with their pacing) and events must agree with the
+//! model's, with no parked key lost or leased twice.
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -28,6 +33,9 @@ enum FOp {
     Get,
     Finish(u8, FOutcome, Option<FDelay>),
     FinishAt(u8, FOutcome, Option<FDelay>, FPriority),
+    FinishSignalled(u8, FOutcome, Option<FDelay>, u8),
+    /// Moves the clock by whole seconds (probes are seconds apart).
+    AdvanceSecs(u8),
     ForeignFinish,
     /// Shuts down only for small values, so most runs stay live for a while.
     ShutDown(u8),
@@ -83,7 +91,32 @@ struct Input {
     max_ready_wait: Option<FDelay>,
     /// Fairness on (three groups).
     fair: bool,
+    /// Outage detection on, with these parameters.
+    outage: Option<FOutage>,
     ops: Vec<FOp>,
+}
+
+/// Small detector parameters: the window in seconds, the fewest first failures, the ratio in
+/// tenths, the first probe interval and its cap in seconds.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+struct FOutage {
+    window: u8,
+    min: u8,
+    ratio: u8,
+    probe: u8,
+    cap: u8,
+}
+
+impl FOutage {
+    fn get(self) -> workqueue_ratelimit::OutageConfig {
+        use std::time::Duration;
+        workqueue_ratelimit::OutageConfig::default()
+            .window(Duration::from_secs(u64::from(self.window % 60)))
+            .min_first_failures(u32::from(self.min % 6))
+            .ratio(f64::from(self.ratio % 11) / 10.0)
+            .probe_initial(Duration::from_millis(u64::from(self.probe) * 40))
+            .probe_max(Duration::from_secs(u64::from(self.cap % 10)))
+    }
 }
 
 /// Every key hashes alike.
@@ -111,6 +144,10 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::FinishAt(i, o, d, p) => {
             Op::FinishAt(usize::from(i), o.get(), d.map(FDelay::get), p.get())
         }
+        FOp::FinishSignalled(i, o, d, sig) => {
+            Op::FinishSignalled(usize::from(i), o.get(), d.map(FDelay::get), sig)
+        }
+        FOp::AdvanceSecs(n) => Op::Advance(std::time::Duration::from_secs(u64::from(n % 8))),
         FOp::ForeignFinish => Op::ForeignFinish,
         FOp::ShutDown(n) if n < 8 => Op::ShutDown,
         FOp::ShutDown(_) => return None,
@@ -136,6 +173,9 @@ fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     }
     if let Some(max_wait) = input.max_ready_wait {
         h = h.with_max_ready_wait(max_wait.get());
+    }
+    if let Some(outage) = input.outage {
+        h = h.with_outage_detection(outage.get());
     }
     let ops = &input.ops;
     for f in ops.iter().take(2048) {

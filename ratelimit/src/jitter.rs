@@ -150,6 +150,11 @@ where
     fn num_requeues(&self, key: &K) -> u32 {
         self.inner.num_requeues(key)
     }
+
+    /// The inner limiter's pacing, without jitter (jitter spreads backoffs, not a bucket).
+    fn pace(&self, key: &K, now: Instant) -> Duration {
+        self.inner.pace(key, now)
+    }
 }
 
 #[cfg(test)]

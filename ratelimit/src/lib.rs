@@ -13,6 +13,9 @@
 //! | [`MaxWait`] | caps another limiter's delay |
 //! | [`Jitter`] | lengthens another limiter's delay by a deterministic random fraction |
 //!
+//! [`OutageDetector`] is not a limiter: it recognises a failure shared by many keys (an API
+//! outage) from their outcomes, so that a queue can park failing keys and probe.
+//!
 //! [`default_controller_rate_limiter`] is client-go's default: the maximum of a per-key
 //! exponential backoff (5 ms to 1000 s) and a 10 qps / burst 100 token bucket.
 //! [`jittered_controller_rate_limiter`] adds jitter to its backoff.
@@ -48,6 +51,7 @@ mod jitter;
 mod limiter;
 mod max_of;
 mod max_wait;
+mod outage;
 mod token_bucket;
 
 pub use defaults::{
@@ -62,6 +66,7 @@ pub use jitter::Jitter;
 pub use limiter::RateLimiter;
 pub use max_of::{MaxOf, MaxPair};
 pub use max_wait::MaxWait;
+pub use outage::{OutageConfig, OutageDetector, Signal, Transition};
 pub use token_bucket::TokenBucket;
 
 /// This crate's README, whose examples run as doctests.

@@ -30,6 +30,15 @@ pub trait RateLimiter<K: ?Sized>: Send + Sync {
 
     /// How many failures of `key` are recorded since it was last forgotten.
     fn num_requeues(&self, key: &K) -> u32;
+
+    /// How long `key` must wait to be paced with the other keys, without recording a failure:
+    /// one reservation of the limiter's shared buckets (a [`TokenBucket`](crate::TokenBucket)
+    /// takes one token), nothing of its per-key backoff. A queue paces the keys it releases
+    /// after an outage with it. The default, for limiters without a shared bucket, is zero.
+    fn pace(&self, key: &K, now: Instant) -> Duration {
+        let _ = (key, now);
+        Duration::ZERO
+    }
 }
 
 macro_rules! forward_rate_limiter {
@@ -46,6 +55,10 @@ macro_rules! forward_rate_limiter {
             #[inline]
             fn num_requeues(&self, key: &K) -> u32 {
                 (**self).num_requeues(key)
+            }
+            #[inline]
+            fn pace(&self, key: &K, now: Instant) -> Duration {
+                (**self).pace(key, now)
             }
         }
     )*};

@@ -106,6 +106,12 @@ impl<K: ?Sized> RateLimiter<K> for MaxOf<K> {
             .max()
             .unwrap_or(0)
     }
+
+    fn pace(&self, key: &K, now: Instant) -> Duration {
+        self.children
+            .iter()
+            .fold(Duration::ZERO, |max, child| max.max(child.pace(key, now)))
+    }
 }
 
 impl<K: ?Sized> fmt::Debug for MaxOf<K> {
@@ -172,6 +178,11 @@ where
         self.first
             .num_requeues(key)
             .max(self.second.num_requeues(key))
+    }
+
+    fn pace(&self, key: &K, now: Instant) -> Duration {
+        let first = self.first.pace(key, now);
+        first.max(self.second.pace(key, now))
     }
 }
 

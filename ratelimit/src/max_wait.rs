@@ -66,4 +66,8 @@ impl<K: ?Sized, L: RateLimiter<K>> RateLimiter<K> for MaxWait<L> {
     fn num_requeues(&self, key: &K) -> u32 {
         self.inner.num_requeues(key)
     }
+
+    fn pace(&self, key: &K, now: Instant) -> Duration {
+        self.inner.pace(key, now).min(self.max)
+    }
 }

@@ -199,6 +199,12 @@ impl<K: ?Sized> RateLimiter<K> for TokenBucket {
     fn num_requeues(&self, _key: &K) -> u32 {
         0
     }
+
+    /// One token, as `when` takes: the bucket records no failures, so both are the same.
+    #[inline]
+    fn pace(&self, _key: &K, now: Instant) -> Duration {
+        self.reserve(now)
+    }
 }
 
 #[cfg(test)]

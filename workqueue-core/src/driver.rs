@@ -23,8 +23,9 @@ use crate::drain::{DrainIncomplete, DrainStop};
 use crate::lease::{Lease, LeaseOwner};
 use crate::options::AddOptions;
 use crate::outcome::Outcome;
-use crate::state::{AddStatus, Counts, Get, QueueState, Ticket};
+use crate::state::{AddStatus, Counts, Get, OutageEvent, QueueState, Ticket};
 use crate::sync::{AtomicBool, Mutex, MutexGuard};
+use workqueue_ratelimit::{OutageConfig, Signal};
 
 /// How a driver wakes the tasks or threads that wait on its queue.
 ///
@@ -85,7 +86,14 @@ pub struct CoreConfig<T, S> {
     pub group: Option<GroupFn<T>>,
     /// Whether a named queue joins the process-wide metrics refresher thread.
     pub refresh_thread: bool,
+    /// Outage detection (off when `None`), see `Builder::outage_detection`.
+    pub outage: Option<OutageConfig>,
+    /// Called after each change of the outage detector (see `Builder::on_outage_event`).
+    pub outage_hook: Option<OutageHook>,
 }
+
+/// A function told of each change of the outage detector (see `Builder::on_outage_event`).
+pub type OutageHook = Arc<dyn Fn(&OutageEvent) + Send + Sync>;
 
 /// A key's fairness group (see `Builder::fairness`).
 pub type GroupFn<T> = Arc<dyn Fn(&T) -> u64 + Send + Sync>;
@@ -101,6 +109,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("max_ready_wait", &self.max_ready_wait)
             .field("fair", &self.group.is_some())
             .field("refresh_thread", &self.refresh_thread)
+            .field("outage", &self.outage)
             .finish_non_exhaustive()
     }
 }
@@ -128,6 +137,16 @@ pub struct QueueCore<T, S, N> {
     always_now: bool,
     name: Option<Arc<str>>,
     notifier: N,
+    /// Whether outage detection is on: read before each finish, the one branch it costs when
+    /// off. Set under the lock, with the state's detector.
+    outage_on: AtomicBool,
+    /// Told of the detector's changes, in order, after the lock is released.
+    outage_hooks: std::sync::Mutex<Vec<OutageHook>>,
+    /// Openings of the outage detector, and parked keys as of the latest finish.
+    outage_openings: std::sync::atomic::AtomicU64,
+    parked: std::sync::atomic::AtomicUsize,
+    /// Parked keys the shutdown dropped.
+    parked_dropped: std::sync::atomic::AtomicUsize,
     /// Metrics of a named queue; `None` (and no per-key timing) for an unnamed one.
     #[cfg(feature = "metrics")]
     metrics: Option<Box<crate::metrics::QueueMetrics>>,
@@ -150,6 +169,9 @@ where
         }
         if config.group.is_some() {
             state.set_fair();
+        }
+        if let Some(outage) = config.outage {
+            state.enable_outage_detection(outage);
         }
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
@@ -178,6 +200,11 @@ where
             always_now,
             name: config.name,
             notifier,
+            outage_on: AtomicBool::new(config.outage.is_some()),
+            outage_hooks: std::sync::Mutex::new(config.outage_hook.into_iter().collect()),
+            outage_openings: Default::default(),
+            parked: Default::default(),
+            parked_dropped: Default::default(),
             #[cfg(feature = "metrics")]
             metrics,
         }
@@ -201,6 +228,68 @@ where
     /// The queue's rate limiter.
     pub fn limiter(&self) -> &dyn RateLimiter<T> {
         &*self.limiter
+    }
+
+    /// Turns outage detection on (a closed detector restarts with `config`; an open one is kept
+    /// until a probe closes it), also telling `hook` of its changes when it is `Some` (after
+    /// the hooks given before; one `Arc` given again is not added twice).
+    pub fn set_outage_detection(&self, config: OutageConfig, hook: Option<OutageHook>) {
+        if let Some(hook) = hook {
+            self.add_outage_hook(hook);
+        }
+        let mut g = self.lock();
+        g.state.enable_outage_detection(config);
+        self.outage_on.store(true, Ordering::Relaxed);
+    }
+
+    /// Also tells `hook` of the outage detector's changes (after the hooks given before; one
+    /// `Arc` given again is not added twice).
+    pub fn add_outage_hook(&self, hook: OutageHook) {
+        let mut hooks = self
+            .outage_hooks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !hooks.iter().any(|h| Arc::ptr_eq(h, &hook)) {
+            hooks.push(hook);
+        }
+    }
+
+    /// Whether outage detection is on.
+    pub fn has_outage_detection(&self) -> bool {
+        self.outage_on.load(Ordering::Relaxed)
+    }
+
+    /// Whether the outage detector is open (`false` when detection is off).
+    pub fn is_outage_open(&self) -> bool {
+        self.has_outage_detection()
+            && self
+                .lock()
+                .state
+                .outage_detector()
+                .is_some_and(|d| d.is_open())
+    }
+
+    /// Whether `key` is parked (`false` when detection is off).
+    pub fn is_parked(&self, key: &T) -> bool {
+        self.has_outage_detection() && self.lock().state.is_parked(key)
+    }
+
+    /// How many keys are parked (0 when detection is off).
+    pub fn parked_len(&self) -> usize {
+        match self.has_outage_detection() {
+            true => self.lock().state.parked_len(),
+            false => 0,
+        }
+    }
+
+    /// How many parked keys the queue's shutdown dropped (parked keys are waiting keys).
+    pub fn parked_dropped_at_shutdown(&self) -> usize {
+        self.parked_dropped.load(Ordering::Relaxed)
+    }
+
+    /// How many times the outage detector opened.
+    pub fn outage_openings(&self) -> u64 {
+        self.outage_openings.load(Ordering::Relaxed)
     }
 
     /// Locks the queue's data. Drivers hold it only to check the state and start waiting.
@@ -578,6 +667,12 @@ where
     }
 
     fn shut_down_locked(&self, g: &mut Locked<T, S>) -> Vec<T> {
+        if self.outage_on.load(Ordering::Relaxed) && !g.state.is_shutting_down() {
+            // Parked keys are waiting keys: shutdown drops them. Counted once.
+            self.parked_dropped
+                .store(g.state.parked_len(), Ordering::Relaxed);
+            self.parked.store(0, Ordering::Relaxed);
+        }
         let released = g.state.shut_down();
         self.shutting_down.store(true, Ordering::Release);
         self.notifier.wake_all(g);
@@ -739,6 +834,145 @@ where
     }
 }
 
+impl<T, S, N> QueueCore<T, S, N>
+where
+    T: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    N: Notifier<T, S>,
+{
+    /// [`LeaseOwner::finish`] with outage detection on: the key's [`Signal`] (the one given, or
+    /// the lease's own: `forget` and `requeue_after` succeed, `retry*` fail) goes to the state's
+    /// detector with the outcome. A release (a probe succeeded) forgets each released key in
+    /// the limiter and takes one bucket reservation for it, under the lock, once per outage.
+    #[cold]
+    #[inline(never)]
+    fn finish_observed(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
+        let mut first_panic = None;
+        let signal = signal.unwrap_or_else(|| match outcome {
+            Outcome::Forget | Outcome::RequeueAfter(_) => Signal::Success,
+            Outcome::Retry | Outcome::RetryAfter(_) => {
+                // Read before `when` records this failure.
+                match catch_unwind(AssertUnwindSafe(|| self.limiter.num_requeues(key))) {
+                    Ok(0) => Signal::FirstFailure,
+                    Ok(_) => Signal::Failure,
+                    Err(panic) => {
+                        first_panic = Some(panic);
+                        Signal::Failure
+                    }
+                }
+            }
+            _ => Signal::Ignored,
+        });
+        let mut before = match outcome {
+            Outcome::Done => BeforeLock::default(),
+            _ => self.before_lock(key, outcome),
+        };
+        if let Some(panic) = first_panic {
+            before.panic.get_or_insert(panic);
+        }
+        let now = match before.now {
+            Some(now) => Some(now),
+            None => match catch_unwind(AssertUnwindSafe(|| self.clock.now())) {
+                Ok(now) => Some(now),
+                Err(panic) => {
+                    before.panic.get_or_insert(panic);
+                    None
+                }
+            },
+        };
+        let limiter = &*self.limiter;
+        let (finished, rejected, event, parked) = self.mutate(|g| {
+            let now = now.unwrap_or_else(|| g.state.now());
+            let rejected = g.state.is_shutting_down();
+            let mut pace_panic = None;
+            let mut pace = |k: &T| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    limiter.forget(k);
+                    limiter.pace(k, now)
+                }))
+                .unwrap_or_else(|panic| {
+                    pace_panic.get_or_insert(panic);
+                    Duration::ZERO
+                })
+            };
+            let result =
+                g.state
+                    .finish_signalled(ticket, outcome, before.delay, signal, now, &mut pace);
+            if let Some(panic) = pace_panic {
+                before.panic.get_or_insert(panic);
+            }
+            let parked = g.state.parked_len();
+            match result {
+                Ok((finished, event)) => (Some(finished), rejected, event, parked),
+                Err(_) => (None, rejected, None, parked),
+            }
+        });
+        self.parked.store(parked, Ordering::Relaxed);
+        let released = finished.and_then(|f| f.released);
+        if let Some(event) = event {
+            if event == OutageEvent::Opened {
+                self.outage_openings.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.outage_metrics(&event))) {
+                before.panic.get_or_insert(panic);
+            }
+            let hooks = self
+                .outage_hooks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            for hook in hooks {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| hook(&event))) {
+                    before.panic.get_or_insert(panic);
+                }
+            }
+        } else if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.parked_metric(parked))) {
+            before.panic.get_or_insert(panic);
+        }
+        if let Some(panic) = before.panic {
+            drop(released);
+            resume_unwind(panic);
+        }
+        self.observe_limiter_delay(before.delay);
+        let readd = matches!(
+            outcome,
+            Outcome::Retry | Outcome::RetryAfter(_) | Outcome::RequeueAfter(_)
+        );
+        self.count_retry(readd && !rejected);
+        drop(released);
+    }
+
+    /// `workqueue_outage_openings_total` and `workqueue_parked_keys` of a named queue.
+    fn outage_metrics(&self, event: &OutageEvent) {
+        #[cfg(feature = "metrics")]
+        if let Some(name) = &self.name
+            && self.metrics.is_some()
+            && *event == OutageEvent::Opened
+        {
+            metrics::counter!(
+                crate::metrics::OUTAGE_OPENINGS_TOTAL,
+                crate::metrics::NAME_LABEL => name.to_string()
+            )
+            .increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = event;
+        self.parked_metric(self.parked.load(Ordering::Relaxed));
+    }
+
+    fn parked_metric(&self, parked: usize) {
+        #[cfg(feature = "metrics")]
+        if let Some(name) = &self.name
+            && self.metrics.is_some()
+        {
+            metrics::gauge!(crate::metrics::PARKED_KEYS, crate::metrics::NAME_LABEL => name.to_string())
+                .set(parked as f64);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = parked;
+    }
+}
+
 /// Sends the wake-ups a change calls for when it ends, normally or by a panic (see
 /// [`QueueCore::mutate`]): one getter when a key became ready or the earliest deadline moved
 /// earlier, every drain when the queue may be drained.
@@ -854,7 +1088,10 @@ where
     /// is finished without a re-add); the state's `finish` calls no user code. Only then do the
     /// metrics recorder and the released key's `Drop` run. The first panic of any of them
     /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
-    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
+        if self.outage_on.load(Ordering::Relaxed) {
+            return self.finish_observed(ticket, key, outcome, signal);
+        }
         // `Done`, the common case, needs neither the clock nor the limiter before the lock.
         let mut before = match outcome {
             Outcome::Done => BeforeLock::default(),
@@ -881,7 +1118,10 @@ where
                 None => g.state.now(),
             };
             let rejected = g.state.is_shutting_down();
-            (g.state.finish(ticket, outcome, before.delay, now), rejected)
+            (
+                g.state.finish_fast(ticket, outcome, before.delay, now),
+                rejected,
+            )
         });
         if let Some(panic) = before.panic {
             drop(finished.released);

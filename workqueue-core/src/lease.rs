@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::Outcome;
 use crate::state::Ticket;
+use workqueue_ratelimit::Signal;
 
 /// The queue side of a [`Lease`]: what finishing a lease does.
 ///
@@ -18,8 +19,9 @@ use crate::state::Ticket;
 /// swallows it while the thread is already unwinding (a second panic there would abort the
 /// process).
 pub(crate) trait LeaseOwner<T>: Send + Sync {
-    /// Finishes the key `ticket` was issued for, as `outcome` says.
-    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome);
+    /// Finishes the key `ticket` was issued for, as `outcome` says; `signal` is what it tells an
+    /// outage detector (`None`: the outcome's own, see [`Lease::finish_signalled`]).
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>);
 }
 
 /// A key handed out by a queue, held until processing ends.
@@ -150,12 +152,39 @@ impl<T> Lease<T> {
 
     /// Finishes as `outcome` says.
     pub fn finish(mut self, outcome: Outcome) {
-        self.finish_with(outcome);
+        self.finish_with(outcome, None);
     }
 
-    fn finish_with(&mut self, outcome: Outcome) {
+    /// Finishes as `outcome` says, telling the queue's outage detector (when it has one, see
+    /// [`Builder::outage_detection`](crate::Builder::outage_detection)) that the key's
+    /// processing was `signal`. The other ways to finish send the outcome's own signal:
+    /// `forget` and `requeue_after` are successes, `retry` and `retry_after` failures (a first
+    /// failure when the rate limiter has no failure recorded for the key), `done` says nothing.
+    /// Use this one for a failure that is the object's own (`Signal::Ignored`: an invalid spec,
+    /// a 4xx that is not 429), which must not open the detector, or for a success that is
+    /// re-queued through the limiter.
+    ///
+    /// ```
+    /// use workqueue_core::ratelimit::{OutageConfig, Signal};
+    /// use workqueue_core::{Outcome, WorkQueue};
+    ///
+    /// let queue: WorkQueue<&str> = WorkQueue::builder()
+    ///     .outage_detection(OutageConfig::default())
+    ///     .build();
+    /// for key in ["a", "b", "c", "d", "e", "f"] {
+    ///     queue.add(key);
+    ///     // Invalid objects: their failures are their own.
+    ///     queue.try_get().unwrap().finish_signalled(Outcome::Retry, Signal::Ignored);
+    /// }
+    /// assert!(!queue.is_outage_open());
+    /// ```
+    pub fn finish_signalled(mut self, outcome: Outcome, signal: Signal) {
+        self.finish_with(outcome, Some(signal));
+    }
+
+    fn finish_with(&mut self, outcome: Outcome, signal: Option<Signal>) {
         if let (Some(ticket), Some(key)) = (self.ticket.take(), &self.key) {
-            self.owner.finish(ticket, key, outcome);
+            self.owner.finish(ticket, key, outcome, signal);
         }
     }
 }
@@ -175,7 +204,7 @@ impl<T> Drop for Lease<T> {
         // The owner finishes the key before any user code it runs can panic; the key's own
         // `Drop` runs here too, inside the catch.
         let ended = catch_unwind(AssertUnwindSafe(|| {
-            self.finish_with(outcome);
+            self.finish_with(outcome, None);
             drop(self.key.take());
         }));
         if let Err(panic) = ended

@@ -112,7 +112,7 @@ pub use workqueue_ratelimit as ratelimit;
 /// its own lease type (as `workqueue-model` does), or ask for a stable seam.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::driver::{CoreConfig, Drain, GroupFn, Locked, Notifier, QueueCore};
+    pub use crate::driver::{CoreConfig, Drain, GroupFn, Locked, Notifier, OutageHook, QueueCore};
 
     /// Seals [`BuildQueue`](crate::BuildQueue): only the queue crates of this family implement
     /// it.

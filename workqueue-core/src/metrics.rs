@@ -89,6 +89,11 @@ pub const RATE_LIMITER_DELAY_SECONDS: &str = "workqueue_rate_limiter_delay_secon
 /// the time a worker takes to reach the back of the queue means keys are starving: low priorities
 /// under steady load without `max_ready_wait`, or too few workers.
 pub const OLDEST_READY_SECONDS: &str = "workqueue_oldest_ready_seconds";
+/// Gauge: keys parked by the outage detector (this crate; only with outage detection on), as of
+/// the latest finished key.
+pub const PARKED_KEYS: &str = "workqueue_parked_keys";
+/// Counter: times the outage detector opened (this crate; only with outage detection on).
+pub const OUTAGE_OPENINGS_TOTAL: &str = "workqueue_outage_openings_total";
 
 /// Buckets for the queue and work durations: controller-runtime's
 /// `ExponentialBuckets(10e-9, 10, 12)`, 10 ns to 1000 s.

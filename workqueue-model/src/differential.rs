@@ -22,10 +22,11 @@ use std::hash::BuildHasher;
 use std::panic::resume_unwind;
 use std::time::Duration;
 
-use workqueue_core::state::{DefaultHashBuilder, Get, QueueState, Ticket};
+use workqueue_core::ratelimit::{OutageConfig, Signal};
+use workqueue_core::state::{DefaultHashBuilder, Get, OutageEvent, QueueState, Ticket};
 
 use crate::faults::{self, Fault, FaultyKey};
-use crate::{AddStatus, Instant, Model, ModelFinished, ModelGet, Outcome};
+use crate::{AddStatus, Instant, Model, ModelEvent, ModelFinished, ModelGet, Outcome};
 
 /// One step of a differential run. Keys are small integers, named `k{n}` in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,10 @@ pub enum Op {
     Finish(usize, Outcome, Option<Duration>),
     /// Like [`Op::Finish`], with the re-add at this priority (`Ticket::set_priority`).
     FinishAt(usize, Outcome, Option<Duration>, i32),
+    /// Like [`Op::Finish`], through `finish_signalled` with the signal `signal % 4` (success,
+    /// first failure, failure, ignored); a release paces key `k` by `(k % 4) * 3` ms. Without
+    /// outage detection ([`StateHarness::with_outage_detection`]) it is `Finish`.
+    FinishSignalled(usize, Outcome, Option<Duration>, u8),
     /// Finishing a ticket of another state is refused and changes nothing.
     ForeignFinish,
     /// `shut_down()`.
@@ -96,6 +101,8 @@ pub struct StateHarness<S = DefaultHashBuilder> {
     panics: usize,
     /// Whether fairness is on (groups from [`group`]).
     fair: bool,
+    /// Outage events seen: opened, probes failed, closed.
+    outage_events: [usize; 3],
 }
 
 impl<S> fmt::Debug for StateHarness<S> {
@@ -138,6 +145,7 @@ impl<S: BuildHasher> StateHarness<S> {
             fault: None,
             panics: 0,
             fair: false,
+            outage_events: [0; 3],
         }
     }
 
@@ -154,6 +162,14 @@ impl<S: BuildHasher> StateHarness<S> {
     /// (see [`QueueState::limit_recorded_buckets`]), so it takes the path of huge queues.
     pub fn with_bucket_limit(mut self, limit: u32) -> Self {
         self.state.limit_recorded_buckets(limit);
+        self
+    }
+
+    /// The same harness with outage detection on both sides (the state's parking and the
+    /// model's, each with its own detector).
+    pub fn with_outage_detection(mut self, config: OutageConfig) -> Self {
+        self.state.enable_outage_detection(config);
+        self.model = std::mem::take(&mut self.model).with_outage_detection(config);
         self
     }
 
@@ -177,6 +193,12 @@ impl<S: BuildHasher> StateHarness<S> {
     /// The model.
     pub fn model(&self) -> &Model<String> {
         &self.model
+    }
+
+    /// The outage detector's events seen so far: (opened, probes failed, closed).
+    pub fn outage_events(&self) -> (usize, usize, usize) {
+        let [o, p, c] = self.outage_events;
+        (o, p, c)
     }
 
     /// Number of tickets held.
@@ -298,6 +320,12 @@ impl<S: BuildHasher> StateHarness<S> {
                 if !self.held.is_empty() {
                     let i = index % self.held.len();
                     self.finish(ctx, i, outcome, delay, Some(priority), now);
+                }
+            }
+            Op::FinishSignalled(index, outcome, delay, signal) => {
+                if !self.held.is_empty() {
+                    let i = index % self.held.len();
+                    self.finish_signalled(ctx, i, outcome, delay, signal, now);
                 }
             }
             Op::ForeignFinish => {
@@ -455,6 +483,76 @@ impl<S: BuildHasher> StateHarness<S> {
         }
     }
 
+    /// Finishes held ticket `i` with a signal for the outage detector: the finish, the event,
+    /// and the keys released, in order, with their pacing, must agree.
+    fn finish_signalled(
+        &mut self,
+        ctx: Ctx<'_>,
+        i: usize,
+        outcome: Outcome,
+        delay: Option<Duration>,
+        signal: u8,
+        now: Instant,
+    ) {
+        let signal = [
+            Signal::Success,
+            Signal::FirstFailure,
+            Signal::Failure,
+            Signal::Ignored,
+        ][usize::from(signal % 4)];
+        let pace = |k: &str| Duration::from_millis(k[1..].parse::<u64>().unwrap_or(0) % 4 * 3);
+        let (ticket, key) = self.held.remove(i);
+        let mut model_released = Vec::new();
+        let expected = self
+            .model
+            .finish_signalled(
+                &key,
+                outcome,
+                delay,
+                ticket.priority(),
+                signal,
+                now,
+                &mut |k: &String| {
+                    model_released.push(k.clone());
+                    pace(k)
+                },
+            )
+            .unwrap_or_else(|| panic!("{ctx}: the model does not process {key}"));
+        let mut released = Vec::new();
+        let result = self
+            .on_state(ctx, false, |s| {
+                s.finish_signalled(ticket, outcome, delay, signal, now, &mut |k: &FaultyKey| {
+                    released.push(k.as_str().to_owned());
+                    pace(k.as_str())
+                })
+            })
+            .expect("finish calls no user code");
+        let (f, event) = result.unwrap_or_else(|_| panic!("{ctx}: a held ticket was refused"));
+        let got = ModelFinished {
+            requeued: f.requeued,
+            waiting: f.waiting,
+            released: f.released.is_some(),
+        };
+        let event = event.map(|e| match e {
+            OutageEvent::Opened => ModelEvent::Opened,
+            OutageEvent::ProbeFailed { next } => ModelEvent::ProbeFailed(next),
+            OutageEvent::Closed { lasted, released } => ModelEvent::Closed(lasted, released),
+            other => panic!("{ctx}: unknown event {other:?}"),
+        });
+        assert_eq!(
+            (got, event),
+            expected,
+            "{ctx}: finish_signalled({key}, {outcome:?}, {delay:?}, {signal:?})"
+        );
+        assert_eq!(released, model_released, "{ctx}: keys released, in order");
+        match event {
+            Some(ModelEvent::Opened) => self.outage_events[0] += 1,
+            Some(ModelEvent::ProbeFailed(_)) => self.outage_events[1] += 1,
+            Some(ModelEvent::Closed(..)) => self.outage_events[2] += 1,
+            None => {}
+        }
+    }
+
     /// Compares every observable of the two sides and checks the state's invariants.
     fn compare(&self, ctx: Ctx<'_>) {
         let (s, m) = (&self.state, &self.model);
@@ -468,8 +566,8 @@ impl<S: BuildHasher> StateHarness<S> {
         assert_eq!(s.next_deadline(), m.next_deadline(), "{ctx}: next_deadline");
         assert_eq!(
             s.has_waiting(),
-            m.next_deadline().is_some(),
-            "{ctx}: has_waiting"
+            m.counts().waiting > 0,
+            "{ctx}: has_waiting (parked keys included)"
         );
         assert_eq!(s.now(), m.now(), "{ctx}: now");
         assert_eq!(
@@ -516,6 +614,26 @@ impl<S: BuildHasher> StateHarness<S> {
             m.counts().processing,
             "{ctx}: tickets held vs processing"
         );
+        // Parking: the same keys parked (a parked key is never lost: it is a waiting entry,
+        // compared above, and never leased twice: tickets are compared above), the same open
+        // detector, the same probe.
+        assert_eq!(
+            s.outage_detector().map(|d| d.is_open()),
+            self.model_parking().then(|| m.is_outage_open()),
+            "{ctx}: detector open"
+        );
+        assert_eq!(s.parked_len(), m.parked_keys().len(), "{ctx}: parked_len");
+        for key in &self.seen {
+            assert_eq!(
+                s.is_parked(key.as_str()),
+                m.is_parked(key),
+                "{ctx}: is_parked({key})"
+            );
+        }
+    }
+
+    fn model_parking(&self) -> bool {
+        self.state.outage_detector().is_some()
     }
 
     /// Finishes every held ticket, shuts down and drains: both sides must end empty.

@@ -34,10 +34,12 @@
 pub mod differential;
 pub mod faults;
 mod ledger;
+mod parking;
 mod ready;
 mod rng;
 
 pub use ledger::Ledger;
+pub use parking::{ModelEvent, PARKED};
 pub use rng::SplitMix64;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -93,6 +95,8 @@ pub struct Model<K> {
     shutting_down: bool,
     now: u64,
     seq: u64,
+    /// Outage detection (`parking.rs`), when on.
+    parking: Option<parking::ModelParking<K>>,
 }
 
 impl<K: Ord + Clone> Default for Model<K> {
@@ -119,6 +123,7 @@ impl<K: Ord + Clone> Model<K> {
             shutting_down: false,
             now: 0,
             seq: 0,
+            parking: None,
         }
     }
 
@@ -310,7 +315,35 @@ impl<K: Ord + Clone> Model<K> {
 
     /// [`Model::finish`] whose re-add is at `priority` (`Ticket::set_priority`), not the
     /// priority the key was handed out at.
+    ///
+    /// With outage detection on, it is [`Model::finish_signalled`] with `Signal::Ignored`.
     pub fn finish_at(
+        &mut self,
+        key: &K,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        priority: i32,
+        now: Instant,
+    ) -> Option<ModelFinished> {
+        if self.parking.is_some() {
+            let ignored = workqueue_core::ratelimit::Signal::Ignored;
+            return self
+                .finish_signalled(
+                    key,
+                    outcome,
+                    limiter_delay,
+                    priority,
+                    ignored,
+                    now,
+                    &mut |_| Duration::ZERO,
+                )
+                .map(|(f, _)| f);
+        }
+        self.finish_unobserved(key, outcome, limiter_delay, priority, now)
+    }
+
+    /// The finish rule itself, without the outage detector.
+    fn finish_unobserved(
         &mut self,
         key: &K,
         outcome: Outcome,
@@ -345,10 +378,11 @@ impl<K: Ord + Clone> Model<K> {
                 }
             }
         }
+        let released = !self.is_tracked(key);
         Some(ModelFinished {
             requeued,
             waiting: self.waiting.contains_key(key),
-            released: !self.is_tracked(key),
+            released,
         })
     }
 
@@ -357,10 +391,15 @@ impl<K: Ord + Clone> Model<K> {
     pub fn shut_down(&mut self) -> Vec<K> {
         self.shutting_down = true;
         let dropped = std::mem::take(&mut self.waiting);
-        dropped
+        let released: Vec<K> = dropped
             .into_keys()
             .filter(|k| !self.is_tracked(k))
-            .collect()
+            .collect();
+        if let Some(p) = &mut self.parking {
+            // The probe's waiting entry goes with the others; no probe runs after shutdown.
+            p.probe = None;
+        }
+        released
     }
 
     /// `len()`: keys ready at `now`.
@@ -397,6 +436,7 @@ impl<K: Ord + Clone> Model<K> {
             .values()
             .map(|&(deadline, _, _)| deadline)
             .min()
+            .filter(|&d| d != parking::PARKED || self.parking.is_none())
             .map(Instant::from_nanos)
     }
 

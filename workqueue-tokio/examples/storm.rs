@@ -11,7 +11,10 @@
 //! 2. errors returned as errors, retried by the default controller limiter
 //!    (per-key 5 ms to 1000 s exponential backoff, and a 10 qps / burst 100 bucket),
 //! 3. the same with jitter on the per-key backoff (up to +20 %, fixed seed),
-//! 4. the default limiter capped with [`MaxWait`] (30 s).
+//! 4. the default limiter capped with [`MaxWait`] (30 s),
+//! 5. the default limiter with outage detection ([`Runner::outage_detection`]): failing keys are
+//!    parked while failures are widespread, one probe runs at a time, and the first probe that
+//!    succeeds releases them all, paced by the bucket.
 //!
 //! Everything runs on tokio's paused clock in one current-thread runtime: no threads, no real
 //! sleeps, so the hours of simulated time take about a second and every figure is the same on
@@ -21,8 +24,14 @@
 //! `--svg PATH` also writes the charts as an SVG file.
 //!
 //! Options: `--objects N`, `--outage SECS` (or `10m`, `1h`), `--policy
-//! all|requeue|default|jitter|maxwait`, `--workers N`, `--max-wait SECS`, `--svg PATH`; `--help`
+//! all|requeue|default|jitter|maxwait|outage`, `--workers N`, `--max-wait SECS`, `--own-failures
+//! PCT` (that share of the objects fails for its own reasons throughout), `--svg PATH`; `--help`
 //! lists them.
+//!
+//! The summary ends with policy 5's targets, PASS or FAIL from the simulated figures: requests
+//! during the outage at most 0.25x the default limiter's; every object converged within 20 s of
+//! the recovery (for outages longer than 2 minutes); with `--own-failures` and no outage, the
+//! detector never opens and the failing objects are retried exactly as by the default.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -36,7 +45,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 use workqueue_tokio::CancellationToken;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::ratelimit::{
-    MaxWait, RateLimiter, default_controller_rate_limiter, jittered_controller_rate_limiter,
+    MaxWait, OutageConfig, RateLimiter, default_controller_rate_limiter,
+    jittered_controller_rate_limiter,
 };
 
 /// About 30 years: an outage longer than an instant can represent ends no earlier than this.
@@ -71,14 +81,16 @@ enum Policy {
     Default,
     Jitter,
     MaxWait,
+    Outage,
 }
 
 impl Policy {
-    const ALL: [Policy; 4] = [
+    const ALL: [Policy; 5] = [
         Policy::Requeue,
         Policy::Default,
         Policy::Jitter,
         Policy::MaxWait,
+        Policy::Outage,
     ];
 
     fn number(self) -> usize {
@@ -87,6 +99,7 @@ impl Policy {
             Policy::Default => 2,
             Policy::Jitter => 3,
             Policy::MaxWait => 4,
+            Policy::Outage => 5,
         }
     }
 
@@ -105,6 +118,10 @@ impl Policy {
                 "errors as Err, default limiter capped by MaxWait({}s)",
                 opts.max_wait.as_secs()
             ),
+            Policy::Outage => {
+                "errors as Err, default limiter + outage detection (park, probe, release)"
+                    .to_string()
+            }
         }
     }
 
@@ -114,6 +131,7 @@ impl Policy {
             Policy::Default => "default limiter".to_string(),
             Policy::Jitter => format!("default + {:.0}% jitter", JITTER * 100.0),
             Policy::MaxWait => format!("default + MaxWait({}s)", opts.max_wait.as_secs()),
+            Policy::Outage => "default + outage detection".to_string(),
         }
     }
 }
@@ -125,6 +143,8 @@ struct Options {
     policies: Vec<Policy>,
     workers: usize,
     max_wait: Duration,
+    /// Percent of the objects that fail for their own reasons throughout.
+    own_failures: u32,
     svg: Option<PathBuf>,
 }
 
@@ -141,7 +161,7 @@ struct Cli {
     /// How long the API is down: seconds, or with s/m/h
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration_arg)]
     outage: Duration,
-    /// Which policies to run: all | requeue | default | jitter | maxwait, or 1-4
+    /// Which policies to run: all | requeue | default | jitter | maxwait | outage, or 1-5
     #[arg(long, default_value = "all", value_parser = policies_arg)]
     policy: Policies,
     /// Concurrent reconciles
@@ -150,6 +170,10 @@ struct Cli {
     /// The cap of the MaxWait policy: seconds, or with s/m/h
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = positive_duration_arg)]
     max_wait: Duration,
+    /// Percent of the objects that fail for their own reasons (an invalid spec) throughout:
+    /// every (100 / PCT)-th object
+    #[arg(long, value_name = "PCT", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    own_failures: u32,
     /// Also write the chart as an SVG file
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
@@ -199,7 +223,10 @@ fn policies_arg(s: &str) -> Result<Policies, String> {
         "default" | "2" => vec![Policy::Default],
         "jitter" | "3" => vec![Policy::Jitter],
         "maxwait" | "4" => vec![Policy::MaxWait],
-        _ => return Err("one of all, requeue, default, jitter, maxwait, 1-4".to_string()),
+        "outage" | "5" => vec![Policy::Outage],
+        _ => {
+            return Err("one of all, requeue, default, jitter, maxwait, outage, 1-5".to_string());
+        }
     }))
 }
 
@@ -211,21 +238,31 @@ fn parse_args() -> Options {
         policies: cli.policy.0,
         workers: cli.workers,
         max_wait: cli.max_wait,
+        own_failures: cli.own_failures,
         svg: cli.svg,
     }
 }
 
 // ---- the simulated API server ------------------------------------------------------------------
 
-/// The error of a request while the server is down.
+/// The error of a request: the server is down, or the object is invalid (its own failure).
 #[derive(Debug)]
-struct Unavailable;
+enum ApiError {
+    Unavailable,
+    Invalid,
+}
+
+/// Whether `object` fails for its own reasons with `own_failures` percent of them failing.
+fn fails_on_its_own(object: u32, own_failures: u32) -> bool {
+    own_failures > 0 && object.is_multiple_of((100 / own_failures).max(1))
+}
 
 /// An in-process API server that is down until `recovers_at`, and slows down under load.
 #[derive(Debug)]
 struct Api {
     start: Instant,
     recovers_at: Instant,
+    own_failures: u32,
     state: Mutex<ApiState>,
     converged: Notify,
 }
@@ -240,22 +277,30 @@ struct ApiState {
     reconciled: Vec<bool>,
     remaining: u32,
     converged_at: Option<Instant>,
+    /// Requests for the objects that fail on their own.
+    invalid_requests: u64,
 }
 
 impl Api {
-    fn new(start: Instant, outage: Duration, objects: u32) -> Self {
+    fn new(start: Instant, outage: Duration, objects: u32, own_failures: u32) -> Self {
+        let invalid = (0..objects)
+            .filter(|&o| fails_on_its_own(o, own_failures))
+            .count() as u32;
         Api {
             start,
             // An outage too long for an instant never ends.
             recovers_at: start
                 .checked_add(outage)
                 .unwrap_or_else(|| start + FAR_FUTURE),
+            own_failures,
             state: Mutex::new(ApiState {
                 window: VecDeque::new(),
                 per_second: Vec::new(),
                 reconciled: vec![false; objects as usize],
-                remaining: objects,
+                // The objects that fail on their own never converge: the others are awaited.
+                remaining: objects - invalid,
                 converged_at: None,
+                invalid_requests: 0,
             }),
             converged: Notify::new(),
         }
@@ -267,7 +312,8 @@ impl Api {
 
     /// One request updating `object`: fails while the server is down (judged at arrival), and
     /// takes longer the more requests the server received in the last second.
-    async fn update(&self, object: u32) -> Result<(), Unavailable> {
+    async fn update(&self, object: u32) -> Result<(), ApiError> {
+        let invalid = fails_on_its_own(object, self.own_failures);
         let now = Instant::now();
         let latency = {
             let mut s = self.lock();
@@ -284,18 +330,22 @@ impl Api {
                 s.window.pop_front();
             }
             s.window.push_back(now);
+            s.invalid_requests += u64::from(invalid);
             BASE_LATENCY + LATENCY_PER_RPS * s.window.len() as u32
         };
         sleep(latency).await;
         if now < self.recovers_at {
-            return Err(Unavailable);
+            return Err(ApiError::Unavailable);
+        }
+        if invalid {
+            return Err(ApiError::Invalid);
         }
         let mut s = self.lock();
         let seen = &mut s.reconciled[object as usize];
         if !*seen {
             *seen = true;
-            s.remaining -= 1;
-            if s.remaining == 0 {
+            s.remaining = s.remaining.saturating_sub(1);
+            if s.remaining == 0 && s.converged_at.is_none() {
                 s.converged_at = Some(Instant::now());
                 self.converged.notify_one();
             }
@@ -322,11 +372,15 @@ struct Outcome {
     steady: f64,
     /// From the recovery until every object had been reconciled successfully.
     converged_after: Option<Duration>,
+    /// Requests for the objects that fail on their own (`--own-failures`).
+    invalid_requests: u64,
+    /// How many times the outage detector opened (policy 5).
+    openings: u64,
 }
 
 async fn scenario(opts: &Options, policy: Policy) -> Outcome {
     match policy {
-        Policy::Requeue | Policy::Default => {
+        Policy::Requeue | Policy::Default | Policy::Outage => {
             run(opts, policy, default_controller_rate_limiter::<u32>()).await
         }
         Policy::Jitter => {
@@ -343,7 +397,12 @@ async fn scenario(opts: &Options, policy: Policy) -> Outcome {
 
 async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 'static) -> Outcome {
     let start = Instant::now();
-    let api = Arc::new(Api::new(start, opts.outage, opts.objects));
+    let api = Arc::new(Api::new(
+        start,
+        opts.outage,
+        opts.objects,
+        opts.own_failures,
+    ));
     let queue: WorkQueue<u32> = WorkQueue::builder()
         .rate_limiter(limiter)
         .capacity(opts.objects as usize)
@@ -366,15 +425,22 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
         }
     };
     let stop = CancellationToken::new();
-    let runner = Runner::new(queue.clone(), reconcile).workers(opts.workers);
+    let mut runner = Runner::new(queue.clone(), reconcile).workers(opts.workers);
+    if policy == Policy::Outage {
+        runner = runner.outage_detection(OutageConfig::default());
+    }
     let running = tokio::spawn(runner.run(stop.clone()));
 
     // The longest any object can wait after the recovery: the jittered backoff cap, the bucket's
     // 10 qps for every object, and a margin. Past it the scenario is reported as not converged.
-    let give_up_at = api.recovers_at
+    let mut give_up_at = api.recovers_at
         + MAX_BACKOFF.mul_f64(1.0 + JITTER)
         + Duration::from_millis(100) * opts.objects
         + Duration::from_secs(300);
+    if api.lock().remaining == 0 {
+        // Nothing to converge (every object fails on its own): watch the retries for a while.
+        give_up_at = api.recovers_at + Duration::from_secs(600);
+    }
     tokio::select! {
         biased;
         () = api.converged.notified() => {}
@@ -414,6 +480,8 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
         converged_after: s
             .converged_at
             .map(|t| t.saturating_duration_since(api.recovers_at)),
+        invalid_requests: s.invalid_requests,
+        openings: report.outage_openings,
     }
 }
 
@@ -604,7 +672,75 @@ fn takeaway(o: &Outcome, opts: &Options, default: Option<&Outcome>) -> String {
                  outage lasts ({steady} rps steady{vs}){bucket}"
             )
         }
+        (Policy::Outage, _) => {
+            let vs = vs_default(o, default);
+            if o.openings == 0 {
+                return format!(
+                    "the detector never opened: the failures were too few against the \
+                     successes, so every key backed off as with the default (all converged \
+                     {converged} after the recovery)"
+                );
+            }
+            let opened = match o.openings {
+                1 => "the detector opened once".to_string(),
+                n => format!("the detector opened {n} times"),
+            };
+            format!(
+                "{opened}: failing keys were parked and one probe ran at a time, every {} s at \
+                 most ({steady} rps steady{vs}); the first probe after the recovery released \
+                 every key through the bucket (all converged {converged} after it)",
+                OutageConfig::default().get_probe_max().as_secs()
+            )
+        }
     }
+}
+
+/// Policy 5's targets, each with PASS or FAIL, from the simulated figures (the default limiter's
+/// run is the reference; without it, nothing is checked).
+fn targets(outcomes: &[Outcome], opts: &Options) -> Vec<(String, bool)> {
+    let (Some(d), Some(o)) = (
+        outcomes.iter().find(|o| o.policy == Policy::Default),
+        outcomes.iter().find(|o| o.policy == Policy::Outage),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if opts.outage.is_zero() {
+        out.push((
+            "no outage: the detector never opens".to_string(),
+            o.openings == 0,
+        ));
+    } else {
+        let bound = d.during_outage as f64 * 0.25;
+        out.push((
+            format!(
+                "requests during the outage <= 0.25x the default's ({} <= {bound:.0})",
+                o.during_outage
+            ),
+            o.during_outage as f64 <= bound,
+        ));
+        if opts.outage > Duration::from_secs(120) {
+            out.push((
+                format!(
+                    "every object converged <= 20 s after the recovery ({})",
+                    fmt_converged(o.converged_after)
+                ),
+                o.converged_after
+                    .is_some_and(|c| c <= Duration::from_secs(20)),
+            ));
+        }
+    }
+    if opts.own_failures > 0 && opts.outage.is_zero() {
+        out.push((
+            format!(
+                "the objects failing on their own are retried as by the default ({} vs {} \
+                 requests)",
+                o.invalid_requests, d.invalid_requests
+            ),
+            o.invalid_requests == d.invalid_requests,
+        ));
+    }
+    out
 }
 
 /// Chart geometry shared by the terminal and the SVG: the time span and a common rate scale.
@@ -633,7 +769,7 @@ impl Scale {
 }
 
 fn svg(outcomes: &[Outcome], opts: &Options, end: u64) -> String {
-    const COLORS: [&str; 4] = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e"];
+    const COLORS: [&str; 5] = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"];
     let scale = Scale::new(outcomes, end, 300);
     let (left, right, top, bottom) = (60.0, 20.0, 78.0, 50.0);
     let (panel, gap) = (90.0, 34.0);
@@ -754,7 +890,15 @@ fn print_results(outcomes: &[Outcome], opts: &Options) {
     println!(
         "| policy | requests during the {outage_secs} s outage | peak rps, first minute / later | \
          steady rps (2nd half of outage) | all {} converged after recovery |",
-        opts.objects
+        match opts.own_failures {
+            0 => opts.objects.to_string(),
+            _ => format!(
+                "{} healthy",
+                (0..opts.objects)
+                    .filter(|&o| !fails_on_its_own(o, opts.own_failures))
+                    .count()
+            ),
+        }
     );
     println!("|---|---:|---:|---:|---:|");
     for o in outcomes {
@@ -787,6 +931,13 @@ fn print_results(outcomes: &[Outcome], opts: &Options) {
             o.policy.short(opts),
             takeaway(o, opts, default)
         );
+    }
+    let targets = targets(outcomes, opts);
+    if !targets.is_empty() {
+        println!("\nTargets of policy 5 (outage detection):");
+        for (target, pass) in &targets {
+            println!("  {} {target}", if *pass { "PASS" } else { "FAIL" });
+        }
     }
 }
 

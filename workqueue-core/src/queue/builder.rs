@@ -4,12 +4,12 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use workqueue_ratelimit::RateLimiter;
+use workqueue_ratelimit::{OutageConfig, RateLimiter};
 
 use super::WorkQueue;
 use crate::clock::{Clock, SystemClock};
 use crate::driver::CoreConfig;
-use crate::state::DefaultHashBuilder;
+use crate::state::{DefaultHashBuilder, OutageEvent};
 
 /// Configures a [`WorkQueue`]: name, rate limiter, clock, hasher and drain behaviour.
 ///
@@ -86,6 +86,8 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 max_ready_wait: None,
                 group: None,
                 refresh_thread: true,
+                outage: None,
+                outage_hook: None,
             },
         }
     }
@@ -216,6 +218,70 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Outage-aware retries: an outage detector sees every finished key and, when failures are
+    /// widespread (an API server that is down), **parks** the failing keys instead of retrying
+    /// each on its own backoff, lets one **probe** through at a time, and once a probe succeeds
+    /// **releases** every parked key, in the order they failed, paced by the rate limiter's
+    /// bucket ([`RateLimiter::pace`]) after forgetting their backoff. Off by default.
+    ///
+    /// What the detector sees: [`Lease::forget`](crate::Lease::forget) and `requeue_after` are
+    /// successes; `retry` and `retry_after` (and a lease dropped while panicking) are failures;
+    /// `done` says nothing; [`Lease::finish_signalled`](crate::Lease::finish_signalled) says
+    /// what it is given (a per-object error: `Signal::Ignored`). The parameters and their
+    /// defaults are [`OutageConfig`]'s; the rules are in `workqueue_ratelimit`'s `outage`
+    /// module and the state's (parked keys are waiting entries at a deadline never reached).
+    ///
+    /// Semantics pinned by tests:
+    /// - an `add` of a parked key runs it at once (a waiting entry is independent of the FIFO),
+    ///   as an extra probe: its success closes the detector, its failure parks it again;
+    /// - a failure whose outcome re-adds nothing (a give-up: `forget`, `done`) is not parked;
+    /// - `shut_down` drops parked keys as it drops every waiting key, and drains do not wait for
+    ///   them;
+    /// - a probe that panics is a failure (a lease dropped while panicking retries).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_core::ratelimit::OutageConfig;
+    /// use workqueue_core::{ManualClock, WorkQueue};
+    ///
+    /// let clock = ManualClock::new();
+    /// let queue: WorkQueue<u32> = WorkQueue::builder()
+    ///     .clock(clock.clone())
+    ///     .outage_detection(OutageConfig::default())
+    ///     .build();
+    /// queue.add_batch(0..10);
+    /// // The API is down: every key fails; after five first failures the detector opens and
+    /// // the failing keys are parked.
+    /// while let Some(lease) = queue.try_get() {
+    ///     lease.retry();
+    /// }
+    /// clock.advance(Duration::from_millis(100)); // the first five retry on their backoff ...
+    /// while let Some(lease) = queue.try_get() {
+    ///     lease.retry(); // ... and fail again: parked
+    /// }
+    /// assert!(queue.is_outage_open());
+    /// assert_eq!(queue.parked_len(), 9); // and one waits to be the first probe
+    /// // One probe after a second; the API is back: it succeeds, and every key is released.
+    /// clock.advance(Duration::from_secs(1));
+    /// queue.try_get().expect("the probe").forget();
+    /// assert!(!queue.is_outage_open());
+    /// assert_eq!(queue.parked_len(), 0);
+    /// assert_eq!(queue.len(), 9); // released within the bucket's burst
+    /// ```
+    pub fn outage_detection(mut self, config: OutageConfig) -> Self {
+        self.config.outage = Some(config);
+        self
+    }
+
+    /// Calls `hook` after each change of the outage detector (opened, a probe failed, closed
+    /// with how long it lasted and how many keys were released), outside the queue's lock. A
+    /// panic in it propagates from the lease's finish after the key is finished, as a rate
+    /// limiter's does.
+    pub fn on_outage_event(mut self, hook: impl Fn(&OutageEvent) + Send + Sync + 'static) -> Self {
+        self.config.outage_hook = Some(Arc::new(hook));
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -233,6 +299,8 @@ impl<T, S, D> Builder<T, S, D> {
                 max_ready_wait: c.max_ready_wait,
                 group: c.group,
                 refresh_thread: c.refresh_thread,
+                outage: c.outage,
+                outage_hook: c.outage_hook,
             },
         }
     }

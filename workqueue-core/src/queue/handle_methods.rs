@@ -136,5 +136,33 @@ macro_rules! queue_handle_methods {
         pub fn is_shutting_down(&self) -> bool {
             self.core.is_shutting_down()
         }
+
+        /// Whether the outage detector is open (failing keys are parked; see
+        /// [`Builder::outage_detection`]($crate::Builder::outage_detection)). `false` when
+        /// detection is off.
+        pub fn is_outage_open(&self) -> bool {
+            self.core.is_outage_open()
+        }
+
+        /// Whether the outage detector holds `key` parked.
+        pub fn is_parked(&self, key: &T) -> bool {
+            self.core.is_parked(key)
+        }
+
+        /// How many keys the outage detector holds parked (0 when detection is off).
+        pub fn parked_len(&self) -> usize {
+            self.core.parked_len()
+        }
+
+        /// How many parked keys the queue's shutdown dropped: parked keys are waiting keys,
+        /// which a shutdown drops (0 when detection is off or before shutdown).
+        pub fn parked_dropped_at_shutdown(&self) -> usize {
+            self.core.parked_dropped_at_shutdown()
+        }
+
+        /// How many times the outage detector opened.
+        pub fn outage_openings(&self) -> u64 {
+            self.core.outage_openings()
+        }
     };
 }

@@ -43,6 +43,7 @@
 //! ```
 
 mod aging;
+mod parking;
 mod priorities;
 mod ready;
 mod slots;
@@ -61,6 +62,8 @@ use workqueue_ratelimit::{Instant, duration_to_nanos};
 
 use crate::Outcome;
 use aging::Aging;
+pub use parking::OutageEvent;
+use parking::{PARKED, Parking};
 use priorities::Priorities;
 use ready::{OVERDUE, ReadyQueue};
 pub(crate) use slots::SlotId;
@@ -233,6 +236,8 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     unrecorded: HashMap<SlotId, u64>,
     /// Buckets at or above this are not recorded in slots (`NO_POS`; tests lower it).
     bucket_limit: u32,
+    /// Outage detection (`parking.rs`); `None` (off) unless a driver enables it.
+    parking: Option<Box<Parking>>,
 }
 
 /// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
@@ -285,9 +290,13 @@ impl<T, S> QueueState<T, S> {
         self.ready.len()
     }
 
-    /// When the earliest waiting key becomes due, if any key waits.
+    /// When the earliest waiting key becomes due, if any key waits (with outage detection on,
+    /// parked keys never become due on their own: only parked keys waiting is `None`).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.waiting.peek().map(|w| Instant::from_nanos(w.deadline))
+        self.waiting
+            .peek()
+            .filter(|w| w.deadline != PARKED || self.parking.is_none())
+            .map(|w| Instant::from_nanos(w.deadline))
     }
 
     /// Whether an operation at `now` would promote a waiting key.
@@ -363,6 +372,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             groups: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
+            parking: None,
         }
     }
 
@@ -670,7 +680,51 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// [`QueueState::finish`] that reports a ticket from another state instead of ignoring it.
+    ///
+    /// With outage detection on, it is [`QueueState::finish_signalled`] with
+    /// [`Signal::Ignored`](workqueue_ratelimit::Signal::Ignored): the outcome says nothing
+    /// about an outage, but a finished probe is noticed.
     pub fn try_finish(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Result<Finished<T>, ForeignTicket> {
+        if self.parking.is_some() {
+            let ignored = workqueue_ratelimit::Signal::Ignored;
+            // An ignored signal never closes the detector: nothing is released, paced.
+            let mut pace = |_: &T| Duration::ZERO;
+            return self
+                .finish_signalled(ticket, outcome, limiter_delay, ignored, now, &mut pace)
+                .map(|(f, _)| f);
+        }
+        self.finish_unobserved(ticket, outcome, limiter_delay, now)
+    }
+
+    /// [`QueueState::finish`] for a driver that checked that outage detection is off (or that
+    /// finishes through [`QueueState::finish_signalled`] otherwise): the hot path, with no
+    /// branch for it.
+    #[inline]
+    pub(crate) fn finish_fast(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        now: Instant,
+    ) -> Finished<T> {
+        match self.finish_unobserved(ticket, outcome, limiter_delay, now) {
+            Ok(f) => f,
+            Err(ForeignTicket) => Finished {
+                requeued: false,
+                waiting: false,
+                released: None,
+            },
+        }
+    }
+
+    /// The finish rule itself, without the outage detector.
+    fn finish_unobserved(
         &mut self,
         ticket: Ticket,
         outcome: Outcome,
@@ -728,6 +782,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// drop them outside its lock). Queued keys stay to be drained by `get`. Idempotent.
     pub fn shut_down(&mut self) -> Vec<T> {
         self.shutting_down = true;
+        if let Some(p) = self.parking.as_deref_mut() {
+            // The probe's waiting entry goes with the others; no probe runs after shutdown.
+            p.forget_probe();
+        }
         let slots = self.waiting.clear(&mut self.slots);
         let released: Vec<T> = slots
             .into_iter()
@@ -955,6 +1013,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             assert!(w.deadline > self.now, "a due key was not promoted");
         }
         self.waiting.check(&self.slots);
+        self.check_parking();
         if let Some(t) = &self.timing {
             self.check_depths(t);
         }

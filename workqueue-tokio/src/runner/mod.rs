@@ -86,6 +86,7 @@ mod reasons;
 mod reconcile;
 mod report;
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
@@ -100,7 +101,9 @@ use tokio::task::JoinSet;
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use workqueue_core::ratelimit::{OutageConfig, Signal};
 use workqueue_core::state::DefaultHashBuilder;
+use workqueue_core::state::OutageEvent;
 use workqueue_core::{Lease, Outcome};
 
 pub use action::{Action, Decision, Failure};
@@ -142,7 +145,13 @@ pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
     cancel_grace: Duration,
     shutdown_grace: Duration,
     failure_log: Option<tracing::Level>,
+    outage: Option<OutageConfig>,
+    /// The user's classifier, an `Arc<Classifier<E>>` (typed when `run` knows `E`).
+    classifier: Option<Arc<dyn Any + Send + Sync>>,
 }
+
+/// Whether a failure may be a shared outage (see [`Runner::outage_classifier`]).
+type Classifier<E> = dyn Fn(&Failure<E>, &Decision) -> bool + Send + Sync;
 
 impl<T, R, S> Runner<T, R, RetryAlways, S, ()> {
     /// A runner of `reconcile` over `queue`, with one worker, no sources, no shared data, no
@@ -225,6 +234,8 @@ impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
             cancel_grace: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             failure_log: Some(tracing::Level::ERROR),
+            outage: None,
+            classifier: None,
         }
     }
 }
@@ -284,6 +295,8 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
             cancel_grace: self.cancel_grace,
             shutdown_grace: self.shutdown_grace,
             failure_log: self.failure_log,
+            outage: self.outage,
+            classifier: self.classifier,
         }
     }
 
@@ -317,6 +330,108 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
     /// Default 30 s. A grace too long to represent as an instant (`Duration::MAX`) is no limit.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
+        self
+    }
+
+    /// Outage-aware retries (off by default): when failures are widespread (an API server that
+    /// is down), failing keys are **parked** instead of retried on their own backoff, one
+    /// **probe** (a real reconcile of a parked key, round-robin) runs at a time at an interval
+    /// that backs off to a cap, and the first probe that succeeds **releases** every parked key,
+    /// in the order they failed, paced by the rate limiter's bucket after their backoff is
+    /// forgotten. See [`OutageConfig`] for the parameters and their defaults, and the queue
+    /// builder's `outage_detection` for the rules; the storm example shows what it buys.
+    ///
+    /// The detector counts the runner's first failures (a key whose [`Context::failures`] was 0)
+    /// against successes. Every error counts unless [`Runner::outage_classifier`] says it is the
+    /// object's own. It is set on the queue when `run` starts, and stays after it.
+    ///
+    /// - An event for a parked key (an add) runs it at once, as an extra probe.
+    /// - A give-up ([`Decision::GiveUp`], [`MaxRetries`]) is honoured while open: the key is not
+    ///   parked. A parked key's failure count grows only when it runs (as a probe). Once every
+    ///   parked key was given up, the next key to finish is the probe.
+    /// - [`Context::attempt`] (the limiter's count) is 0 at a released key's first run: the
+    ///   release forgot its backoff. [`Context::failures`] counts failures in a row until the
+    ///   next success.
+    /// - A probe that panics is a failure like any other.
+    /// - At shutdown, parked keys are waiting keys: the queue's shutdown drops them and drains
+    ///   do not wait for them; [`Report::parked`] and [`Report::parked_dropped`] count them.
+    ///
+    /// Tracing: a `warn` event when the detector opens, a `debug` one for each failed probe, and
+    /// an `info` one when it closes, with how long the outage lasted (`outage_lasted`) and how
+    /// many keys were released (`released`). Metrics (named queues): `workqueue_parked_keys` and
+    /// `workqueue_outage_openings_total`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::time::Duration;
+    /// use tokio_util::sync::CancellationToken;
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::ratelimit::OutageConfig;
+    /// use workqueue_tokio::runner::{Action, Runner};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let api_up = Arc::new(AtomicBool::new(false));
+    /// let queue: WorkQueue<u32> = WorkQueue::new();
+    /// queue.add_batch(0..50);
+    /// let up = api_up.clone();
+    /// let runner = Runner::new(queue.clone(), move |_key: u32, _ctx| {
+    ///     let up = up.load(Ordering::Relaxed);
+    ///     async move { if up { Ok(Action::Done) } else { Err("unavailable") } }
+    /// })
+    /// .workers(10)
+    /// .outage_detection(OutageConfig::default());
+    /// let stop = CancellationToken::new();
+    /// let run = tokio::spawn(runner.run(stop.clone()));
+    /// tokio::time::sleep(Duration::from_secs(60)).await;
+    /// assert!(queue.is_outage_open());
+    /// api_up.store(true, Ordering::Relaxed);
+    /// tokio::time::sleep(Duration::from_secs(10)).await;
+    /// assert!(!queue.is_outage_open());
+    /// stop.cancel();
+    /// let report = run.await.unwrap();
+    /// assert_eq!((report.outage_openings, report.parked), (1, 0));
+    /// # }
+    /// ```
+    pub fn outage_detection(mut self, config: OutageConfig) -> Self {
+        self.outage = Some(config);
+        self
+    }
+
+    /// Classifies failures for the outage detector: `classify(failure, decision)` says whether
+    /// a failure may be a shared outage. Return `false` for an error that is clearly the
+    /// object's own (an invalid spec, a 4xx that is not 429), or for the decisions that mark
+    /// them (say, [`Decision::GiveUp`]): such failures never open the detector, and are never
+    /// parked. Default: every failure counts.
+    ///
+    /// User code: a classifier that panics counts the failure (as the default does), and the
+    /// panic is logged.
+    ///
+    /// ```
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::ratelimit::OutageConfig;
+    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+    ///
+    /// #[derive(Debug)]
+    /// enum ApiError { Status(u16), Unreachable }
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let reconcile = |_key: String, _ctx: Context| async { Ok::<_, ApiError>(Action::Done) };
+    /// let runner = Runner::new(queue, reconcile)
+    ///     .outage_detection(OutageConfig::default())
+    ///     .outage_classifier(|failure: &Failure<ApiError>, _decision: &Decision| match failure {
+    ///         Failure::Error(ApiError::Status(s)) => *s == 429 || *s >= 500,
+    ///         _ => true,
+    ///     });
+    /// # let _ = runner;
+    /// ```
+    pub fn outage_classifier<E: 'static>(
+        mut self,
+        classify: impl Fn(&Failure<E>, &Decision) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let classify: Arc<Classifier<E>> = Arc::new(classify);
+        self.classifier = Some(Arc::new(classify));
         self
     }
 }
@@ -410,6 +525,10 @@ struct Shared<T, R, P, S, C> {
     /// The controller's name in the reconcile span (the queue's, or `"unnamed"`).
     controller: Arc<str>,
     failure_log: Option<tracing::Level>,
+    /// Whether outage detection is on (signals are computed only then).
+    outage: bool,
+    /// The user's classifier, an `Arc<Classifier<R::Error>>` (checked when the run starts).
+    classifier: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// How one reconcile ended, before the policy is asked.
@@ -469,7 +588,30 @@ where
         for (index, source) in self.sources.into_iter().enumerate() {
             feeders.spawn(feeder.clone().feed(index, source));
         }
+        let classifier = self.classifier.filter(|c| {
+            let fits = c.is::<Arc<Classifier<R::Error>>>();
+            if !fits {
+                tracing::error!(
+                    "the outage classifier's error type is not the reconcile's; it is ignored \
+                     and every failure counts"
+                );
+            }
+            fits
+        });
+        // One tracing hook for every runner: a queue run again is not told twice.
+        static LOG: std::sync::OnceLock<workqueue_core::__private::OutageHook> =
+            std::sync::OnceLock::new();
+        let log = || LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
+        if let Some(config) = self.outage {
+            self.queue.core.set_outage_detection(config, Some(log()));
+        } else if self.queue.core.has_outage_detection() {
+            self.queue.core.add_outage_hook(log());
+        }
         let shared = Arc::new(Shared {
+            // Also when the queue's builder turned it on: the runner's signals are finer than
+            // the outcome's (a `RequeueAfter(0)` is a success; the runner's failure counts).
+            outage: self.queue.core.has_outage_detection(),
+            classifier,
             queue: self.queue,
             reconcile: self.reconcile,
             policy: self.policy,
@@ -510,7 +652,14 @@ where
                 tracing::error!(error = %e, "a source reader failed");
             }
         }
-        shared.counters.report(shared.queue.len(), workers.panics)
+        let outage = (
+            shared.queue.parked_len(),
+            shared.queue.parked_dropped_at_shutdown(),
+            shared.queue.outage_openings(),
+        );
+        shared
+            .counters
+            .report(shared.queue.len(), workers.panics, outage)
     }
 }
 
@@ -684,8 +833,37 @@ where
         };
         self.counters.count(&verdict);
         let (outcome, priority) = verdict.outcome();
+        let signal = self.outage.then(|| self.signal(&verdict, failures));
         self.record(key, &verdict, outcome);
-        finish(lease, outcome, priority);
+        finish(lease, outcome, priority, signal);
+    }
+
+    /// What a verdict tells the outage detector: a success, a first failure (the key had no
+    /// failure in a row), a failure, or nothing (a per-object failure by the user's
+    /// classification, an interrupted reconcile). Never panics: a classifier that panics counts
+    /// the failure.
+    fn signal(&self, verdict: &Reconciled<R::Error>, failures: u32) -> Signal {
+        let (failure, decision) = match verdict {
+            Reconciled::Ok(_) => return Signal::Success,
+            Reconciled::Interrupted => return Signal::Ignored,
+            Reconciled::Failed(failure, decision) => (failure, decision),
+        };
+        let classifier = self
+            .classifier
+            .as_deref()
+            .and_then(|c| c.downcast_ref::<Arc<Classifier<R::Error>>>());
+        let shared = match classifier {
+            None => true,
+            Some(classify) => catch(|| classify(failure, decision)).unwrap_or_else(|message| {
+                let _ = catch(|| tracing::error!(panic = %message, "the outage classifier panicked; the failure counts"));
+                true
+            }),
+        };
+        match (shared, failures) {
+            (false, _) => Signal::Ignored,
+            (true, 0) => Signal::FirstFailure,
+            (true, _) => Signal::Failure,
+        }
     }
 
     /// Records a verdict in the runner's failure counts, and the reason of the re-add the
@@ -842,12 +1020,16 @@ impl Drop for ActiveWorker<'_> {
 /// Finishes a lease as `outcome` says, with its re-add at `priority` when one was chosen (else at
 /// the lease's own). The queue finishes the key even when the rate limiter panics, then re-raises
 /// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
-fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>) {
+fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>, signal: Option<Signal>) {
     let lease = match priority {
         Some(p) => lease.with_priority(p),
         None => lease,
     };
-    if let Err(message) = catch(|| lease.finish(outcome)) {
+    let finished = catch(|| match signal {
+        Some(signal) => lease.finish_signalled(outcome, signal),
+        None => lease.finish(outcome),
+    });
+    if let Err(message) = finished {
         tracing::error!(
             panic = %message,
             "the rate limiter panicked while finishing a key"
@@ -905,6 +1087,26 @@ impl fmt::Display for ReconcileId {
     }
 }
 
+/// The tracing events of the outage detector's changes (its hook on the queue).
+fn log_outage_event(event: &OutageEvent) {
+    match event {
+        OutageEvent::Opened => tracing::warn!(
+            "outage detector opened: failures are widespread; failing keys are parked and \
+             probed one at a time"
+        ),
+        OutageEvent::ProbeFailed { next } => {
+            tracing::debug!(next_probe_in = ?next, "outage probe failed")
+        }
+        OutageEvent::Closed { lasted, released } => tracing::info!(
+            outage_lasted = ?lasted,
+            released,
+            "outage detector closed: a probe succeeded; parked keys released, paced by the \
+             rate limiter"
+        ),
+        _ => {}
+    }
+}
+
 impl<T, R, P, S, C> fmt::Debug for Runner<T, R, P, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
@@ -913,6 +1115,7 @@ impl<T, R, P, S, C> fmt::Debug for Runner<T, R, P, S, C> {
             .field("timeout", &self.timeout)
             .field("cancel_grace", &self.cancel_grace)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("outage", &self.outage)
             .finish_non_exhaustive()
     }
 }

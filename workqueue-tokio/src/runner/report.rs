@@ -52,6 +52,15 @@ pub struct Report {
     /// Sources that panicked while they were polled (counted in `sources_ended` too: a source
     /// that panicked is not polled again; what it yielded before was added).
     pub source_panics: u64,
+    /// With outage detection ([`Runner::outage_detection`](super::Runner::outage_detection)):
+    /// keys still parked in the queue when the run ended (the queue lives on: they stay parked
+    /// until a probe succeeds).
+    pub parked: usize,
+    /// With outage detection: parked keys that the queue's shutdown dropped (parked keys are
+    /// waiting keys, and a shutdown drops waiting keys; drains do not wait for them).
+    pub parked_dropped: usize,
+    /// With outage detection: how many times the detector opened during the queue's life.
+    pub outage_openings: u64,
 }
 
 #[derive(Debug, Default)]
@@ -99,7 +108,12 @@ impl Counters {
         }
     }
 
-    pub(crate) fn report(&self, still_queued: usize, worker_panics: u64) -> Report {
+    pub(crate) fn report(
+        &self,
+        still_queued: usize,
+        worker_panics: u64,
+        (parked, parked_dropped, outage_openings): (usize, usize, u64),
+    ) -> Report {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Report {
             processed: get(&self.processed),
@@ -116,6 +130,9 @@ impl Counters {
             source_errors: get(&self.source_errors),
             sources_ended: get(&self.sources_ended),
             source_panics: get(&self.source_panics),
+            parked,
+            parked_dropped,
+            outage_openings,
         }
     }
 }

@@ -1,0 +1,196 @@
+//! The outage detector's parking, probing and release, in the model's most direct form: parked
+//! keys are waiting entries at the sentinel deadline, the round is a list in park order, and
+//! each step is written out as the rules say (`QueueState::finish_signalled`'s documentation).
+
+use std::time::Duration;
+
+use workqueue_core::ratelimit::{OutageConfig, OutageDetector, Signal, Transition};
+
+use crate::{Instant, Model, ModelFinished, Outcome, nanos};
+
+/// The sentinel deadline of a parked key (the state's `PARKED`).
+pub const PARKED: u64 = u64::MAX - 1;
+
+/// The model's outage bookkeeping.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelParking<K> {
+    pub(crate) detector: OutageDetector,
+    /// (key, sequence of its parked waiting entry), in park order.
+    pub(crate) round: Vec<(K, u64)>,
+    pub(crate) probe: Option<K>,
+}
+
+/// What a signalled finish changed in the detector (the state's `OutageEvent`, as plain data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelEvent {
+    /// Opened.
+    Opened,
+    /// A probe failed; the next interval.
+    ProbeFailed(Duration),
+    /// Closed after `lasted`, releasing `released` keys.
+    Closed(Duration, usize),
+}
+
+impl<K: Ord + Clone> Model<K> {
+    /// Turns outage detection on.
+    pub fn with_outage_detection(mut self, config: OutageConfig) -> Self {
+        self.parking = Some(ModelParking {
+            detector: OutageDetector::new(config),
+            round: Vec::new(),
+            probe: None,
+        });
+        self
+    }
+
+    /// Whether `key` is parked.
+    pub fn is_parked(&self, key: &K) -> bool {
+        self.parked_keys().contains(key)
+    }
+
+    /// Whether `key` waits at the sentinel deadline (with detection on).
+    fn at_sentinel(&self, key: &K) -> bool {
+        self.parking.is_some() && self.waiting.get(key).is_some_and(|w| w.0 == PARKED)
+    }
+
+    /// The parked keys, in park order.
+    pub fn parked_keys(&self) -> Vec<K> {
+        let Some(p) = &self.parking else {
+            return Vec::new();
+        };
+        p.round
+            .iter()
+            .filter(|(k, seq)| {
+                self.waiting
+                    .get(k)
+                    .is_some_and(|w| w.0 == PARKED && w.1 == *seq)
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Whether the detector is open.
+    pub fn is_outage_open(&self) -> bool {
+        self.parking.as_ref().is_some_and(|p| p.detector.is_open())
+    }
+
+    /// The key being probed, while its probe is pending or running.
+    pub fn probe(&self) -> Option<&K> {
+        self.parking.as_ref().and_then(|p| p.probe.as_ref())
+    }
+
+    /// `finish_signalled`: the finish, and what its signal does to the detector and the keys.
+    #[allow(clippy::too_many_arguments)] // the state's arguments, plus the lease's priority
+    pub fn finish_signalled(
+        &mut self,
+        key: &K,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        priority: i32,
+        signal: Signal,
+        now: Instant,
+        pace: &mut dyn FnMut(&K) -> Duration,
+    ) -> Option<(ModelFinished, Option<ModelEvent>)> {
+        if self.parking.is_none() {
+            return self
+                .finish_unobserved(key, outcome, limiter_delay, priority, now)
+                .map(|f| (f, None));
+        }
+        self.processing.get(key)?;
+        self.promote(now);
+        let now = Instant::from_nanos(self.now);
+        let was_parked = self.at_sentinel(key);
+        let parked_seq_before = self.waiting.get(key).filter(|w| w.0 == PARKED).map(|w| w.1);
+        let p = self.parking.as_mut().expect("on");
+        // Nothing parked, no probe pending: the next key to finish is the probe.
+        let is_probe =
+            p.detector.is_open() && (p.probe.as_ref().is_none_or(|p| p == key) || was_parked);
+        let transition = if is_probe && signal == Signal::Success {
+            p.detector.probe(true, now)
+        } else if is_probe && signal.is_failure() {
+            p.detector.probe(false, now)
+        } else {
+            p.detector.record(signal, now)
+        };
+        let mut event = match transition {
+            Transition::Opened => Some(ModelEvent::Opened),
+            Transition::ProbeFailed { next } => Some(ModelEvent::ProbeFailed(next)),
+            _ => None,
+        };
+        let readds = !matches!(outcome, Outcome::Done | Outcome::Forget);
+        let park = p.detector.is_open() && signal.is_failure() && readds && self.now < PARKED;
+        let outcome = match park {
+            true => Outcome::RetryAfter(Duration::from_nanos(PARKED - self.now)),
+            false => outcome,
+        };
+        let finished = self.finish_unobserved(key, outcome, limiter_delay, priority, now)?;
+        let entry = self.waiting.get(key).copied();
+        let p = self.parking.as_mut().expect("on");
+        if park
+            && let Some((PARKED, seq, _)) = entry
+            && parked_seq_before != Some(seq)
+        {
+            p.round.push((key.clone(), seq));
+        }
+        let pending = entry.is_some_and(|w| w.0 != PARKED);
+        if p.probe.as_ref() == Some(key) && !(pending && park) {
+            p.probe = None;
+        }
+        if let Transition::Closed { lasted } = transition {
+            let released = self.release(pace);
+            event = Some(ModelEvent::Closed(lasted, released));
+        } else {
+            self.next_probe();
+        }
+        Some((finished, event))
+    }
+
+    fn next_probe(&mut self) {
+        let p = self.parking.as_ref().expect("on");
+        let (Some(interval), None) = (p.detector.probe_interval(), &p.probe) else {
+            return;
+        };
+        if self.shutting_down {
+            return;
+        }
+        let Some(key) = self.parked_keys().into_iter().next() else {
+            self.parking.as_mut().expect("on").round.clear();
+            return;
+        };
+        let seq = self.waiting[&key].1;
+        let p = self.parking.as_mut().expect("on");
+        let at = p
+            .round
+            .iter()
+            .position(|(k, s)| *k == key && *s == seq)
+            .expect("listed");
+        p.round.drain(..=at);
+        let deadline = self.now.saturating_add(nanos(interval)).min(PARKED - 1);
+        self.seq += 1;
+        let entry = self.waiting.get_mut(&key).expect("parked");
+        (entry.0, entry.1) = (deadline, self.seq);
+        self.parking.as_mut().expect("on").probe = Some(key);
+    }
+
+    fn release(&mut self, pace: &mut dyn FnMut(&K) -> Duration) -> usize {
+        let mut keys = Vec::new();
+        let p = self.parking.as_mut().expect("on");
+        if let Some(probe) = p.probe.take()
+            && self.waiting.contains_key(&probe)
+        {
+            keys.push(probe);
+        }
+        keys.extend(self.parked_keys());
+        self.parking.as_mut().expect("on").round.clear();
+        for key in &keys {
+            let deadline = self.now.saturating_add(nanos(pace(key))).min(PARKED - 1);
+            self.seq += 1;
+            let entry = self.waiting.get_mut(key).expect("waits");
+            if deadline < entry.0 {
+                (entry.0, entry.1) = (deadline, self.seq);
+            }
+        }
+        // Keys released without delay are ready now.
+        self.promote(Instant::from_nanos(self.now));
+        keys.len()
+    }
+}
