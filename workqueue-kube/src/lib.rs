@@ -1,9 +1,9 @@
 //! kube-rs watchers as sources of a [`workqueue_tokio`] runner: client-go's retries,
 //! priorities and fairness for a kube-rs controller.
 //!
-//! kube-runtime has the input side of a controller (its [`watcher`], [`reflector`],
-//! [`predicates`](kube::runtime::predicates) and
-//! [`trigger_owners`](kube::runtime::controller::trigger_owners)); `workqueue-tokio` has the
+//! kube-runtime has the input side of a controller (its [`watcher()`](kube::runtime::watcher()),
+//! [reflectors](mod@kube::runtime::reflector), [`predicates`](kube::runtime::predicates) and
+//! [`trigger_owners`]); `workqueue-tokio` has the
 //! queue and the workers (per-key backoff, priorities, a per-object error policy). This crate is
 //! the seam between them, three stream stages:
 //!
@@ -427,3 +427,8 @@ impl<K, P: Predicate<K>> Predicate<Prioritized<K>> for PassDeletes<P> {
         }
     }
 }
+
+/// This crate's README, whose example compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;
