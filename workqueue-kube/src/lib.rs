@@ -432,3 +432,125 @@ impl<K, P: Predicate<K>> Predicate<Prioritized<K>> for PassDeletes<P> {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct Readme;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use watcher::Event;
+
+    fn cm(name: &str, rv: &str) -> ConfigMap {
+        let metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        };
+        ConfigMap {
+            metadata,
+            ..Default::default()
+        }
+    }
+
+    fn classify(events: Vec<Event<ConfigMap>>) -> Vec<(String, Change, i32)> {
+        let mut versions = Versions::default();
+        events
+            .into_iter()
+            .filter_map(|e| versions.classify(e))
+            .map(|t| {
+                (
+                    t.object.metadata.name.clone().unwrap(),
+                    t.change,
+                    t.priority,
+                )
+            })
+            .collect()
+    }
+
+    fn item(name: &str, change: Change, priority: i32) -> (String, Change, i32) {
+        (name.into(), change, priority)
+    }
+
+    /// An initial list that breaks off and starts over is still the initial list: LOW.
+    #[test]
+    fn an_interrupted_initial_list_stays_low() {
+        let got = classify(vec![
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::Init,
+            Event::InitApply(cm("a", "2")),
+            Event::InitApply(cm("b", "3")),
+            Event::InitDone,
+        ]);
+        assert_eq!(
+            got,
+            [
+                item("a", Change::Listed, LOW_PRIORITY),
+                item("a", Change::Listed, LOW_PRIORITY),
+                item("b", Change::Listed, LOW_PRIORITY),
+            ]
+        );
+    }
+
+    /// A relist forgets what it did not return: an object of that name listed later is new (0),
+    /// even with the resourceVersion it had; and a deleted object re-created is new too.
+    #[test]
+    fn a_relist_forgets_objects_it_did_not_return() {
+        let got = classify(vec![
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitApply(cm("b", "2")),
+            Event::InitDone,
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitDone,
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitApply(cm("b", "2")),
+            Event::InitDone,
+            Event::Delete(cm("a", "4")),
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitDone,
+        ]);
+        assert_eq!(
+            got,
+            [
+                item("a", Change::Listed, LOW_PRIORITY),
+                item("b", Change::Listed, LOW_PRIORITY),
+                item("a", Change::Listed, LOW_PRIORITY),
+                item("a", Change::Listed, LOW_PRIORITY),
+                item("b", Change::Listed, 0),
+                item("a", Change::Deleted, 0),
+                item("a", Change::Listed, 0),
+            ]
+        );
+    }
+
+    /// Applied and deleted objects are always at the default priority, and an object without a
+    /// resourceVersion is never "unchanged".
+    #[test]
+    fn changes_are_normal_and_no_version_is_not_unchanged() {
+        let mut bare = cm("c", "");
+        bare.metadata.resource_version = None;
+        let got = classify(vec![
+            Event::Init,
+            Event::InitApply(bare.clone()),
+            Event::InitDone,
+            Event::Apply(cm("a", "1")),
+            Event::Init,
+            Event::InitApply(bare),
+            Event::InitApply(cm("a", "1")),
+            Event::InitDone,
+        ]);
+        assert_eq!(
+            got,
+            [
+                item("c", Change::Listed, LOW_PRIORITY),
+                item("a", Change::Applied, 0),
+                item("c", Change::Listed, 0),
+                item("a", Change::Listed, LOW_PRIORITY),
+            ]
+        );
+    }
+}
