@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, predicates, watcher};
@@ -69,11 +70,9 @@ pub async fn reconcile(key: ObjectRef<ConfigMap>, ctx: Context<State>) -> Result
     let Some(cm) = state.configmaps.get(&key) else {
         // Deleted: so is the Deployment it owns (the garbage collector's job in a real cluster,
         // which may have been first: a 404 is done).
-        if deployment.is_some_and(|d| d.owner_references().iter().any(|o| o.name == key.name)) {
-            match deployments
-                .delete(&key.name, &DeleteParams::default())
-                .await
-            {
+        let ours = |o: &OwnerReference| o.kind == "ConfigMap" && o.name == key.name;
+        if deployment.is_some_and(|d| d.owner_references().iter().any(ours)) {
+            match deployments.delete(&key.name, &Default::default()).await {
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 result => drop(result?),
             }
