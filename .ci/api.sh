@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CRATES=(workqueue-ratelimit workqueue-core workqueue-tokio)
+CRATES=(workqueue-ratelimit workqueue-core workqueue-tokio workqueue-kube)
 bless=0
 case "${1:-}" in
   --bless) bless=1 ;;

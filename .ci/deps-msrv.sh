@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Fails if a dependency declares a `rust-version` newer than the workspace's: ours would then be a
+# Fails if a dependency declares a `rust-version` newer than that of a workspace member that
+# reaches it (each member is checked against its own: workqueue-kube needs 1.89 for kube, the
+# others keep the workspace's 1.88). Ours would otherwise be a
 # promise the build cannot keep. Other toolchains cannot be installed here, so this reads what
 # `cargo metadata` reports for every package in Cargo.lock that the workspace (including
 # dev-dependencies) resolves to on this platform. Packages without a `rust-version` are listed.
