@@ -166,8 +166,7 @@ pub async fn run(client: Client, shutdown: CancellationToken) -> Report {
         deployments,
     };
     let queue = WorkQueue::builder().name("counter").build();
-    Runner::new(queue, reconcile)
-        .context(Arc::new(state))
+    Runner::with_context(queue, Arc::new(state), reconcile)
         .error_policy(error_policy)
         .workers(WORKERS)
         .shutdown_grace(Duration::from_secs(10))
