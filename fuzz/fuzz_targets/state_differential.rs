@@ -8,7 +8,8 @@
 //! Panic injection: `Fault` arms a panic in the next operation's `n`-th key `Clone`, `Hash` or
 //! `Eq`; the harness checks that only operations that may call user code panic, and that the
 //! state then matches the model and keeps its invariants. The input also chooses how many index
-//! buckets the state records in its slots, so freeing keys takes the path of huge queues.
+//! buckets the state records in its slots, so freeing keys takes the path of huge queues, and
+//! from how many live keys `get` compacts on its own; `Compact` forces a compaction.
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -36,6 +37,8 @@ enum FOp {
     Rewind(FDelay),
     Drain,
     Fault(FFault, u8),
+    /// Forces a compaction.
+    Compact,
 }
 
 /// A few priorities that collide, and any other.
@@ -83,6 +86,8 @@ struct Input {
     max_ready_wait: Option<FDelay>,
     /// Fairness on (three groups).
     fair: bool,
+    /// `get` compacts from this many live keys (`None`: the default, which 20 keys never reach).
+    compact_min: Option<u8>,
     ops: Vec<FOp>,
 }
 
@@ -118,6 +123,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Advance(d) => Op::Advance(d.get()),
         FOp::Rewind(d) => Op::Rewind(d.get()),
         FOp::Drain => Op::Drain,
+        FOp::Compact => Op::Compact,
         FOp::Fault(f, n) => Op::Fault(
             match f {
                 FFault::Clone => Fault::Clone,
@@ -133,6 +139,9 @@ fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     let mut h = h.with_bucket_limit(input.bucket_limit.map_or(u32::MAX, u32::from));
     if input.fair {
         h = h.with_fairness();
+    }
+    if let Some(min) = input.compact_min {
+        h = h.with_compact_min(usize::from(min % 8));
     }
     if let Some(max_wait) = input.max_ready_wait {
         h = h.with_max_ready_wait(max_wait.get());

@@ -83,6 +83,8 @@ pub struct CoreConfig<T, S> {
     pub max_ready_wait: Option<Duration>,
     /// Fairness: each key's group, as a hash of what the user's function returned.
     pub group: Option<GroupFn<T>>,
+    /// Whether the state gives memory back after a burst (`QueueState::set_shrink`).
+    pub shrink: bool,
 }
 
 /// A key's fairness group (see `Builder::fairness`).
@@ -98,6 +100,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("skip_limiter_when_pending", &self.skip_limiter_when_pending)
             .field("max_ready_wait", &self.max_ready_wait)
             .field("fair", &self.group.is_some())
+            .field("shrink", &self.shrink)
             .finish_non_exhaustive()
     }
 }
@@ -145,6 +148,7 @@ where
         if config.group.is_some() {
             state.set_fair();
         }
+        state.set_shrink(config.shrink);
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -425,6 +429,11 @@ where
             g.state.len(now);
             g.state.counts()
         })
+    }
+
+    /// See `WorkQueue::compactions`.
+    pub fn compactions(&self) -> u64 {
+        self.lock().state.compactions()
     }
 
     /// Heap bytes held by the queue's own structures.

@@ -57,6 +57,9 @@ pub enum Op {
     Rewind(Duration),
     /// `get` + `finish(Done)` until nothing is ready.
     Drain,
+    /// `compact()`: forces a compaction (which hashes every live key, so a fault may strike;
+    /// it must then change nothing). Compaction is invisible to the model.
+    Compact,
     /// Arms a fault for the next operation: its `n`-th call of that user code panics (1 is the
     /// first; 0 arms nothing). [`Fault::Drop`] and [`Fault::Limiter`] never strike here: the
     /// state drops no key and calls no limiter.
@@ -154,6 +157,13 @@ impl<S: BuildHasher> StateHarness<S> {
     /// (see [`QueueState::limit_recorded_buckets`]), so it takes the path of huge queues.
     pub fn with_bucket_limit(mut self, limit: u32) -> Self {
         self.state.limit_recorded_buckets(limit);
+        self
+    }
+
+    /// The same harness on a state that compacts from `min` live keys (see
+    /// [`QueueState::set_compact_min`]), so `get` compacts on its own with a handful of keys.
+    pub fn with_compact_min(mut self, min: usize) -> Self {
+        self.state.set_compact_min(min);
         self
     }
 
@@ -343,6 +353,22 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.get(ctx, now);
                     let last = self.held.len() - 1;
                     self.finish(ctx, last, Outcome::Done, None, None, now);
+                }
+            }
+            Op::Compact => {
+                let before = self.state.compactions();
+                if self.on_state(ctx, true, |s| s.compact()).is_some() {
+                    assert_eq!(
+                        self.state.compactions(),
+                        before + 1,
+                        "{ctx}: compact did not count"
+                    );
+                } else {
+                    assert_eq!(
+                        self.state.compactions(),
+                        before,
+                        "{ctx}: an interrupted compaction counted"
+                    );
                 }
             }
             Op::Fault(..) => unreachable!("handled above"),
@@ -591,8 +617,10 @@ mod tests {
             Op::Advance(ms(1)),
             Op::Get,
             Op::Finish(0, Outcome::RetryAfter(Duration::ZERO), None),
+            Op::Compact,
             Op::ShutDown,
             Op::Add(5),
+            Op::Compact,
             Op::Drain,
         ]
     }

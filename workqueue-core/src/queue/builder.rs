@@ -85,6 +85,7 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 skip_limiter_when_pending: false,
                 max_ready_wait: None,
                 group: None,
+                shrink: true,
             },
         }
     }
@@ -205,6 +206,18 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Whether the queue gives memory back after a burst. Default: `true`.
+    ///
+    /// An initial list, or an outage in which every key fails, grows the queue's buffers to the
+    /// peak. With this on, once the live keys fall below half of what the buffers were last
+    /// sized for, the next `get` compacts the queue to the live size (at most once per halving;
+    /// a key being processed never moves). Off keeps the peak until the queue is empty, for
+    /// those who expect the next burst soon and prefer not to rebuild.
+    pub fn shrink(mut self, yes: bool) -> Self {
+        self.config.shrink = yes;
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -221,6 +234,7 @@ impl<T, S, D> Builder<T, S, D> {
                 skip_limiter_when_pending: c.skip_limiter_when_pending,
                 max_ready_wait: c.max_ready_wait,
                 group: c.group,
+                shrink: c.shrink,
             },
         }
     }

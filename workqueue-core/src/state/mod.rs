@@ -13,6 +13,36 @@
 //! overdue keys moved): a panic there leaves the state as it was, with every invariant. Finishing,
 //! shutting down and `len` call no user code. See the crate docs for the whole rule.
 //!
+//! # Memory follows the live size
+//!
+//! A burst (an initial list, an outage in which every key fails) grows every buffer; when it
+//! passes, the state gives the memory back. When the number of live keys falls below half of
+//! what it was when the buffers were last sized (at a growth of the hash index, or at the last
+//! compaction), the next [`QueueState::get`] compacts: every live slot that is **not being
+//! processed** moves to the lowest free slot, the slot arrays are cut after the last slot still
+//! in use, and the hash index, the ready set, the waiting heap and every per-slot side array
+//! (timing, priorities, ages, groups, positions) are renamed and rebuilt at the live size.
+//!
+//! The rule: **a processing slot never moves.** A [`Ticket`] names its slot from outside the
+//! lock, so it must stay where it is until the lease ends. Queued and waiting slots move; the
+//! slot arrays end after the highest processing slot if it is above the live count. When that
+//! leaves them more than twice the live size (workers hold keys from the top of a FIFO that
+//! drained from the bottom), the compaction still moves every other key down and rebuilds
+//! everything else; the next `get` after the last such lease ends finishes the job (a scan of
+//! the slot words, then one more compaction).
+//!
+//! Hysteresis: after a compaction at `n` live keys the next one waits until fewer than `n / 2`
+//! are live, and a growth of the index to room for `m` keys only raises that threshold to
+//! `m / 4`, so a queue that swings around a size does not rebuild on every swing: at most one
+//! rebuild per halving of the live size (and one to finish a pinned one). States under
+//! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once, as
+//! before. [`QueueState::set_shrink`] turns compaction off.
+//!
+//! Compacting hashes every live key (the index's buckets depend on its size, and the index keeps
+//! no hashes), which is user code: it runs before the compaction changes anything, so a `Hash`
+//! that panics leaves the state as it was. That is why compaction runs in `get` (which may call
+//! user code) and never in `finish`, which calls none.
+//!
 //! Priorities, aging and fairness cost nothing until they are used: until then the ready set is
 //! one FIFO and no per-key bytes are kept for them (`priorities.rs`, `aging.rs` and the slots'
 //! groups are side arrays allocated on first use).
@@ -233,7 +263,23 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     unrecorded: HashMap<SlotId, u64>,
     /// Buckets at or above this are not recorded in slots (`NO_POS`; tests lower it).
     bucket_limit: u32,
+    /// `get` compacts when fewer keys than this are live (0: never; `usize::MAX`: a compaction
+    /// left the slot arrays pinned by a processing slot, see `pin`). See the module docs.
+    shrink_below: usize,
+    /// The highest processing slot that kept the slot arrays above twice the live size at the
+    /// last compaction, or `NO_POS`. While it is processing, `get` only checks it.
+    pin: SlotId,
+    /// Whether the state compacts (`set_shrink`).
+    shrink: bool,
+    /// The fewest live keys at which a compaction is worth it (`COMPACT_MIN`; tests lower it).
+    compact_min: usize,
+    /// Compactions so far.
+    compactions: u64,
 }
+
+/// States with fewer live keys than this do not compact: their buffers are small, and an empty
+/// state frees its large ones anyway.
+pub const COMPACT_MIN: usize = 512;
 
 /// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
 /// an idle queue that sees one key at a time does not allocate on every add.
@@ -363,6 +409,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             groups: None,
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
+            shrink_below: 0,
+            pin: NO_POS,
+            shrink: true,
+            compact_min: COMPACT_MIN,
+            compactions: 0,
         }
     }
 
@@ -418,6 +469,30 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[inline]
     pub fn has_aging(&self) -> bool {
         self.aging.is_some()
+    }
+
+    /// Whether the state gives memory back when its live keys fall well below the size its
+    /// buffers grew to (see the [module documentation](self)). Default: on. Off keeps the peak
+    /// until the state is empty, as a state that never compacts; [`QueueState::compact`] still
+    /// compacts when asked.
+    pub fn set_shrink(&mut self, on: bool) {
+        self.shrink = on;
+        if !on {
+            self.shrink_below = 0;
+            self.pin = NO_POS;
+        }
+    }
+
+    /// How many times the state compacted (see the [module documentation](self)).
+    pub fn compactions(&self) -> u64 {
+        self.compactions
+    }
+
+    /// Testing seam, not a stable API: compacts from `min` live keys instead of
+    /// [`COMPACT_MIN`], so tests and fuzzers reach compaction with a handful of keys.
+    #[doc(hidden)]
+    pub fn set_compact_min(&mut self, min: usize) {
+        self.compact_min = min.max(1);
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -571,6 +646,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// is empty: it never waits for a deadline then.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
+        // One compare on the hot path: the live count against the compaction threshold.
+        if self.slots.live() < self.shrink_below {
+            self.compact_on_get();
+        }
         let plain = self.ready.is_plain();
         let head = match plain {
             true => self.ready.plain_front(),
@@ -611,6 +690,88 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             None => Get::Empty {
                 next_deadline: self.next_deadline(),
             },
+        }
+    }
+
+    /// The compaction `get` makes when few keys are live (see the module docs). Out of line.
+    #[cold]
+    #[inline(never)]
+    fn compact_on_get(&mut self) {
+        // The moves of time this get makes anyway, first: a `Hash` that panics below leaves the
+        // state as a `get` interrupted by user code does.
+        if self.aging.is_some() {
+            self.move_overdue();
+        }
+        if self.pin != NO_POS {
+            if self.slots.is_live(self.pin) && self.slots.is_processing(self.pin) {
+                return;
+            }
+            // That lease ended: is another one still above twice the live size?
+            if let Some(pin) = self.slots.highest_processing_from(2 * self.slots.live()) {
+                self.pin = pin;
+                return;
+            }
+        }
+        self.compact();
+    }
+
+    /// Gives memory back now: moves every live slot that is not being processed to the lowest
+    /// free slots and rebuilds the index, the ready set, the waiting heap and the per-slot side
+    /// arrays at the live size (see the [module documentation](self)). `get` does this on its
+    /// own when few keys are live; call it after a burst to do it at a time of your choosing.
+    ///
+    /// It hashes every live key (user code) before it changes anything: a `Hash` that panics
+    /// leaves the state as it was.
+    pub fn compact(&mut self) {
+        let live = self.slots.live();
+        // User code first, in slot order: every live key's hash.
+        let hashes: Vec<(SlotId, u64)> = self
+            .slots
+            .iter_live()
+            .map(|(slot, key)| (slot, self.hasher.hash_one(key)))
+            .collect();
+        // A processing slot stays where it is: the arrays end after it.
+        let top = self
+            .slots
+            .highest_processing_from(live)
+            .map_or(live, |s| s as usize + 1);
+        let remap = self.slots.compact(top);
+        self.ready.remap(&remap);
+        self.waiting.remap(&remap);
+        if let Some(t) = &mut self.timing {
+            t.remap(&remap);
+        }
+        if let Some(p) = &mut self.priorities {
+            p.remap(&remap);
+        }
+        if let Some(a) = &mut self.aging {
+            a.remap(&remap);
+        }
+        if let Some(g) = &mut self.groups {
+            remap.side(g, 0);
+        }
+        let mut by_slot = vec![0u64; top];
+        for (slot, hash) in hashes {
+            by_slot[remap.slot(slot) as usize] = hash;
+        }
+        self.unrecorded = HashMap::new();
+        self.rebuild_index(live, |slot| by_slot[slot as usize]);
+        self.compactions += 1;
+        self.pin = NO_POS;
+        self.shrink_below = self.threshold(live);
+        if top > 2 * live {
+            // Pinned by a lease (see the module docs): finish once it ends.
+            self.pin = (top - 1) as SlotId;
+            self.shrink_below = if self.shrink { usize::MAX } else { 0 };
+        }
+    }
+
+    /// The compaction threshold for buffers sized for `n` live keys: half of it (so at most one
+    /// compaction per halving), or 0 below [`COMPACT_MIN`] or with compaction off.
+    fn threshold(&self, n: usize) -> usize {
+        match self.shrink && n >= self.compact_min {
+            true => n / 2,
+            false => 0,
         }
     }
 
@@ -834,6 +995,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             + self.unrecorded.allocation_size()
             + self.priorities.as_ref().map_or(0, |p| p.allocated_bytes())
             + self.aging.as_ref().map_or(0, |a| a.allocated_bytes())
+            + self
+                .groups
+                .as_ref()
+                .map_or(0, |g| g.capacity() * size_of::<u64>())
     }
 
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
@@ -958,6 +1123,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if let Some(t) = &self.timing {
             self.check_depths(t);
         }
+        self.slots.check();
+        assert_eq!(
+            self.pin != NO_POS,
+            self.shrink_below == usize::MAX,
+            "a pinned compaction without its pin, or the reverse"
+        );
+        if self.pin != NO_POS {
+            assert!(
+                (self.pin as usize) < self.slots.len(),
+                "the pin is past the slot arrays"
+            );
+        }
+        assert!(
+            self.shrink || self.shrink_below == 0,
+            "compaction is off but armed"
+        );
     }
 
     /// The depth per priority kept for metrics matches a recount of the dirty keys.
@@ -1075,14 +1256,24 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 .iter_live()
                 .map(|(_, key)| self.hasher.hash_one(key)),
         );
-        let mut index = HashTable::with_capacity((2 * live).max(live + 1));
         let mut hashes = hashes.into_iter();
+        self.rebuild_index((2 * live).max(live + 1), |_| {
+            hashes.next().expect("one hash per live slot")
+        });
+        // Room for twice the live keys: compact once fewer than half of them are live.
+        self.shrink_below = self.shrink_below.max(self.threshold(live));
+    }
+
+    /// Replaces the index with one of room for `capacity` keys, filled by walking the live slots
+    /// in order; `hash(slot)` is each one's hash, computed beforehand (no user code runs here).
+    fn rebuild_index(&mut self, capacity: usize, mut hash: impl FnMut(SlotId) -> u64) {
+        let mut index = HashTable::with_capacity(capacity);
         let (limit, unrecorded, waiting) =
             (self.bucket_limit, &mut self.unrecorded, &mut self.waiting);
         unrecorded.clear();
         self.slots.reindex(
             |slot| {
-                let hash = hashes.next().expect("one hash per live slot");
+                let hash = hash(slot);
                 // The table has room for every live key, so it never grows here and never
                 // calls the re-hash function.
                 let bucket = index
@@ -1340,8 +1531,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// Gives a burst's memory back once the state is empty.
     fn shrink_if_large(&mut self) {
+        // No lease is out: nothing pins the slot arrays.
+        self.pin = NO_POS;
         if self.index.capacity() > SHRINK_ABOVE {
             self.index = HashTable::new();
+            // Nothing left to compact: the next growth sets the threshold again.
+            self.shrink_below = 0;
+        }
+        if self.shrink_below == usize::MAX {
+            self.shrink_below = 0;
         }
         if self.unrecorded.capacity() > SHRINK_ABOVE {
             self.unrecorded = HashMap::new();

@@ -423,3 +423,204 @@ fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
         [(Some(0), 0), (Some(1), 0), (Some(5), 0), (Some(7), 1)]
     );
 }
+
+// ---- compaction (module docs: "Memory follows the live size") ---------------------------------
+
+fn take_u32(q: &mut QueueState<u32>, now: Instant) -> (Ticket, u32) {
+    match q.get(now) {
+        Get::Ready(t, k) => (t, k),
+        other => panic!("expected a key, got {other:?}"),
+    }
+}
+
+/// The heap bytes of a state that took `keys` fresh (no burst), for the ratio below.
+fn fresh_bytes(keys: usize) -> usize {
+    let mut q: QueueState<u32> = QueueState::new();
+    for k in 0..keys as u32 {
+        q.add(k, T0);
+    }
+    q.allocated_bytes()
+}
+
+#[test]
+fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
+    let mut q: QueueState<u32> = QueueState::new();
+    // One key processing and one waiting throughout, from before the burst.
+    q.add(u32::MAX, T0);
+    let (held, key) = take_u32(&mut q, T0);
+    assert_eq!(key, u32::MAX);
+    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    for k in 0..20_000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    let mut next = 0;
+    let mut compactions = 0;
+    while let Get::Ready(t, k) = q.get(T0) {
+        assert_eq!(k, next, "FIFO order survives compaction");
+        next += 1;
+        let _ = q.finish(t, Outcome::Done, None, T0);
+        if q.compactions() != compactions {
+            compactions = q.compactions();
+            q.check_invariants();
+        }
+        let live = q.counts().tracked;
+        if live > COMPACT_MIN && live.is_multiple_of(1000) {
+            let ratio = q.allocated_bytes() as f64 / fresh_bytes(live) as f64;
+            assert!(
+                ratio <= 4.0,
+                "{live} live keys hold {ratio:.2}x a fresh state's bytes"
+            );
+        }
+    }
+    assert_eq!(next, 20_000);
+    // 20k to 512 is five halvings and a bit: at most one compaction each.
+    assert!((4..=6).contains(&compactions), "{compactions} compactions");
+    assert!(q.allocated_bytes() * 20 < peak);
+    assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
+    assert_eq!(q.waiting_deadline(&(u32::MAX - 1)), Some(at(3_600_000)));
+    let f = q.finish(held, Outcome::Done, None, T0);
+    assert_eq!(f.released, Some(u32::MAX));
+    q.check_invariants();
+}
+
+#[test]
+fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_compact_min(8);
+    for k in 0..2000 {
+        q.add(k, T0);
+    }
+    let mut tickets: Vec<Ticket> = (0..2000).map(|_| take_u32(&mut q, T0).0).collect();
+    // Leases on the top ten slots stay out; the rest end.
+    let top = tickets.split_off(1990);
+    for t in tickets {
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    // New keys take the freed slots, the most recently freed (highest) first.
+    for k in 5000..5100 {
+        q.add(k, T0);
+    }
+    let (t, k) = take_u32(&mut q, T0);
+    assert_eq!(k, 5000);
+    assert_eq!(q.compactions(), 1, "compacted, pinned by the top leases");
+    q.check_invariants();
+    assert_eq!(
+        q.slots.len(),
+        2000,
+        "the arrays end after the highest lease"
+    );
+    let _ = q.finish(t, Outcome::Done, None, T0);
+    for (i, t) in top.into_iter().enumerate().rev() {
+        assert_eq!(q.ticket_key(&t), Some(&(1990 + i as u32)));
+        let _ = q.finish(t, Outcome::Done, None, T0);
+        let (t, _) = take_u32(&mut q, T0);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+        q.check_invariants();
+    }
+    assert_eq!(q.compactions(), 2, "one more once the last lease ended");
+    assert!(q.slots.len() <= 2 * q.counts().tracked.max(1));
+    let mut rest: Vec<u32> = Vec::new();
+    while let Get::Ready(t, k) = q.get(T0) {
+        rest.push(k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(rest, (5011..5100).collect::<Vec<_>>());
+    q.check_invariants();
+}
+
+#[test]
+fn a_queue_swinging_around_a_size_does_not_rebuild_on_every_swing() {
+    let mut q: QueueState<u32> = QueueState::new();
+    for k in 0..8000 {
+        q.add(k, T0);
+    }
+    let mut next = 8000;
+    // Down to 1000, then 40 swings between 1000 and 1900.
+    while q.counts().tracked > 1000 {
+        let (t, _) = take_u32(&mut q, T0);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    let settled = q.compactions();
+    for _ in 0..40 {
+        for _ in 0..900 {
+            q.add(next, T0);
+            next += 1;
+        }
+        for _ in 0..900 {
+            let (t, _) = take_u32(&mut q, T0);
+            let _ = q.finish(t, Outcome::Done, None, T0);
+        }
+    }
+    q.check_invariants();
+    assert!(settled <= 3, "8000 to 1000 is three halvings: {settled}");
+    assert!(
+        q.compactions() - settled <= 1,
+        "swings under a halving rebuilt {} times",
+        q.compactions() - settled
+    );
+}
+
+#[test]
+fn shrink_off_keeps_the_peak_and_compact_still_works() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_shrink(false);
+    q.add_after(u32::MAX, ms(10), T0);
+    for k in 0..5000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    for _ in 0..4990 {
+        let (t, _) = take_u32(&mut q, T0);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!((q.compactions(), q.allocated_bytes()), (0, peak));
+    q.compact();
+    q.check_invariants();
+    assert_eq!(q.compactions(), 1);
+    assert!(q.allocated_bytes() * 10 < peak);
+    assert_eq!(drain_u32(&mut q).len(), 10);
+}
+
+fn drain_u32(q: &mut QueueState<u32>) -> Vec<u32> {
+    let mut out = Vec::new();
+    while let Get::Ready(t, k) = q.get(T0) {
+        out.push(k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    out
+}
+
+#[test]
+fn compaction_keeps_priorities_aging_fairness_and_timing() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_fair();
+    q.set_max_ready_wait(ms(5));
+    q.enable_timing();
+    q.set_compact_min(4);
+    for k in 0..400u32 {
+        q.add_in_group_or_return(k, u64::from(k % 3), (k % 5) as i32 - 2, Duration::ZERO, T0);
+    }
+    for k in 400..420u32 {
+        q.add_with(k, 1, ms(k as u64 - 390), T0);
+    }
+    let mut now = 0;
+    let mut held = Vec::new();
+    while q.counts().tracked > 5 {
+        now += 1;
+        if let Get::Ready(t, _) = q.get(at(now / 10)) {
+            held.push(t);
+        }
+        if held.len() > 3 {
+            let t = held.remove(0);
+            let outcome = if now % 7 == 0 {
+                Outcome::RequeueAfter(ms(1))
+            } else {
+                Outcome::Done
+            };
+            let _ = q.finish(t, outcome, None, at(now / 10));
+        }
+        q.check_invariants();
+    }
+    assert!(q.compactions() >= 3, "{} compactions", q.compactions());
+}
