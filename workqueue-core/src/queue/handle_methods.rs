@@ -118,6 +118,11 @@ macro_rules! queue_handle_methods {
             self.core.counts()
         }
 
+        /// Heap bytes held by the queue's own structures (keys' own allocations excluded).
+        pub fn allocated_bytes(&self) -> usize {
+            self.core.allocated_bytes()
+        }
+
         /// How many times the queue compacted to give a burst's memory back (see
         /// `Builder::shrink`).
         pub fn compactions(&self) -> u64 {
