@@ -750,12 +750,28 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if let Some(g) = &mut self.groups {
             remap.side(g, 0);
         }
-        let mut by_slot = vec![0u64; top];
-        for (slot, hash) in hashes {
-            by_slot[remap.slot(slot) as usize] = hash;
-        }
+        // The index at the live size, from the hashes taken above, in the old slot order: the
+        // slots that stayed, then the moved ones in the order of their new ids.
         self.unrecorded = HashMap::new();
-        self.rebuild_index(live, |slot| by_slot[slot as usize]);
+        let mut index = HashTable::with_capacity(live);
+        for (old, hash) in hashes {
+            let slot = remap.slot(old);
+            // Sized for every live key: never grows, never calls the re-hash function.
+            let bucket = index
+                .insert_unique(hash, slot, |_| {
+                    unreachable!("the new index was sized for every live key")
+                })
+                .bucket_index();
+            let stored = stored_bucket(bucket, self.bucket_limit);
+            if stored == NO_POS {
+                self.unrecorded.insert(slot, hash);
+            }
+            match self.slots.heap_pos(slot) {
+                Some(pos) => self.waiting.set_bucket(pos, stored),
+                None => self.slots.set_bucket(slot, stored),
+            }
+        }
+        self.index = index;
         self.compactions += 1;
         self.pin = NO_POS;
         self.shrink_below = self.threshold(live);
