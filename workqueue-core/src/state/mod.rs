@@ -644,6 +644,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ///
     /// After shutdown it keeps handing out queued keys, and returns [`Get::ShutDown`] once the FIFO
     /// is empty: it never waits for a deadline then.
+    ///
+    /// When few keys are live it first compacts (see the [module documentation](self)), which
+    /// hashes every live key: a `Hash` that panics then leaves the state as it was.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
         // One compare on the hot path: the live count against the compaction threshold.
@@ -775,10 +778,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.compactions += 1;
         self.pin = NO_POS;
         self.shrink_below = self.threshold(live);
-        if top > 2 * live {
-            // Pinned by a lease (see the module docs): finish once it ends.
+        if top > 2 * live && self.shrink {
+            // Pinned by a lease (see the module docs): finish once it ends. (With compaction
+            // off, an explicit `compact` is not followed up.)
             self.pin = (top - 1) as SlotId;
-            self.shrink_below = if self.shrink { usize::MAX } else { 0 };
+            self.shrink_below = usize::MAX;
         }
     }
 
