@@ -24,7 +24,7 @@
 //!   bursts' memory back by compacting, not by emptying. After every drain, `allocated_bytes()`
 //!   is at most 4x what a fresh queue of the same configuration holds with `COMPACT_MIN` keys
 //!   in that shape (states under `COMPACT_MIN` live keys do not compact), and stays flat:
-//!   never above what the first drain left, however large the bursts made the queue.
+//!   never above twice what the first drain left, however large the bursts made the queue.
 //!
 //! It exits non-zero on any violation and prints operation counts and throughput.
 
@@ -385,9 +385,11 @@ fn main() -> ExitCode {
     let secs = started.elapsed().as_secs_f64();
     let rss_end = rss_kib();
 
-    // Memory is flat too: no drain leaves more than the first did, whatever the bursts did.
+    // Memory is flat too: no drain leaves more than twice what the first did, whatever the
+    // bursts did. (Not the same number each time: where the last compaction of a drain falls
+    // depends on the round, and the residual keys keep the queue from emptying.)
     let first = after_drain[0];
-    if after_drain.iter().any(|&b| b > first.max(16 * 1024)) {
+    if after_drain.iter().any(|&b| b > 2 * first.max(16 * 1024)) {
         book.ledger.violation(format_args!(
             "allocated_bytes after drains grows: {after_drain:?}"
         ));
