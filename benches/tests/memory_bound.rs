@@ -6,6 +6,11 @@
 //! polls); the limiter is `ExponentialFailure`, whose per-key table `FastSlow` shares. The
 //! queue's compactions are counted too: at most one per halving of the live size.
 //!
+//! The queue compacts once its live count has settled below a threshold (see the `state` module
+//! docs): at each checkpoint it first works at that size, `live` rounds of a get, a re-add of
+//! the same key while it is processing, and done (which keeps the live count), then the bytes are
+//! measured. A pure drain to empty never settles, and must not compact at all.
+//!
 //! Keys are `u64`, which own no heap bytes, so the bytes measured are the structures' alone. The
 //! fresh sizes are measured first, then the burst under one running count. Its own test binary:
 //! the counting allocator is process-wide, and the two tests take a lock so they run one at a
@@ -69,6 +74,12 @@ fn queue_burst(shrink: bool) -> (isize, Vec<(usize, isize)>, u64) {
             q.try_get().expect("a queued key").done();
             live -= 1;
         }
+        // Settled at this size: `at` gets, each key re-added while it is processing.
+        for _ in 0..at {
+            let lease = q.try_get().expect("a queued key");
+            q.add(*lease.key());
+            lease.done();
+        }
         assert_eq!(q.len(), at - 2);
         retained.push((at, meter.net()));
     }
@@ -103,6 +114,30 @@ fn queue_retains_at_most_4x_a_fresh_queue_on_the_way_down() {
     let (peak, retained, compactions) = queue_burst(false);
     assert_eq!(compactions, 0);
     assert!(retained.iter().all(|&(_, kept)| kept * 10 > peak * 9));
+}
+
+#[test]
+fn a_pure_drain_from_200k_to_empty_never_compacts() {
+    // W1's shape at twice its size: distinct keys in, then get and done until empty. Every
+    // compaction on the way would be wasted: the empty queue frees its buffers anyway.
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let q = queue(true);
+    for k in 0..PEAK as u64 {
+        q.add(k);
+    }
+    let peak = q.allocated_bytes();
+    let mut next = 0;
+    while let Some(lease) = q.try_get() {
+        assert_eq!(*lease.key(), next);
+        next += 1;
+        lease.done();
+    }
+    assert_eq!(next, PEAK as u64);
+    assert_eq!(q.compactions(), 0, "a pure drain compacted");
+    assert!(
+        q.allocated_bytes() * 100 < peak,
+        "the empty queue kept its buffers"
+    );
 }
 
 fn limiter() -> ExponentialFailure<u64> {

@@ -9,7 +9,8 @@
 //! `Eq`; the harness checks that only operations that may call user code panic, and that the
 //! state then matches the model and keeps its invariants. The input also chooses how many index
 //! buckets the state records in its slots, so freeing keys takes the path of huge queues, and
-//! from how many live keys `get` compacts on its own; `Compact` forces a compaction.
+//! from how many live keys `get` compacts on its own (once the live count settles, or at once);
+//! `Compact` forces a compaction.
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -86,7 +87,8 @@ struct Input {
     max_ready_wait: Option<FDelay>,
     /// Fairness on (three groups).
     fair: bool,
-    /// `get` compacts from this many live keys (`None`: the default, which 20 keys never reach).
+    /// `get` compacts from this many live keys, mod 8 (`None`: the default, which 20 keys never
+    /// reach); with bit 3 set, at the first get below the threshold, without settling.
     compact_min: Option<u8>,
     ops: Vec<FOp>,
 }
@@ -142,6 +144,9 @@ fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     }
     if let Some(min) = input.compact_min {
         h = h.with_compact_min(usize::from(min % 8));
+        if min & 8 != 0 {
+            h = h.without_settling();
+        }
     }
     if let Some(max_wait) = input.max_ready_wait {
         h = h.with_max_ready_wait(max_wait.get());

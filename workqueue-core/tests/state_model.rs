@@ -140,16 +140,21 @@ proptest! {
         h.wind_down();
     }
 
-    /// Compaction on its own (from one or a few live keys, so every `get` may compact) and
-    /// forced, over 20 keys, with faults, fairness and aging in any combination.
+    /// Compaction on its own (from one or a few live keys, so every `get` may compact, once the
+    /// live count settles or, without settling, at once) and forced, over 20 keys, with faults,
+    /// fairness and aging in any combination.
     #[test]
     fn state_agrees_with_model_while_compacting(
         ops in proptest::collection::vec(faulty_op(), 1..200),
         min in 1usize..5,
+        settle in any::<bool>(),
         fair in any::<bool>(),
         aging in proptest::option::of(prop_oneof![Just(0u64), 1_000_000u64..5_000_000]),
     ) {
         let mut h = StateHarness::new().with_compact_min(min);
+        if !settle {
+            h = h.without_settling();
+        }
         if fair {
             h = h.with_fairness();
         }

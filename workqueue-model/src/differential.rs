@@ -167,6 +167,13 @@ impl<S: BuildHasher> StateHarness<S> {
         self
     }
 
+    /// The same harness on a state that compacts at the first `get` below its threshold,
+    /// without waiting for the live count to settle (see [`QueueState::set_settle`]).
+    pub fn without_settling(mut self) -> Self {
+        self.state.set_settle(false);
+        self
+    }
+
     /// The same harness with aging on both sides (`QueueState::set_max_ready_wait`).
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.state.set_max_ready_wait(max_wait);

@@ -210,9 +210,11 @@ impl<T, S, D> Builder<T, S, D> {
     ///
     /// An initial list, or an outage in which every key fails, grows the queue's buffers to the
     /// peak. With this on, once the live keys fall below half of what the buffers were last
-    /// sized for, the next `get` compacts the queue to the live size (at most once per halving;
-    /// a key being processed never moves). Off keeps the peak until the queue is empty, for
-    /// those who expect the next burst soon and prefer not to rebuild.
+    /// sized for and stay near that size for about half as many `get`s as there are keys, a
+    /// `get` compacts the queue to the live size (at most once per halving; a key being
+    /// processed never moves; a drain to empty never compacts, since the empty queue frees its
+    /// buffers anyway). Off keeps the peak until the queue is empty, for those who expect the
+    /// next burst soon and prefer not to rebuild.
     pub fn shrink(mut self, yes: bool) -> Self {
         self.config.shrink = yes;
         self

@@ -16,12 +16,23 @@
 //! # Memory follows the live size
 //!
 //! A burst (an initial list, an outage in which every key fails) grows every buffer; when it
-//! passes, the state gives the memory back. When the number of live keys falls below half of
-//! what it was when the buffers were last sized (at a growth of the hash index, or at the last
-//! compaction), the next [`QueueState::get`] compacts: every live slot that is **not being
-//! processed** moves to the lowest free slot, the slot arrays are cut after the last slot still
-//! in use, and the hash index, the ready set, the waiting heap and every per-slot side array
-//! (timing, priorities, ages, groups, positions) are renamed and rebuilt at the live size.
+//! passes, the state gives the memory back. When the number of live keys has fallen below half
+//! of what it was when the buffers were last sized (at a growth of the hash index, or at the
+//! last compaction) **and has settled there**, a [`QueueState::get`] compacts: every live slot
+//! that is **not being processed** moves to the lowest free slot, the slot arrays are cut after
+//! the last slot still in use, and the hash index, the ready set, the waiting heap and every
+//! per-slot side array (timing, priorities, ages, groups, positions) are renamed and rebuilt at
+//! the live size.
+//!
+//! Settled means: since the live count was last seen below the threshold at `n` keys, it has
+//! not fallen below `3n / 4`, and at least half as many `get`s as there are live keys have been
+//! made. A compaction costs O(live keys), so waiting that many gets amortizes it to O(1) per
+//! get. A drain under way keeps falling, which restarts the wait every quarter: a pure drain
+//! (W1: distinct keys in, then get and done until empty) reaches empty, where everything is
+//! freed anyway, without compacting once; a drain that stops at a size (a controller's resync
+//! settling to its steady state, one key waiting) compacts within about that many gets. `get`
+//! checks the live count only every `max(live / 8, 64)` gets (a countdown: the hot path is one
+//! decrement and one branch), so the wait is seen to begin up to that many gets late.
 //!
 //! The rule: **a processing slot never moves.** A [`Ticket`] names its slot from outside the
 //! lock, so it must stay where it is until the lease ends. Queued and waiting slots move; the
@@ -34,7 +45,8 @@
 //! Hysteresis: after a compaction at `n` live keys the next one waits until fewer than `n / 2`
 //! are live, and a growth of the index to room for `m` keys only raises that threshold to
 //! `m / 4`, so a queue that swings around a size does not rebuild on every swing: at most one
-//! rebuild per halving of the live size (and one to finish a pinned one). States under
+//! rebuild per halving of the live size (and one to finish a pinned one, which is checked at
+//! every get and does not wait to settle: its lease has ended). States under
 //! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once, as
 //! before. [`QueueState::set_shrink`] turns compaction off.
 //!
@@ -275,6 +287,18 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     compact_min: usize,
     /// Compactions so far.
     compactions: u64,
+    /// `get`s until the next compaction check (`check_shrink`); at least 1. The only field the
+    /// hot path touches for compaction: one decrement and one branch.
+    tick: usize,
+    /// What `tick` was last set to: the gets from one check to the next.
+    period: usize,
+    /// The live keys when the current wait below `shrink_below` began (0: not waiting).
+    settle_live: usize,
+    /// The gets made since that wait began (as of the last check).
+    settle_gets: usize,
+    /// Whether `get` waits for the live count to settle before it compacts (`set_settle`; tests
+    /// turn it off to compact at the first check below the threshold).
+    settle: bool,
 }
 
 /// States with fewer live keys than this do not compact: their buffers are small, and an empty
@@ -414,6 +438,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             shrink: true,
             compact_min: COMPACT_MIN,
             compactions: 0,
+            tick: usize::MAX,
+            period: usize::MAX,
+            settle_live: 0,
+            settle_gets: 0,
+            settle: true,
         }
     }
 
@@ -480,6 +509,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if !on {
             self.shrink_below = 0;
             self.pin = NO_POS;
+            self.settle_live = 0;
         }
     }
 
@@ -493,6 +523,17 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[doc(hidden)]
     pub fn set_compact_min(&mut self, min: usize) {
         self.compact_min = min.max(1);
+        // Check at the next get, at the new scale.
+        self.schedule_check(1);
+    }
+
+    /// Testing seam, not a stable API: `false` compacts at the first get below the threshold,
+    /// without waiting for the live count to settle there, so that tests and fuzzers whose
+    /// operations rarely settle still compact often. Default: `true`.
+    #[doc(hidden)]
+    pub fn set_settle(&mut self, on: bool) {
+        self.settle = on;
+        self.schedule_check(1);
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -649,9 +690,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// hashes every live key: a `Hash` that panics then leaves the state as it was.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
-        // One compare on the hot path: the live count against the compaction threshold.
-        if self.slots.live() < self.shrink_below {
-            self.compact_on_get();
+        // One decrement and one branch on the hot path: every few gets, `check_shrink` looks at
+        // the live count (and compacts once it has settled below the threshold).
+        self.tick -= 1;
+        if self.tick == 0 {
+            self.check_shrink();
         }
         let plain = self.ready.is_plain();
         let head = match plain {
@@ -696,9 +739,67 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// The compaction `get` makes when few keys are live (see the module docs). Out of line.
+    /// The check `get` makes every `period` gets (see the module docs): whether the live count
+    /// has settled below the compaction threshold, and if so, the compaction. Out of line.
     #[cold]
     #[inline(never)]
+    fn check_shrink(&mut self) {
+        let elapsed = self.period;
+        let live = self.slots.live();
+        // The next check at the next get, unless rescheduled below: a compaction whose `Hash`
+        // panics is tried again there.
+        self.schedule_check(1);
+        if self.shrink_below == usize::MAX {
+            // A pinned compaction: check every get, finish at the first after the lease ends.
+            self.compact_on_get();
+            return;
+        }
+        if live >= self.shrink_below {
+            self.settle_live = 0;
+        } else if self.settle_live == 0 || live < self.settle_live - self.settle_live / 4 {
+            // Crossed the threshold, or fell a quarter further since the wait began (a drain
+            // under way): wait from here. A pure drain restarts every quarter and never compacts.
+            self.settle_live = live.max(1);
+            self.settle_gets = 0;
+            if !self.settle {
+                self.compact_on_get();
+                return;
+            }
+        } else {
+            self.settle_gets = self.settle_gets.saturating_add(elapsed);
+            if self.settle_gets >= live / 2 {
+                // Settled for half as many gets as there are live keys: the compaction's
+                // O(live) cost is amortized over them.
+                self.compact_on_get();
+                return;
+            }
+        }
+        let mut next = self.check_period(live);
+        if self.settle_live != 0 {
+            next = next.min((live / 2 - self.settle_gets).max(1));
+        }
+        self.schedule_check(next);
+    }
+
+    /// The gets between two checks at `live` keys: an eighth of them, so a crossing is seen
+    /// within a small share of the wait, and at least an eighth of the smallest compacting
+    /// size, so a small queue hovering at a threshold pays a check only every few dozen gets.
+    /// Without a threshold, never (whatever sets one schedules a check).
+    fn check_period(&self, live: usize) -> usize {
+        match self.shrink_below {
+            0 => usize::MAX,
+            _ if !self.settle => 1,
+            _ => (live / 8).max(self.compact_min / 8).max(1),
+        }
+    }
+
+    /// The next compaction check in `gets` gets (at least 1).
+    fn schedule_check(&mut self, gets: usize) {
+        self.tick = gets;
+        self.period = gets;
+    }
+
+    /// The compaction `get` makes once few keys are live and settled (see the module docs).
     fn compact_on_get(&mut self) {
         // The moves of time this get makes anyway, first: a `Hash` that panics below leaves the
         // state as a `get` interrupted by user code does.
@@ -777,12 +878,16 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.index = index;
         self.compactions += 1;
         self.pin = NO_POS;
+        self.settle_live = 0;
         self.shrink_below = self.threshold(live);
+        let next = self.check_period(live);
+        self.schedule_check(next);
         if top > 2 * live && self.shrink {
             // Pinned by a lease (see the module docs): finish once it ends. (With compaction
             // off, an explicit `compact` is not followed up.)
             self.pin = (top - 1) as SlotId;
             self.shrink_below = usize::MAX;
+            self.schedule_check(1);
         }
     }
 
@@ -1159,6 +1264,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             self.shrink || self.shrink_below == 0,
             "compaction is off but armed"
         );
+        assert!(
+            1 <= self.tick && self.tick <= self.period,
+            "the next compaction check is not scheduled"
+        );
+        assert!(
+            self.settle_live == 0 || (self.shrink_below != 0 && self.shrink_below != usize::MAX),
+            "waiting to compact without a threshold, or while pinned"
+        );
     }
 
     /// The depth per priority kept for metrics matches a recount of the dirty keys.
@@ -1280,8 +1393,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.rebuild_index((2 * live).max(live + 1), |_| {
             hashes.next().expect("one hash per live slot")
         });
-        // Room for twice the live keys: compact once fewer than half of them are live.
+        // Room for twice the live keys: compact once fewer than half of them are live (and
+        // settled there). Check at the next get: the threshold may be new.
         self.shrink_below = self.shrink_below.max(self.threshold(live));
+        self.settle_live = 0;
+        self.schedule_check(1);
     }
 
     /// Replaces the index with one of room for `capacity` keys, filled by walking the live slots
@@ -1549,7 +1665,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         Some(key)
     }
 
-    /// Gives a burst's memory back once the state is empty.
+    /// Gives a burst's memory back once the state is empty. Out of line: `finish` calls it on
+    /// every last key, and inlined it costs `finish` registers on every key.
+    #[inline(never)]
     fn shrink_if_large(&mut self) {
         // No lease is out: nothing pins the slot arrays.
         self.pin = NO_POS;
@@ -1557,9 +1675,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             self.index = HashTable::new();
             // Nothing left to compact: the next growth sets the threshold again.
             self.shrink_below = 0;
+            self.settle_live = 0;
         }
         if self.shrink_below == usize::MAX {
             self.shrink_below = 0;
+            self.settle_live = 0;
         }
         if self.unrecorded.capacity() > SHRINK_ABOVE {
             self.unrecorded = HashMap::new();
