@@ -28,7 +28,7 @@
 //! - memory follows the live size: one key is processing (a lease held by the main task) and one
 //!   waits (an hour's delay) throughout, so after each drain the queue tracks exactly those two
 //!   and must give the bursts' memory back by compacting, not by emptying: `allocated_bytes()`
-//!   is then at most 4x what a fresh queue holds with `COMPACT_MIN` keys in that shape (states
+//!   after one more get (which finds nothing ready, and compacts) is at most 4x what a fresh queue holds with `COMPACT_MIN` keys in that shape (states
 //!   under `COMPACT_MIN` live keys do not compact); and the process RSS (from `/proc/self/statm`)
 //!   after the last drain is at most twice the RSS after the first one (a generous bound
 //!   against leaks, not a measurement);
@@ -486,6 +486,14 @@ async fn run(cfg: Config) -> ExitCode {
         };
         tally.gets += drained;
         total_drained += drained;
+        // A worker's next get finds nothing ready: the drain is over, and the queue compacts
+        // there (a drain under way never settles long enough to). It hands nothing out.
+        if let Some(lease) = q.try_get() {
+            book.ledger.violation(format_args!(
+                "round {round}: a get after the drain handed out {:?}",
+                lease.key()
+            ));
+        }
         let c = q.counts();
         if (c.tracked, c.processing, c.waiting, c.ready) != (RESIDUAL, 1, 1, 0) {
             book.ledger.violation(format_args!(

@@ -30,9 +30,13 @@
 //! get. A drain under way keeps falling, which restarts the wait every quarter: a pure drain
 //! (W1: distinct keys in, then get and done until empty) reaches empty, where everything is
 //! freed anyway, without compacting once; a drain that stops at a size (a controller's resync
-//! settling to its steady state, one key waiting) compacts within about that many gets. `get`
-//! checks the live count only every `max(live / 8, 64)` gets (a countdown: the hot path is one
-//! decrement and one branch), so the wait is seen to begin up to that many gets late.
+//! settling to its steady state) compacts within about that many gets. `get` checks the live
+//! count only every `max(live / 8, 64)` gets (a countdown: the hot path is one decrement and one
+//! branch), so the wait is seen to begin up to that many gets late. A `get` that finds nothing
+//! ready does not wait: the drain is over, and the keys still live are waiting or processing
+//! (a controller after its initial list, one key waiting an hour); below the threshold it
+//! compacts at once. Either way a compaction at `n` live keys follows at least `n` finished keys
+//! (each after a get) or `n / 2` gets, so its cost is O(1) per get.
 //!
 //! The rule: **a processing slot never moves.** A [`Ticket`] names its slot from outside the
 //! lock, so it must stay where it is until the lease ends. Queued and waiting slots move; the
@@ -733,9 +737,16 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 Get::Ready(ticket, key)
             }
             None if self.shutting_down => Get::ShutDown,
-            None => Get::Empty {
-                next_deadline: self.next_deadline(),
-            },
+            None => {
+                // Nothing ready: a drain is over, the live count has settled (see the module
+                // docs). Off the hot path: only a get that hands out nothing compares.
+                if self.slots.live() < self.shrink_below {
+                    self.compact_on_get();
+                }
+                Get::Empty {
+                    next_deadline: self.next_deadline(),
+                }
+            }
         }
     }
 
@@ -800,6 +811,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The compaction `get` makes once few keys are live and settled (see the module docs).
+    #[cold]
+    #[inline(never)]
     fn compact_on_get(&mut self) {
         // The moves of time this get makes anyway, first: a `Hash` that panics below leaves the
         // state as a `get` interrupted by user code does.

@@ -610,6 +610,35 @@ fn a_pure_drain_to_empty_never_compacts() {
 }
 
 #[test]
+fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothing() {
+    // A controller after its initial list: one key waits an hour, one is processing.
+    let mut q: QueueState<u32> = QueueState::new();
+    q.add(u32::MAX, T0);
+    let (held, _) = take_u32(&mut q, T0);
+    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    for k in 0..20_000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    for k in 0..20_000 {
+        let (t, got) = take_u32(&mut q, T0);
+        assert_eq!(got, k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(q.compactions(), 0, "the drain itself never settled");
+    // The workers' next get finds nothing ready: the drain is over.
+    assert!(matches!(q.get(T0), Get::Empty { .. }));
+    assert_eq!(q.compactions(), 1);
+    q.check_invariants();
+    assert!(q.allocated_bytes() * 50 < peak);
+    assert!(matches!(q.get(T0), Get::Empty { .. }));
+    assert_eq!(q.compactions(), 1, "one compaction per halving");
+    assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
+    let _ = q.finish(held, Outcome::Done, None, T0);
+    q.check_invariants();
+}
+
+#[test]
 fn shrink_off_keeps_the_peak_and_compact_still_works() {
     let mut q: QueueState<u32> = QueueState::new();
     q.set_shrink(false);
