@@ -93,3 +93,29 @@ pub fn is_installed() -> bool {
     drop(probe);
     NET.swap(0, Ordering::SeqCst) != 0
 }
+
+/// A running count: net heap bytes allocated since [`Meter::start`], read at any time with
+/// [`Meter::net`] (the memory bound tests read it at several points of one run). Counting stops
+/// when the meter is dropped. Like [`measure`], one at a time per process.
+#[derive(Debug)]
+pub struct Meter(());
+
+impl Meter {
+    /// Resets the count and starts counting.
+    pub fn start() -> Self {
+        NET.store(0, Ordering::SeqCst);
+        ENABLED.store(true, Ordering::SeqCst);
+        Meter(())
+    }
+
+    /// Net heap bytes allocated since the start (allocated minus freed, by every thread).
+    pub fn net(&self) -> isize {
+        NET.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        ENABLED.store(false, Ordering::SeqCst);
+    }
+}

@@ -8,7 +8,9 @@
 //! Panic injection: `Fault` arms a panic in the next operation's `n`-th key `Clone`, `Hash` or
 //! `Eq`; the harness checks that only operations that may call user code panic, and that the
 //! state then matches the model and keeps its invariants. The input also chooses how many index
-//! buckets the state records in its slots, so freeing keys takes the path of huge queues.
+//! buckets the state records in its slots, so freeing keys takes the path of huge queues, and
+//! from how many live keys `get` compacts on its own (once the live count settles, or at once);
+//! `Compact` forces a compaction.
 //!
 //! Outage detection: the input may turn it on (with small parameters, so the detector opens,
 //! probes and closes within a run); `FinishSignalled` then finishes a ticket with a signal, and
@@ -44,6 +46,8 @@ enum FOp {
     Rewind(FDelay),
     Drain,
     Fault(FFault, u8),
+    /// Forces a compaction.
+    Compact,
 }
 
 /// A few priorities that collide, and any other.
@@ -93,6 +97,9 @@ struct Input {
     fair: bool,
     /// Outage detection on, with these parameters.
     outage: Option<FOutage>,
+    /// `get` compacts from this many live keys, mod 8 (`None`: the default, which 20 keys never
+    /// reach); with bit 3 set, at the first get below the threshold, without settling.
+    compact_min: Option<u8>,
     ops: Vec<FOp>,
 }
 
@@ -155,6 +162,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Advance(d) => Op::Advance(d.get()),
         FOp::Rewind(d) => Op::Rewind(d.get()),
         FOp::Drain => Op::Drain,
+        FOp::Compact => Op::Compact,
         FOp::Fault(f, n) => Op::Fault(
             match f {
                 FFault::Clone => Fault::Clone,
@@ -170,6 +178,12 @@ fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     let mut h = h.with_bucket_limit(input.bucket_limit.map_or(u32::MAX, u32::from));
     if input.fair {
         h = h.with_fairness();
+    }
+    if let Some(min) = input.compact_min {
+        h = h.with_compact_min(usize::from(min % 8));
+        if min & 8 != 0 {
+            h = h.without_settling();
+        }
     }
     if let Some(max_wait) = input.max_ready_wait {
         h = h.with_max_ready_wait(max_wait.get());

@@ -90,6 +90,8 @@ pub struct CoreConfig<T, S> {
     pub outage: Option<OutageConfig>,
     /// Called after each change of the outage detector (see `Builder::on_outage_event`).
     pub outage_hook: Option<OutageHook>,
+    /// Whether the state gives memory back after a burst (`QueueState::set_shrink`).
+    pub shrink: bool,
 }
 
 /// A function told of each change of the outage detector (see `Builder::on_outage_event`).
@@ -110,6 +112,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("fair", &self.group.is_some())
             .field("refresh_thread", &self.refresh_thread)
             .field("outage", &self.outage)
+            .field("shrink", &self.shrink)
             .finish_non_exhaustive()
     }
 }
@@ -173,6 +176,7 @@ where
         if let Some(outage) = config.outage {
             state.enable_outage_detection(outage);
         }
+        state.set_shrink(config.shrink);
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -521,6 +525,11 @@ where
             g.state.len(now);
             g.state.counts()
         })
+    }
+
+    /// See `WorkQueue::compactions`.
+    pub fn compactions(&self) -> u64 {
+        self.lock().state.compactions()
     }
 
     /// Heap bytes held by the queue's own structures.

@@ -42,6 +42,7 @@
 //! | `add_batch` | the iterator, `Hash`, `Eq` | the keys before the panic are added, and waiting getters are woken for them |
 //! | `add_rate_limited` | the limiter's `when` | nothing changed |
 //! | `get`, `try_get`, `get_timeout` | `Clone`; the recorder | the key stays queued at the head (keys that came due, or became overdue with aging, were moved as any get moves them) |
+//! | compaction (in a get, once few keys are live and settled) | `Hash` of every live key | nothing is handed out; the queue is as it was (keys that came due, or became overdue, were moved) |
 //! | `try_get_batch` | `Clone`; the recorder | every key taken goes back to the head, in order |
 //! | a lease ends | the limiter, the clock | the key is finished; a `Retry` is not re-added (no delay) |
 //! | a lease ends | the recorder, the released key's `Drop` | the key is finished, as asked |

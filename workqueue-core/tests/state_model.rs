@@ -12,6 +12,9 @@
 //! panic the state must match the model (the interrupted operation changed nothing but the
 //! promotion it made) and keep its invariants.
 //!
+//! Compaction: `Op::Compact` forces one, and `..._while_compacting` lowers the size from which
+//! `get` compacts on its own to a few keys; compaction must be invisible to the model.
+//!
 //! A failure shrinks to a short, readable `Vec<Op>`; replay it with `replay(&[...])` in a unit
 //! test of its own.
 
@@ -70,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u64..6).prop_map(|n| Op::Advance(Duration::from_millis(n))),
         1 => (0u64..6).prop_map(|n| Op::Rewind(Duration::from_millis(n))),
         1 => Just(Op::Drain),
+        1 => Just(Op::Compact),
     ]
 }
 
@@ -269,6 +273,33 @@ proptest! {
         limit in prop_oneof![Just(u32::MAX), Just(0u32), 1u32..16],
     ) {
         let mut h = StateHarness::new().with_bucket_limit(limit);
+        for op in &ops {
+            h.apply(op);
+        }
+        h.wind_down();
+    }
+
+    /// Compaction on its own (from one or a few live keys, so every `get` may compact, once the
+    /// live count settles or, without settling, at once) and forced, over 20 keys, with faults,
+    /// fairness and aging in any combination.
+    #[test]
+    fn state_agrees_with_model_while_compacting(
+        ops in proptest::collection::vec(faulty_op(), 1..200),
+        min in 1usize..5,
+        settle in any::<bool>(),
+        fair in any::<bool>(),
+        aging in proptest::option::of(prop_oneof![Just(0u64), 1_000_000u64..5_000_000]),
+    ) {
+        let mut h = StateHarness::new().with_compact_min(min);
+        if !settle {
+            h = h.without_settling();
+        }
+        if fair {
+            h = h.with_fairness();
+        }
+        if let Some(max_wait) = aging {
+            h = h.with_max_ready_wait(Duration::from_nanos(max_wait));
+        }
         for op in &ops {
             h.apply(op);
         }

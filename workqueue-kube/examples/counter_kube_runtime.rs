@@ -2,7 +2,7 @@
 //! `Controller` (stable API), with its documented error policy, a fixed requeue. Built with the
 //! tests (`cargo test` builds the examples), so that it does not rot.
 //!
-//! `cargo run -p workqueue-kube --example counter_kube_runtime` (a real cluster, as `counter`).
+//! `cargo run -p workqueue-kube --example counter_kube_runtime` (a real cluster, as `kube_counter`).
 //!
 //! What differs from `examples/counter/controller.rs`: every failure is retried after the same
 //! 5 s, for ever (no per-key backoff: kube-rs #1916; no giving up an invalid annotation); no

@@ -62,6 +62,9 @@ pub enum Op {
     Rewind(Duration),
     /// `get` + `finish(Done)` until nothing is ready.
     Drain,
+    /// `compact()`: forces a compaction (which hashes every live key, so a fault may strike;
+    /// it must then change nothing). Compaction is invisible to the model.
+    Compact,
     /// Arms a fault for the next operation: its `n`-th call of that user code panics (1 is the
     /// first; 0 arms nothing). [`Fault::Drop`] and [`Fault::Limiter`] never strike here: the
     /// state drops no key and calls no limiter.
@@ -170,6 +173,20 @@ impl<S: BuildHasher> StateHarness<S> {
     pub fn with_outage_detection(mut self, config: OutageConfig) -> Self {
         self.state.enable_outage_detection(config);
         self.model = std::mem::take(&mut self.model).with_outage_detection(config);
+        self
+    }
+
+    /// The same harness on a state that compacts from `min` live keys (see
+    /// [`QueueState::set_compact_min`]), so `get` compacts on its own with a handful of keys.
+    pub fn with_compact_min(mut self, min: usize) -> Self {
+        self.state.set_compact_min(min);
+        self
+    }
+
+    /// The same harness on a state that compacts at the first `get` below its threshold,
+    /// without waiting for the live count to settle (see [`QueueState::set_settle`]).
+    pub fn without_settling(mut self) -> Self {
+        self.state.set_settle(false);
         self
     }
 
@@ -371,6 +388,22 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.get(ctx, now);
                     let last = self.held.len() - 1;
                     self.finish(ctx, last, Outcome::Done, None, None, now);
+                }
+            }
+            Op::Compact => {
+                let before = self.state.compactions();
+                if self.on_state(ctx, true, |s| s.compact()).is_some() {
+                    assert_eq!(
+                        self.state.compactions(),
+                        before + 1,
+                        "{ctx}: compact did not count"
+                    );
+                } else {
+                    assert_eq!(
+                        self.state.compactions(),
+                        before,
+                        "{ctx}: an interrupted compaction counted"
+                    );
                 }
             }
             Op::Fault(..) => unreachable!("handled above"),
@@ -709,8 +742,10 @@ mod tests {
             Op::Advance(ms(1)),
             Op::Get,
             Op::Finish(0, Outcome::RetryAfter(Duration::ZERO), None),
+            Op::Compact,
             Op::ShutDown,
             Op::Add(5),
+            Op::Compact,
             Op::Drain,
         ]
     }

@@ -16,7 +16,7 @@
 //! same queue or against a task yield. Leases are finished every way there is (`done`,
 //! `forget`, `retry`, `retry_after`, `requeue_after`, `finish`, drop), sometimes after holding
 //! them across an `.await`. Then the producers stop and drain tasks blocked in plain
-//! `get().await` process everything left until `counts().tracked == 0`, under a watchdog that
+//! `get().await` process everything left until only two keys are tracked, under a watchdog that
 //! fails the run (a lost wake-up or a leaked key shows up as a drain that never finishes).
 //! Checked:
 //!
@@ -25,9 +25,13 @@
 //!   leases the tasks can hold);
 //! - every key added is processed at least once after its last add (per key: the stamp of its
 //!   last lease is later than the stamp of its last add, once drained);
-//! - memory stays flat: the queue tracks nothing after each drain, and the process RSS (from
-//!   `/proc/self/statm`) after the last drain is at most twice the RSS after the first one (a
-//!   generous bound against leaks, not a measurement);
+//! - memory follows the live size: one key is processing (a lease held by the main task) and one
+//!   waits (an hour's delay) throughout, so after each drain the queue tracks exactly those two
+//!   and must give the bursts' memory back by compacting, not by emptying: `allocated_bytes()`
+//!   after one more get (which finds nothing ready, and compacts) is at most 4x what a fresh queue holds with `COMPACT_MIN` keys in that shape (states
+//!   under `COMPACT_MIN` live keys do not compact); and the process RSS (from `/proc/self/statm`)
+//!   after the last drain is at most twice the RSS after the first one (a generous bound
+//!   against leaks, not a measurement);
 //! - the final `shut_down_with_drain().await` completes and `get().await` then returns `None`.
 //!
 //! It exits non-zero on any violation and prints operation counts, throughput and RSS figures.
@@ -39,6 +43,7 @@ use std::time::{Duration, Instant as StdInstant};
 use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
+use workqueue_core::state::COMPACT_MIN;
 use workqueue_model::{Ledger, SplitMix64};
 use workqueue_tokio::ratelimit::ExponentialFailure;
 use workqueue_tokio::{CancellationToken, Lease, Outcome, WorkQueue};
@@ -51,6 +56,40 @@ const MAX_BATCH: usize = 8;
 const WATCHDOG: Duration = Duration::from_secs(30);
 /// RSS after the last drain may be at most this many times the RSS after the first.
 const RSS_FACTOR: u64 = 2;
+/// The key held processing throughout, and the key waiting throughout (outside the book).
+const HELD: &str = "residual/held";
+const WAITING: &str = "residual/waiting";
+/// Keys a drain leaves: `HELD` and `WAITING`.
+const RESIDUAL: usize = 2;
+/// After a drain the queue holds at most this many times a fresh queue's bytes.
+const BOUND: usize = 4;
+
+fn queue() -> WorkQueue<Key> {
+    let limiter = ExponentialFailure::new(Duration::from_micros(1), Duration::from_millis(1));
+    WorkQueue::builder().rate_limiter(limiter).build()
+}
+
+/// Adds the keys held and waiting throughout; returns the held lease.
+fn hold_residual(q: &WorkQueue<Key>) -> Lease<Key> {
+    q.add(Key::from(HELD));
+    let held = q.try_get().expect("the held key");
+    assert_eq!(&**held, HELD);
+    q.add_after(Key::from(WAITING), Duration::from_secs(3600));
+    held
+}
+
+/// The bytes of a fresh queue holding `n` keys in the drained shape (one processing, one
+/// waiting, the rest queued).
+fn fresh_bytes(n: usize) -> usize {
+    let q = queue();
+    let held = hold_residual(&q);
+    for i in 0..n.saturating_sub(RESIDUAL) {
+        q.add(Key::from(format!("fresh/{i}")));
+    }
+    let bytes = q.allocated_bytes();
+    held.done();
+    bytes
+}
 
 /// Soak test: many tokio tasks hammer one async work queue with random operations.
 #[derive(Debug, Clone, Copy, Parser)]
@@ -319,7 +358,8 @@ async fn hammer(
 }
 
 /// Processes everything left (waiting keys included) with `workers` tasks blocked in plain
-/// `get().await`, until the queue tracks nothing. Returns the number of leases taken.
+/// `get().await`, until the queue tracks only the residual keys. Returns the number of leases
+/// taken.
 async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
     let done = CancellationToken::new();
     let mut set = JoinSet::new();
@@ -344,7 +384,7 @@ async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
             gets
         });
     }
-    while q.counts().tracked != 0 {
+    while q.counts().tracked != RESIDUAL {
         sleep(Duration::from_millis(1)).await;
     }
     done.cancel();
@@ -389,8 +429,10 @@ fn show(kib: Option<u64>) -> String {
 }
 
 async fn run(cfg: Config) -> ExitCode {
-    let limiter = ExponentialFailure::new(Duration::from_micros(1), Duration::from_millis(1));
-    let q: WorkQueue<Key> = WorkQueue::builder().rate_limiter(limiter).build();
+    let q = queue();
+    let held = hold_residual(&q);
+    let bound = BOUND * fresh_bytes(COMPACT_MIN);
+    let mut bytes_after = Vec::with_capacity(cfg.rounds);
     let book = Arc::new(Book::new(cfg.keys));
     let per_round = Duration::from_secs_f64(cfg.seconds / cfg.rounds as f64);
     println!(
@@ -444,10 +486,26 @@ async fn run(cfg: Config) -> ExitCode {
         };
         tally.gets += drained;
         total_drained += drained;
-        let c = q.counts();
-        if c.tracked != 0 || c.processing != 0 || c.ready != 0 || c.waiting != 0 {
+        // A worker's next get finds nothing ready: the drain is over, and the queue compacts
+        // there (a drain under way never settles long enough to). It hands nothing out.
+        if let Some(lease) = q.try_get() {
             book.ledger.violation(format_args!(
-                "round {round}: queue not empty after drain: {c:?}"
+                "round {round}: a get after the drain handed out {:?}",
+                lease.key()
+            ));
+        }
+        let c = q.counts();
+        if (c.tracked, c.processing, c.waiting, c.ready) != (RESIDUAL, 1, 1, 0) {
+            book.ledger.violation(format_args!(
+                "round {round}: after the drain the queue holds {c:?}, not the residual keys"
+            ));
+        }
+        let bytes = q.allocated_bytes();
+        bytes_after.push(bytes);
+        if bytes > bound {
+            book.ledger.violation(format_args!(
+                "round {round}: {bytes} bytes after the drain, above {BOUND}x a fresh queue with \
+                 {COMPACT_MIN} keys ({bound})"
             ));
         }
         // Every key was processed after its last add, and none is still held.
@@ -470,7 +528,10 @@ async fn run(cfg: Config) -> ExitCode {
     }
     let secs = started.elapsed().as_secs_f64();
 
-    // Shutdown: the drain completes (no lease is outstanding) and getters then see `None`.
+    // Shutdown: the drain completes (no lease is outstanding once the held one is done) and
+    // getters then see `None`.
+    let compactions = q.compactions();
+    held.done();
     if timeout(WATCHDOG, q.shut_down_with_drain()).await.is_err() {
         book.ledger.violation(format_args!(
             "shut_down_with_drain did not finish: {:?}",
@@ -511,6 +572,9 @@ async fn run(cfg: Config) -> ExitCode {
         total.gets,
         total.cancelled,
     );
+    println!(
+        "soak_async: allocated_bytes after each drain {bytes_after:?} (bound {bound}), {compactions} compactions"
+    );
     let after: Vec<String> = rss_after.iter().map(|r| show(*r)).collect();
     println!(
         "soak_async: RSS start {}, peak {}, after first drain {}, after last drain {} (bound {RSS_FACTOR}x); after each drain [{}]",
@@ -525,7 +589,7 @@ async fn run(cfg: Config) -> ExitCode {
         ExitCode::FAILURE
     } else {
         println!(
-            "soak_async: OK (no key held twice, counts consistent, every add processed, drained every round, memory flat)"
+            "soak_async: OK (no key held twice, counts consistent, every add processed, drained every round, memory within the bound after every drain)"
         );
         ExitCode::SUCCESS
     }

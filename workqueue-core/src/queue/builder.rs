@@ -88,6 +88,7 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
                 refresh_thread: true,
                 outage: None,
                 outage_hook: None,
+                shrink: true,
             },
         }
     }
@@ -282,6 +283,20 @@ impl<T, S, D> Builder<T, S, D> {
         self
     }
 
+    /// Whether the queue gives memory back after a burst. Default: `true`.
+    ///
+    /// An initial list, or an outage in which every key fails, grows the queue's buffers to the
+    /// peak. With this on, once the live keys fall below half of what the buffers were last
+    /// sized for and stay near that size for about half as many `get`s as there are keys, a
+    /// `get` compacts the queue to the live size (at most once per halving; a key being
+    /// processed never moves; a drain to empty never compacts, since the empty queue frees its
+    /// buffers anyway). Off keeps the peak until the queue is empty, for those who expect the
+    /// next burst soon and prefer not to rebuild.
+    pub fn shrink(mut self, yes: bool) -> Self {
+        self.config.shrink = yes;
+        self
+    }
+
     /// The hasher for keys. The default is fast and randomly seeded; use
     /// `std::hash::RandomState` (SipHash) for queues fed with keys chosen by untrusted tenants.
     pub fn hasher<S2>(self, hasher: S2) -> Builder<T, S2, D> {
@@ -301,6 +316,7 @@ impl<T, S, D> Builder<T, S, D> {
                 refresh_thread: c.refresh_thread,
                 outage: c.outage,
                 outage_hook: c.outage_hook,
+                shrink: c.shrink,
             },
         }
     }

@@ -118,6 +118,17 @@ macro_rules! queue_handle_methods {
             self.core.counts()
         }
 
+        /// Heap bytes held by the queue's own structures (keys' own allocations excluded).
+        pub fn allocated_bytes(&self) -> usize {
+            self.core.allocated_bytes()
+        }
+
+        /// How many times the queue compacted to give a burst's memory back (see
+        /// `Builder::shrink`).
+        pub fn compactions(&self) -> u64 {
+            self.core.compactions()
+        }
+
         /// Refreshes the queue's "unfinished work" and oldest-ready gauges now, on the queue's
         /// clock (see `workqueue_core::metrics`). A background thread does this every 500 ms for
         /// named queues; a no-op for an unnamed queue or without the `metrics` feature.

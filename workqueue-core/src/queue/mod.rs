@@ -223,11 +223,6 @@ where
         }
     }
 
-    /// Heap bytes held by the queue's own structures (keys' own allocations excluded).
-    pub fn allocated_bytes(&self) -> usize {
-        self.core.allocated_bytes()
-    }
-
     /// [`shut_down`](WorkQueue::shut_down), then waits until no lease is outstanding (and, with
     /// [`Builder::drain_includes_queued`], until nothing is queued). A later `shut_down()` releases
     /// it early. Idempotent and safe from several threads.

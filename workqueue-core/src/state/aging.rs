@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::slots::SlotId;
+use super::slots::{Remap, SlotId};
 
 /// When each queued key became ready, and the queued keys in that order.
 ///
@@ -152,6 +152,22 @@ impl Aging {
             .iter()
             .filter(|&&(slot, generation)| self.ages[slot as usize].generation == generation)
             .map(|&(slot, _)| slot)
+    }
+
+    /// Compaction: each moved slot's age moves with it, and the order keeps only its current
+    /// entries, renamed (a stale entry could name a slot that a moved key now holds, under the
+    /// same generation, and would then pass for current).
+    pub(crate) fn remap(&mut self, remap: &Remap) {
+        let ages = &self.ages;
+        self.order.retain(|&(slot, generation)| {
+            ages.get(slot as usize)
+                .is_some_and(|a| a.generation == generation)
+        });
+        for entry in &mut self.order {
+            entry.0 = remap.slot(entry.0);
+        }
+        self.order.shrink_to_fit();
+        remap.side(&mut self.ages, Age::default());
     }
 
     /// Forgets every entry (no key is queued).

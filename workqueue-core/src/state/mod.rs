@@ -13,6 +13,52 @@
 //! overdue keys moved): a panic there leaves the state as it was, with every invariant. Finishing,
 //! shutting down and `len` call no user code. See the crate docs for the whole rule.
 //!
+//! # Memory follows the live size
+//!
+//! A burst (an initial list, an outage in which every key fails) grows every buffer; when it
+//! passes, the state gives the memory back. When the number of live keys has fallen below half
+//! of what it was when the buffers were last sized (at a growth of the hash index, or at the
+//! last compaction) **and has settled there**, a [`QueueState::get`] compacts: every live slot
+//! that is **not being processed** moves to the lowest free slot, the slot arrays are cut after
+//! the last slot still in use, and the hash index, the ready set, the waiting heap and every
+//! per-slot side array (timing, priorities, ages, groups, positions, parked keys) are renamed
+//! and rebuilt at the live size.
+//!
+//! Settled means: since the live count was last seen below the threshold at `n` keys, it has
+//! not fallen below `3n / 4`, and at least half as many `get`s as there are live keys have been
+//! made. A compaction costs O(live keys), so waiting that many gets amortizes it to O(1) per
+//! get. A drain under way keeps falling, which restarts the wait every quarter: a pure drain
+//! (W1: distinct keys in, then get and done until empty) reaches empty, where everything is
+//! freed anyway, without compacting once; a drain that stops at a size (a controller's resync
+//! settling to its steady state) compacts within about that many gets. `get` checks the live
+//! count only every `max(live / 8, 64)` gets (a countdown: the hot path is one decrement and one
+//! branch), so the wait is seen to begin up to that many gets late. A `get` that finds nothing
+//! ready does not wait: the drain is over, and the keys still live are waiting or processing
+//! (a controller after its initial list, one key waiting an hour); below the threshold it
+//! compacts at once. Either way a compaction at `n` live keys follows at least `n` finished keys
+//! (each after a get) or `n / 2` gets, so its cost is O(1) per get.
+//!
+//! The rule: **a processing slot never moves.** A [`Ticket`] names its slot from outside the
+//! lock, so it must stay where it is until the lease ends. Queued and waiting slots move; the
+//! slot arrays end after the highest processing slot if it is above the live count. When that
+//! leaves them more than twice the live size (workers hold keys from the top of a FIFO that
+//! drained from the bottom), the compaction still moves every other key down and rebuilds
+//! everything else; the next `get` after the last such lease ends finishes the job (a scan of
+//! the slot words, then one more compaction).
+//!
+//! Hysteresis: after a compaction at `n` live keys the next one waits until fewer than `n / 2`
+//! are live, and a growth of the index to room for `m` keys only raises that threshold to
+//! `m / 4`, so a queue that swings around a size does not rebuild on every swing: at most one
+//! rebuild per halving of the live size (and one to finish a pinned one, which is checked at
+//! every get and does not wait to settle: its lease has ended). States under
+//! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once, as
+//! before. [`QueueState::set_shrink`] turns compaction off.
+//!
+//! Compacting hashes every live key (the index's buckets depend on its size, and the index keeps
+//! no hashes), which is user code: it runs before the compaction changes anything, so a `Hash`
+//! that panics leaves the state as it was. That is why compaction runs in `get` (which may call
+//! user code) and never in `finish`, which calls none.
+//!
 //! Priorities, aging and fairness cost nothing until they are used: until then the ready set is
 //! one FIFO and no per-key bytes are kept for them (`priorities.rs`, `aging.rs` and the slots'
 //! groups are side arrays allocated on first use).
@@ -238,7 +284,35 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     bucket_limit: u32,
     /// Outage detection (`parking.rs`); `None` (off) unless a driver enables it.
     parking: Option<Box<Parking>>,
+    /// `get` compacts when fewer keys than this are live (0: never; `usize::MAX`: a compaction
+    /// left the slot arrays pinned by a processing slot, see `pin`). See the module docs.
+    shrink_below: usize,
+    /// The highest processing slot that kept the slot arrays above twice the live size at the
+    /// last compaction, or `NO_POS`. While it is processing, `get` only checks it.
+    pin: SlotId,
+    /// Whether the state compacts (`set_shrink`).
+    shrink: bool,
+    /// The fewest live keys at which a compaction is worth it (`COMPACT_MIN`; tests lower it).
+    compact_min: usize,
+    /// Compactions so far.
+    compactions: u64,
+    /// `get`s until the next compaction check (`check_shrink`); at least 1. The only field the
+    /// hot path touches for compaction: one decrement and one branch.
+    tick: usize,
+    /// What `tick` was last set to: the gets from one check to the next.
+    period: usize,
+    /// The live keys when the current wait below `shrink_below` began (0: not waiting).
+    settle_live: usize,
+    /// The gets made since that wait began (as of the last check).
+    settle_gets: usize,
+    /// Whether `get` waits for the live count to settle before it compacts (`set_settle`; tests
+    /// turn it off to compact at the first check below the threshold).
+    settle: bool,
 }
+
+/// States with fewer live keys than this do not compact: their buffers are small, and an empty
+/// state frees its large ones anyway.
+pub const COMPACT_MIN: usize = 512;
 
 /// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
 /// an idle queue that sees one key at a time does not allocate on every add.
@@ -373,6 +447,16 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
             parking: None,
+            shrink_below: 0,
+            pin: NO_POS,
+            shrink: true,
+            compact_min: COMPACT_MIN,
+            compactions: 0,
+            tick: usize::MAX,
+            period: usize::MAX,
+            settle_live: 0,
+            settle_gets: 0,
+            settle: true,
         }
     }
 
@@ -428,6 +512,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[inline]
     pub fn has_aging(&self) -> bool {
         self.aging.is_some()
+    }
+
+    /// Whether the state gives memory back when its live keys fall well below the size its
+    /// buffers grew to (see the [module documentation](self)). Default: on. Off keeps the peak
+    /// until the state is empty, as a state that never compacts; [`QueueState::compact`] still
+    /// compacts when asked.
+    pub fn set_shrink(&mut self, on: bool) {
+        self.shrink = on;
+        if !on {
+            self.shrink_below = 0;
+            self.pin = NO_POS;
+            self.settle_live = 0;
+        }
+    }
+
+    /// How many times the state compacted (see the [module documentation](self)).
+    pub fn compactions(&self) -> u64 {
+        self.compactions
+    }
+
+    /// Testing seam, not a stable API: compacts from `min` live keys instead of
+    /// [`COMPACT_MIN`], so tests and fuzzers reach compaction with a handful of keys.
+    #[doc(hidden)]
+    pub fn set_compact_min(&mut self, min: usize) {
+        self.compact_min = min.max(1);
+        // Check at the next get, at the new scale.
+        self.schedule_check(1);
+    }
+
+    /// Testing seam, not a stable API: `false` compacts at the first get below the threshold,
+    /// without waiting for the live count to settle there, so that tests and fuzzers whose
+    /// operations rarely settle still compact often. Default: `true`.
+    #[doc(hidden)]
+    pub fn set_settle(&mut self, on: bool) {
+        self.settle = on;
+        self.schedule_check(1);
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -579,8 +699,17 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ///
     /// After shutdown it keeps handing out queued keys, and returns [`Get::ShutDown`] once the FIFO
     /// is empty: it never waits for a deadline then.
+    ///
+    /// When few keys are live it first compacts (see the [module documentation](self)), which
+    /// hashes every live key: a `Hash` that panics then leaves the state as it was.
     pub fn get(&mut self, now: Instant) -> Get<T> {
         self.promote(now);
+        // One decrement and one branch on the hot path: every few gets, `check_shrink` looks at
+        // the live count (and compacts once it has settled below the threshold).
+        self.tick -= 1;
+        if self.tick == 0 {
+            self.check_shrink();
+        }
         let plain = self.ready.is_plain();
         let head = match plain {
             true => self.ready.plain_front(),
@@ -618,9 +747,183 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 Get::Ready(ticket, key)
             }
             None if self.shutting_down => Get::ShutDown,
-            None => Get::Empty {
-                next_deadline: self.next_deadline(),
-            },
+            None => {
+                // Nothing ready: a drain is over, the live count has settled (see the module
+                // docs). Off the hot path: only a get that hands out nothing compares.
+                if self.slots.live() < self.shrink_below {
+                    self.compact_on_get();
+                }
+                Get::Empty {
+                    next_deadline: self.next_deadline(),
+                }
+            }
+        }
+    }
+
+    /// The check `get` makes every `period` gets (see the module docs): whether the live count
+    /// has settled below the compaction threshold, and if so, the compaction. Out of line.
+    #[cold]
+    #[inline(never)]
+    fn check_shrink(&mut self) {
+        let elapsed = self.period;
+        let live = self.slots.live();
+        // The next check at the next get, unless rescheduled below: a compaction whose `Hash`
+        // panics is tried again there.
+        self.schedule_check(1);
+        if self.shrink_below == usize::MAX {
+            // A pinned compaction: check every get, finish at the first after the lease ends.
+            self.compact_on_get();
+            return;
+        }
+        if live >= self.shrink_below {
+            self.settle_live = 0;
+        } else if self.settle_live == 0 || live < self.settle_live - self.settle_live / 4 {
+            // Crossed the threshold, or fell a quarter further since the wait began (a drain
+            // under way): wait from here. A pure drain restarts every quarter and never compacts.
+            self.settle_live = live.max(1);
+            self.settle_gets = 0;
+            if !self.settle {
+                self.compact_on_get();
+                return;
+            }
+        } else {
+            self.settle_gets = self.settle_gets.saturating_add(elapsed);
+            if self.settle_gets >= live / 2 {
+                // Settled for half as many gets as there are live keys: the compaction's
+                // O(live) cost is amortized over them.
+                self.compact_on_get();
+                return;
+            }
+        }
+        let mut next = self.check_period(live);
+        if self.settle_live != 0 {
+            next = next.min((live / 2 - self.settle_gets).max(1));
+        }
+        self.schedule_check(next);
+    }
+
+    /// The gets between two checks at `live` keys: an eighth of them, so a crossing is seen
+    /// within a small share of the wait, and at least an eighth of the smallest compacting
+    /// size, so a small queue hovering at a threshold pays a check only every few dozen gets.
+    /// Without a threshold, never (whatever sets one schedules a check).
+    fn check_period(&self, live: usize) -> usize {
+        match self.shrink_below {
+            0 => usize::MAX,
+            _ if !self.settle => 1,
+            _ => (live / 8).max(self.compact_min / 8).max(1),
+        }
+    }
+
+    /// The next compaction check in `gets` gets (at least 1).
+    fn schedule_check(&mut self, gets: usize) {
+        self.tick = gets;
+        self.period = gets;
+    }
+
+    /// The compaction `get` makes once few keys are live and settled (see the module docs).
+    #[cold]
+    #[inline(never)]
+    fn compact_on_get(&mut self) {
+        // The moves of time this get makes anyway, first: a `Hash` that panics below leaves the
+        // state as a `get` interrupted by user code does.
+        if self.aging.is_some() {
+            self.move_overdue();
+        }
+        if self.pin != NO_POS {
+            if self.slots.is_live(self.pin) && self.slots.is_processing(self.pin) {
+                return;
+            }
+            // That lease ended: is another one still above twice the live size?
+            if let Some(pin) = self.slots.highest_processing_from(2 * self.slots.live()) {
+                self.pin = pin;
+                return;
+            }
+        }
+        self.compact();
+    }
+
+    /// Gives memory back now: moves every live slot that is not being processed to the lowest
+    /// free slots and rebuilds the index, the ready set, the waiting heap and the per-slot side
+    /// arrays at the live size (see the [module documentation](self)). `get` does this on its
+    /// own when few keys are live; call it after a burst to do it at a time of your choosing.
+    ///
+    /// It hashes every live key (user code) before it changes anything: a `Hash` that panics
+    /// leaves the state as it was.
+    pub fn compact(&mut self) {
+        let live = self.slots.live();
+        // User code first, in slot order: every live key's hash.
+        let hashes: Vec<(SlotId, u64)> = self
+            .slots
+            .iter_live()
+            .map(|(slot, key)| (slot, self.hasher.hash_one(key)))
+            .collect();
+        // A processing slot stays where it is: the arrays end after it.
+        let top = self
+            .slots
+            .highest_processing_from(live)
+            .map_or(live, |s| s as usize + 1);
+        self.prune_parking();
+        let remap = self.slots.compact(top);
+        self.ready.remap(&remap);
+        if let Some(p) = &mut self.parking {
+            p.remap(&remap);
+        }
+        self.waiting.remap(&remap);
+        if let Some(t) = &mut self.timing {
+            t.remap(&remap);
+        }
+        if let Some(p) = &mut self.priorities {
+            p.remap(&remap);
+        }
+        if let Some(a) = &mut self.aging {
+            a.remap(&remap);
+        }
+        if let Some(g) = &mut self.groups {
+            remap.side(g, 0);
+        }
+        // The index at the live size, from the hashes taken above, in the old slot order: the
+        // slots that stayed, then the moved ones in the order of their new ids.
+        self.unrecorded = HashMap::new();
+        let mut index = HashTable::with_capacity(live);
+        for (old, hash) in hashes {
+            let slot = remap.slot(old);
+            // Sized for every live key: never grows, never calls the re-hash function.
+            let bucket = index
+                .insert_unique(hash, slot, |_| {
+                    unreachable!("the new index was sized for every live key")
+                })
+                .bucket_index();
+            let stored = stored_bucket(bucket, self.bucket_limit);
+            if stored == NO_POS {
+                self.unrecorded.insert(slot, hash);
+            }
+            match self.slots.heap_pos(slot) {
+                Some(pos) => self.waiting.set_bucket(pos, stored),
+                None => self.slots.set_bucket(slot, stored),
+            }
+        }
+        self.index = index;
+        self.compactions += 1;
+        self.pin = NO_POS;
+        self.settle_live = 0;
+        self.shrink_below = self.threshold(live);
+        let next = self.check_period(live);
+        self.schedule_check(next);
+        if top > 2 * live && self.shrink {
+            // Pinned by a lease (see the module docs): finish once it ends. (With compaction
+            // off, an explicit `compact` is not followed up.)
+            self.pin = (top - 1) as SlotId;
+            self.shrink_below = usize::MAX;
+            self.schedule_check(1);
+        }
+    }
+
+    /// The compaction threshold for buffers sized for `n` live keys: half of it (so at most one
+    /// compaction per halving), or 0 below [`COMPACT_MIN`] or with compaction off.
+    fn threshold(&self, n: usize) -> usize {
+        match self.shrink && n >= self.compact_min {
+            true => n / 2,
+            false => 0,
         }
     }
 
@@ -892,6 +1195,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             + self.unrecorded.allocation_size()
             + self.priorities.as_ref().map_or(0, |p| p.allocated_bytes())
             + self.aging.as_ref().map_or(0, |a| a.allocated_bytes())
+            + self
+                .groups
+                .as_ref()
+                .map_or(0, |g| g.capacity() * size_of::<u64>())
     }
 
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
@@ -1017,6 +1324,30 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if let Some(t) = &self.timing {
             self.check_depths(t);
         }
+        self.slots.check();
+        assert_eq!(
+            self.pin != NO_POS,
+            self.shrink_below == usize::MAX,
+            "a pinned compaction without its pin, or the reverse"
+        );
+        if self.pin != NO_POS {
+            assert!(
+                (self.pin as usize) < self.slots.len(),
+                "the pin is past the slot arrays"
+            );
+        }
+        assert!(
+            self.shrink || self.shrink_below == 0,
+            "compaction is off but armed"
+        );
+        assert!(
+            1 <= self.tick && self.tick <= self.period,
+            "the next compaction check is not scheduled"
+        );
+        assert!(
+            self.settle_live == 0 || (self.shrink_below != 0 && self.shrink_below != usize::MAX),
+            "waiting to compact without a threshold, or while pinned"
+        );
     }
 
     /// The depth per priority kept for metrics matches a recount of the dirty keys.
@@ -1134,14 +1465,27 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 .iter_live()
                 .map(|(_, key)| self.hasher.hash_one(key)),
         );
-        let mut index = HashTable::with_capacity((2 * live).max(live + 1));
         let mut hashes = hashes.into_iter();
+        self.rebuild_index((2 * live).max(live + 1), |_| {
+            hashes.next().expect("one hash per live slot")
+        });
+        // Room for twice the live keys: compact once fewer than half of them are live (and
+        // settled there). Check at the next get: the threshold may be new.
+        self.shrink_below = self.shrink_below.max(self.threshold(live));
+        self.settle_live = 0;
+        self.schedule_check(1);
+    }
+
+    /// Replaces the index with one of room for `capacity` keys, filled by walking the live slots
+    /// in order; `hash(slot)` is each one's hash, computed beforehand (no user code runs here).
+    fn rebuild_index(&mut self, capacity: usize, mut hash: impl FnMut(SlotId) -> u64) {
+        let mut index = HashTable::with_capacity(capacity);
         let (limit, unrecorded, waiting) =
             (self.bucket_limit, &mut self.unrecorded, &mut self.waiting);
         unrecorded.clear();
         self.slots.reindex(
             |slot| {
-                let hash = hashes.next().expect("one hash per live slot");
+                let hash = hash(slot);
                 // The table has room for every live key, so it never grows here and never
                 // calls the re-hash function.
                 let bucket = index
@@ -1398,10 +1742,21 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         Some(key)
     }
 
-    /// Gives a burst's memory back once the state is empty.
+    /// Gives a burst's memory back once the state is empty. Out of line: `finish` calls it on
+    /// every last key, and inlined it costs `finish` registers on every key.
+    #[inline(never)]
     fn shrink_if_large(&mut self) {
+        // No lease is out: nothing pins the slot arrays.
+        self.pin = NO_POS;
         if self.index.capacity() > SHRINK_ABOVE {
             self.index = HashTable::new();
+            // Nothing left to compact: the next growth sets the threshold again.
+            self.shrink_below = 0;
+            self.settle_live = 0;
+        }
+        if self.shrink_below == usize::MAX {
+            self.shrink_below = 0;
+            self.settle_live = 0;
         }
         if self.unrecorded.capacity() > SHRINK_ABOVE {
             self.unrecorded = HashMap::new();

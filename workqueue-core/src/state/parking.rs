@@ -25,6 +25,7 @@ use workqueue_ratelimit::{
     Instant, OutageConfig, OutageDetector, Signal, Transition, duration_to_nanos,
 };
 
+use super::slots::Remap;
 use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket};
 use crate::Outcome;
 
@@ -70,6 +71,18 @@ impl Parking {
     /// At shutdown: no probe runs any more.
     pub(super) fn forget_probe(&mut self) {
         self.probe = None;
+    }
+
+    /// Compaction, after [`QueueState::prune_parking`]: the parked entries and the probe follow
+    /// their slots.
+    pub(super) fn remap(&mut self, remap: &Remap) {
+        for entry in &mut self.round {
+            entry.0 = remap.slot(entry.0);
+        }
+        self.round.shrink_to_fit();
+        if let Some(probe) = &mut self.probe {
+            *probe = remap.slot(*probe);
+        }
     }
 }
 
@@ -123,6 +136,24 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             .iter()
             .filter(|&&(slot, seq)| self.parked_seq(slot) == Some(seq))
             .count()
+    }
+
+    /// Before a compaction: drops the round's stale entries and a probe whose key is gone, so
+    /// that every slot [`Parking::remap`] renames is live (a stale entry could name a free slot,
+    /// or one a moved key takes over).
+    pub(super) fn prune_parking(&mut self) {
+        let Some(p) = &self.parking else { return };
+        let round: VecDeque<(SlotId, u64)> = p
+            .round
+            .iter()
+            .copied()
+            .filter(|&(slot, seq)| self.parked_seq(slot) == Some(seq))
+            .collect();
+        let probe = p.probe.filter(|&slot| self.slots.is_live(slot));
+        if let Some(p) = &mut self.parking {
+            p.round = round;
+            p.probe = probe;
+        }
     }
 
     /// The sequence of `slot`'s waiting entry if it is parked.

@@ -3,7 +3,7 @@
 //! Until then every key is at priority 0 and [`QueueState`](super::QueueState) holds `None`
 //! instead, so a queue that never uses priorities pays no bytes per key for them (W9).
 
-use super::slots::SlotId;
+use super::slots::{Remap, SlotId};
 
 /// Priorities indexed by slot.
 ///
@@ -47,6 +47,12 @@ impl Priorities {
     #[inline]
     pub(crate) fn set_waiting(&mut self, slot: SlotId, priority: i32) {
         set(&mut self.waiting, slot, priority)
+    }
+
+    /// Compaction: each moved slot's priorities move with it.
+    pub(crate) fn remap(&mut self, remap: &Remap) {
+        remap.side(&mut self.queued, 0);
+        remap.side(&mut self.waiting, 0);
     }
 
     /// Frees buffers larger than `above` entries; called when the state is empty.

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use hashbrown::HashMap;
 
-use super::slots::SlotId;
+use super::slots::{Remap, SlotId};
 
 /// An entry left behind when a key left its level early (a raise, aging). Never a slot id: slot
 /// ids stay below `MAX_SLOTS`.
@@ -484,6 +484,28 @@ impl ReadyQueue {
             len += live;
         }
         assert_eq!(len, self.len, "the ready count is off");
+    }
+
+    /// Compaction: renames the slots `remap` moved (positions move with them) and frees the
+    /// room the levels, lanes and positions do not use. Tombstones stay: positions are
+    /// absolute, and they are dropped when they reach a lane's head as before.
+    pub(crate) fn remap(&mut self, remap: &Remap) {
+        let lane = |lane: &mut Lane| {
+            for s in lane.fifo.iter_mut().filter(|s| **s != TOMBSTONE) {
+                *s = remap.slot(*s);
+            }
+            lane.fifo.shrink_to_fit();
+        };
+        for level in std::iter::once(&mut self.zero).chain(&mut self.others) {
+            lane(&mut level.one);
+            level.lanes.values_mut().for_each(lane);
+            level.lanes.shrink_to_fit();
+            level.ring.shrink_to_fit();
+        }
+        self.others.shrink_to_fit();
+        if let Some(positions) = &mut self.positions {
+            remap.side(positions, 0);
+        }
     }
 
     /// Frees the levels' buffers (the set is empty); the mode stays.

@@ -23,6 +23,46 @@ pub(crate) const NO_POS: u32 = FIELD;
 /// The most slots a state can hold at once (and the most waiting entries).
 pub(crate) const MAX_SLOTS: usize = NO_POS as usize;
 
+/// The moves of a compaction ([`Slots::compact`]): slots below `len` stay, live slots at or
+/// above it moved below it.
+#[derive(Debug)]
+pub(crate) struct Remap {
+    /// The new number of slots.
+    pub(crate) len: usize,
+    /// The new id of each old slot at or above `len` (`NO_POS`: it was free).
+    to: Vec<SlotId>,
+    /// `(old, new)` for every moved slot, in ascending order of both.
+    pub(crate) moves: Vec<(SlotId, SlotId)>,
+}
+
+impl Remap {
+    /// The new id of a slot that was live.
+    #[inline]
+    pub(crate) fn slot(&self, old: SlotId) -> SlotId {
+        match (old as usize).checked_sub(self.len) {
+            None => old,
+            Some(i) => {
+                let new = self.to[i];
+                debug_assert_ne!(new, NO_POS, "remapping a slot that was free");
+                new
+            }
+        }
+    }
+
+    /// Moves the per-slot values of a side array along with their slots (a value past the end
+    /// of `v` is `absent`), then truncates it to the new number of slots and frees the rest.
+    pub(crate) fn side<V: Copy>(&self, v: &mut Vec<V>, absent: V) {
+        for &(old, new) in &self.moves {
+            let value = v.get(old as usize).copied().unwrap_or(absent);
+            if let Some(slot) = v.get_mut(new as usize) {
+                *slot = value;
+            }
+        }
+        v.truncate(self.len);
+        v.shrink_to_fit();
+    }
+}
+
 /// Keys and a packed state word per slot, in two parallel vectors (struct of arrays).
 ///
 /// Invariants:
@@ -250,6 +290,88 @@ impl<T> Slots<T> {
         dirty
     }
 
+    /// Number of slots, live or free (the length of the slot arrays).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The highest processing slot at or above `from`, if any (a scan of the state words).
+    pub(crate) fn highest_processing_from(&self, from: usize) -> Option<SlotId> {
+        let from = from.min(self.meta.len());
+        self.meta[from..]
+            .iter()
+            .rposition(|&m| m & PROCESSING != 0)
+            .map(|i| (from + i) as SlotId)
+    }
+
+    /// Compaction: moves every live slot at or above `new_len` to the lowest free slot below it,
+    /// truncates both arrays to `new_len` (their capacity too), and rebuilds the free list in
+    /// ascending order, so new keys fill the lowest slots first. Returns the moves.
+    ///
+    /// The caller chooses `new_len` so that it is at least the live count and no processing slot
+    /// is at or above it: a processing slot never moves (a ticket names it). Moving a slot moves
+    /// its key and its state word unchanged; the caller remaps every reference to it.
+    pub(crate) fn compact(&mut self, new_len: usize) -> Remap {
+        debug_assert!(new_len >= self.live && new_len <= self.keys.len());
+        let mut moves = Vec::new();
+        let mut to = vec![NO_POS; self.keys.len() - new_len];
+        let mut hole = 0;
+        for old in new_len..self.keys.len() {
+            if self.keys[old].is_none() {
+                continue;
+            }
+            debug_assert!(self.meta[old] & PROCESSING == 0, "moving a processing slot");
+            while self.keys[hole].is_some() {
+                hole += 1;
+            }
+            // `hole < new_len`: below `new_len` there are `new_len - live_below` free slots,
+            // at least as many as the live slots above it (`live - live_below`).
+            self.keys[hole] = self.keys[old].take();
+            self.meta[hole] = self.meta[old];
+            moves.push((old as SlotId, hole as SlotId));
+            to[old - new_len] = hole as SlotId;
+        }
+        self.keys.truncate(new_len);
+        self.meta.truncate(new_len);
+        self.keys.shrink_to_fit();
+        self.meta.shrink_to_fit();
+        self.free_head = NO_POS;
+        for i in (0..new_len).rev() {
+            if self.keys[i].is_none() {
+                self.meta[i] = self.free_head;
+                self.free_head = i as SlotId;
+            }
+        }
+        Remap {
+            len: new_len,
+            to,
+            moves,
+        }
+    }
+
+    /// Checks the free list and the live count (for `check_invariants`).
+    pub(crate) fn check(&self) {
+        assert_eq!(self.keys.len(), self.meta.len(), "slot arrays disagree");
+        let live = self.keys.iter().filter(|k| k.is_some()).count();
+        assert_eq!(live, self.live, "the live slot count is off");
+        let mut free = 0;
+        let mut next = self.free_head;
+        while next != NO_POS {
+            let i = next as usize;
+            assert!(self.keys[i].is_none(), "the free list holds a live slot");
+            assert_eq!(self.meta[i] & !FIELD, 0, "a free slot has flags");
+            free += 1;
+            assert!(free <= self.keys.len(), "the free list has a cycle");
+            next = self.meta[i] & FIELD;
+        }
+        assert_eq!(
+            free + live,
+            self.keys.len(),
+            "a free slot is not in the free list"
+        );
+    }
+
     /// Heap bytes held, for memory accounting.
     pub(crate) fn allocated_bytes(&self) -> usize {
         self.keys.capacity() * size_of::<Option<T>>() + self.meta.capacity() * size_of::<u32>()
@@ -270,6 +392,36 @@ mod tests {
         assert_eq!(s.insert("c"), b);
         assert_eq!(s.insert("d"), a);
         assert_eq!(s.live(), 2);
+    }
+
+    #[test]
+    fn compaction_moves_live_slots_down_and_keeps_processing_ones() {
+        let mut s = Slots::new();
+        let ids: Vec<SlotId> = (0..8).map(|i| s.insert(i)).collect();
+        for &i in &ids {
+            s.set_queued(i);
+        }
+        s.start_processing(ids[5]);
+        for &i in &[0, 1, 2, 3, 6] {
+            s.meta[i] &= !QUEUED;
+            s.remove(i as SlotId);
+        }
+        // Live: 4 (queued), 5 (processing), 7 (queued). New length 6 keeps 5 in place.
+        assert_eq!(s.highest_processing_from(0), Some(5));
+        assert_eq!(s.highest_processing_from(6), None);
+        let remap = s.compact(6);
+        assert_eq!(remap.moves, vec![(7, 0)]);
+        assert_eq!((remap.slot(7), remap.slot(5), remap.slot(4)), (0, 5, 4));
+        let mut side = vec![70, 71, 72, 73, 74, 75, 76, 77];
+        remap.side(&mut side, 0);
+        assert_eq!(side, [77, 71, 72, 73, 74, 75]);
+        s.check();
+        assert_eq!((s.len(), s.live()), (6, 3));
+        assert_eq!((*s.key(0), *s.key(4), *s.key(5)), (7, 4, 5));
+        assert!(s.is_queued(0) && s.is_processing(5));
+        // The lowest free slots are reused first.
+        assert_eq!((s.insert(10), s.insert(11), s.insert(12)), (1, 2, 3));
+        s.check();
     }
 
     #[test]

@@ -423,3 +423,301 @@ fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
         [(Some(0), 0), (Some(1), 0), (Some(5), 0), (Some(7), 1)]
     );
 }
+
+// ---- compaction (module docs: "Memory follows the live size") ---------------------------------
+
+fn take_u32(q: &mut QueueState<u32>, now: Instant) -> (Ticket, u32) {
+    match q.get(now) {
+        Get::Ready(t, k) => (t, k),
+        other => panic!("expected a key, got {other:?}"),
+    }
+}
+
+/// The heap bytes of a state that took `keys` fresh (no burst), for the ratio below.
+fn fresh_bytes(keys: usize) -> usize {
+    let mut q: QueueState<u32> = QueueState::new();
+    for k in 0..keys as u32 {
+        q.add(k, T0);
+    }
+    q.allocated_bytes()
+}
+
+/// One get of the head key, re-added while it is processing, then finished: it goes to the back
+/// of the FIFO and the live count stays (a queue settled at its size). Checks the FIFO order
+/// against `order`.
+fn rotate_u32(q: &mut QueueState<u32>, order: &mut std::collections::VecDeque<u32>) {
+    let (t, k) = take_u32(q, T0);
+    assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
+    q.add(k, T0);
+    let _ = q.finish(t, Outcome::Done, None, T0);
+    order.push_back(k);
+}
+
+#[test]
+fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
+    let mut q: QueueState<u32> = QueueState::new();
+    // One key processing and one waiting throughout, from before the burst.
+    q.add(u32::MAX, T0);
+    let (held, key) = take_u32(&mut q, T0);
+    assert_eq!(key, u32::MAX);
+    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    for k in 0..20_000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    let mut order: std::collections::VecDeque<u32> = (0..20_000).collect();
+    let mut compactions = 0;
+    // Down to each level, then settled there: as many rounds as live keys.
+    for level in [10_000, 5_000, 2_000, 1_000, 600] {
+        while q.counts().tracked > level {
+            let (t, k) = take_u32(&mut q, T0);
+            assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
+            let _ = q.finish(t, Outcome::Done, None, T0);
+        }
+        for _ in 0..level {
+            rotate_u32(&mut q, &mut order);
+            if q.compactions() != compactions {
+                compactions = q.compactions();
+                q.check_invariants();
+            }
+        }
+        let ratio = q.allocated_bytes() as f64 / fresh_bytes(level) as f64;
+        assert!(
+            ratio <= 4.0,
+            "{level} live keys, settled, hold {ratio:.2}x a fresh state's bytes"
+        );
+    }
+    // 20k to 600 is five halvings and a bit: one compaction each at most. (Three here: at
+    // 10,000 the index's threshold, 7,168, is not crossed; 5,000, 2,000 and 600 each cross one.)
+    assert!((3..=6).contains(&compactions), "{compactions} compactions");
+    assert!(q.allocated_bytes() * 20 < peak);
+    // The rest drains in order (a drain does not compact: it ends empty anyway).
+    while let Some(next) = order.pop_front() {
+        let (t, k) = take_u32(&mut q, T0);
+        assert_eq!(k, next);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(q.compactions(), compactions);
+    assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
+    assert_eq!(q.waiting_deadline(&(u32::MAX - 1)), Some(at(3_600_000)));
+    let f = q.finish(held, Outcome::Done, None, T0);
+    assert_eq!(f.released, Some(u32::MAX));
+    q.check_invariants();
+}
+
+#[test]
+fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_compact_min(8);
+    for k in 0..2000 {
+        q.add(k, T0);
+    }
+    let mut tickets: Vec<Ticket> = (0..2000).map(|_| take_u32(&mut q, T0).0).collect();
+    // Leases on the top ten slots stay out; the rest end.
+    let top = tickets.split_off(1990);
+    for t in tickets {
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    // New keys take the freed slots, the most recently freed (highest) first.
+    for k in 5000..5100 {
+        q.add(k, T0);
+    }
+    // Settled at 110 live keys: it compacts within as many gets.
+    let mut order: std::collections::VecDeque<u32> = (5000..5100).collect();
+    let mut rounds = 0;
+    while q.compactions() == 0 {
+        rotate_u32(&mut q, &mut order);
+        rounds += 1;
+        assert!(rounds <= 110, "settled for {rounds} gets and not compacted");
+    }
+    assert_eq!(q.compactions(), 1, "compacted, pinned by the top leases");
+    q.check_invariants();
+    assert_eq!(
+        q.slots.len(),
+        2000,
+        "the arrays end after the highest lease"
+    );
+    for (i, t) in top.into_iter().enumerate().rev() {
+        assert_eq!(q.ticket_key(&t), Some(&(1990 + i as u32)));
+        let _ = q.finish(t, Outcome::Done, None, T0);
+        // A pinned compaction is checked on every get: finished at the first after the last
+        // lease ended.
+        rotate_u32(&mut q, &mut order);
+        q.check_invariants();
+        assert_eq!(q.compactions(), if i == 0 { 2 } else { 1 });
+    }
+    assert_eq!(q.compactions(), 2, "one more once the last lease ended");
+    assert!(q.slots.len() <= 2 * q.counts().tracked.max(1));
+    let mut rest: Vec<u32> = Vec::new();
+    while let Get::Ready(t, k) = q.get(T0) {
+        rest.push(k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(rest, Vec::from(order));
+    q.check_invariants();
+}
+
+#[test]
+fn a_queue_swinging_around_a_size_does_not_rebuild_on_every_swing() {
+    let mut q: QueueState<u32> = QueueState::new();
+    for k in 0..8000 {
+        q.add(k, T0);
+    }
+    let mut next = 8000;
+    // Down to 1000, then 40 swings between 1000 and 1900.
+    while q.counts().tracked > 1000 {
+        let (t, _) = take_u32(&mut q, T0);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    let settled = q.compactions();
+    for _ in 0..40 {
+        for _ in 0..900 {
+            q.add(next, T0);
+            next += 1;
+        }
+        for _ in 0..900 {
+            let (t, _) = take_u32(&mut q, T0);
+            let _ = q.finish(t, Outcome::Done, None, T0);
+        }
+    }
+    q.check_invariants();
+    assert!(settled <= 3, "8000 to 1000 is three halvings: {settled}");
+    assert!(
+        q.compactions() - settled <= 1,
+        "swings under a halving rebuilt {} times",
+        q.compactions() - settled
+    );
+}
+
+#[test]
+fn a_pure_drain_to_empty_never_compacts() {
+    // W1's shape: 200k distinct keys, then get and done until empty. The live count never
+    // settles below a threshold, and the empty state frees everything anyway.
+    let mut q: QueueState<u32> = QueueState::new();
+    for k in 0..200_000 {
+        q.add(k, T0);
+    }
+    let mut next = 0;
+    while let Get::Ready(t, k) = q.get(T0) {
+        assert_eq!(k, next);
+        next += 1;
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(next, 200_000);
+    assert_eq!(q.compactions(), 0, "a pure drain compacted");
+    assert!(q.allocated_bytes() <= fresh_bytes(0) + 64 * 1024);
+    q.check_invariants();
+}
+
+#[test]
+fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothing() {
+    // A controller after its initial list: one key waits an hour, one is processing.
+    let mut q: QueueState<u32> = QueueState::new();
+    q.add(u32::MAX, T0);
+    let (held, _) = take_u32(&mut q, T0);
+    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    for k in 0..20_000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    for k in 0..20_000 {
+        let (t, got) = take_u32(&mut q, T0);
+        assert_eq!(got, k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!(q.compactions(), 0, "the drain itself never settled");
+    // The workers' next get finds nothing ready: the drain is over.
+    assert!(matches!(q.get(T0), Get::Empty { .. }));
+    assert_eq!(q.compactions(), 1);
+    q.check_invariants();
+    assert!(q.allocated_bytes() * 50 < peak);
+    assert!(matches!(q.get(T0), Get::Empty { .. }));
+    assert_eq!(q.compactions(), 1, "one compaction per halving");
+    assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
+    let _ = q.finish(held, Outcome::Done, None, T0);
+    q.check_invariants();
+}
+
+#[test]
+fn shrink_off_keeps_the_peak_and_compact_still_works() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_shrink(false);
+    q.add_after(u32::MAX, ms(10), T0);
+    for k in 0..5000 {
+        q.add(k, T0);
+    }
+    let peak = q.allocated_bytes();
+    for _ in 0..4990 {
+        let (t, _) = take_u32(&mut q, T0);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    assert_eq!((q.compactions(), q.allocated_bytes()), (0, peak));
+    q.compact();
+    q.check_invariants();
+    assert_eq!(q.compactions(), 1);
+    assert!(q.allocated_bytes() * 10 < peak);
+    // A lease on a high slot: the explicit compaction is pinned, and not followed up.
+    let (t, k) = take_u32(&mut q, T0);
+    for k in 0..3000 {
+        q.add(k + 10_000, T0);
+    }
+    let tickets: Vec<Ticket> = (0..3000).map(|_| take_u32(&mut q, T0).0).collect();
+    let mut tickets = tickets.into_iter();
+    let top = tickets.next_back().expect("3000 tickets");
+    for t in tickets {
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    q.compact();
+    q.check_invariants();
+    assert_eq!(q.compactions(), 2);
+    let _ = q.finish(top, Outcome::Done, None, T0);
+    let _ = q.finish(t, Outcome::Done, None, T0);
+    assert!(k < 5000);
+    assert_eq!(drain_u32(&mut q).len(), 9);
+    assert_eq!(q.compactions(), 2);
+    q.check_invariants();
+}
+
+fn drain_u32(q: &mut QueueState<u32>) -> Vec<u32> {
+    let mut out = Vec::new();
+    while let Get::Ready(t, k) = q.get(T0) {
+        out.push(k);
+        let _ = q.finish(t, Outcome::Done, None, T0);
+    }
+    out
+}
+
+#[test]
+fn compaction_keeps_priorities_aging_fairness_and_timing() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_fair();
+    q.set_max_ready_wait(ms(5));
+    q.enable_timing();
+    q.set_compact_min(4);
+    for k in 0..400u32 {
+        q.add_in_group_or_return(k, u64::from(k % 3), (k % 5) as i32 - 2, Duration::ZERO, T0);
+    }
+    for k in 400..420u32 {
+        q.add_with(k, 1, ms(k as u64 - 390), T0);
+    }
+    let mut now = 0;
+    let mut held = Vec::new();
+    while q.counts().tracked > 5 {
+        now += 1;
+        if let Get::Ready(t, _) = q.get(at(now / 10)) {
+            held.push(t);
+        }
+        if held.len() > 3 {
+            let t = held.remove(0);
+            // Two in three come back: the live count falls slowly enough to settle.
+            let outcome = if now % 3 != 0 {
+                Outcome::RequeueAfter(ms(1))
+            } else {
+                Outcome::Done
+            };
+            let _ = q.finish(t, outcome, None, at(now / 10));
+        }
+        q.check_invariants();
+    }
+    assert!(q.compactions() >= 3, "{} compactions", q.compactions());
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use workqueue_ratelimit::Instant;
 
-use super::slots::SlotId;
+use super::slots::{Remap, SlotId};
 use crate::metrics::PRIORITY_LABELS;
 
 const NONE: u64 = u64::MAX;
@@ -196,6 +196,11 @@ impl Timing {
             }
         }
         oldest.map(|added| Duration::from_nanos(now.saturating_sub(added)))
+    }
+
+    /// Compaction: each moved slot's times move with it.
+    pub(crate) fn remap(&mut self, remap: &Remap) {
+        remap.side(&mut self.times, UNSET);
     }
 
     /// Frees per-slot buffers larger than `above` entries; called when the state is empty, so no

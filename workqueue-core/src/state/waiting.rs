@@ -1,6 +1,6 @@
 //! The waiting heap: keys delayed by `add_after`, earliest deadline first.
 
-use super::slots::{SlotId, Slots};
+use super::slots::{Remap, SlotId, Slots};
 
 /// One waiting key.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +116,15 @@ impl WaitingHeap {
     #[inline]
     pub(crate) fn set_bucket(&mut self, pos: u32, bucket: u32) {
         self.heap[pos as usize].bucket = bucket;
+    }
+
+    /// Compaction: renames the slots `remap` moved (an entry keeps its position, so the slots'
+    /// recorded positions stay right) and frees the room the heap does not use.
+    pub(crate) fn remap(&mut self, remap: &Remap) {
+        for e in &mut self.heap {
+            e.slot = remap.slot(e.slot);
+        }
+        self.heap.shrink_to_fit();
     }
 
     pub(crate) fn shrink(&mut self) {

@@ -1,7 +1,7 @@
 //! The counter controller on kube-rs, against a real cluster: ConfigMaps annotated with a number
 //! of replicas drive the Deployments they own.
 //!
-//! `cargo run -p workqueue-kube --example counter` (the cluster of the current kubeconfig
+//! `cargo run -p workqueue-kube --example kube_counter` (the cluster of the current kubeconfig
 //! context, or the in-cluster config; it watches ConfigMaps and Deployments in all namespaces,
 //! and patches them). Try it:
 //!
