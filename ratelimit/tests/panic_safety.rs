@@ -1,4 +1,4 @@
-//! Keys whose `Clone` or `Hash` panic (DESIGN.md 3.6): the per-key limiters let the panic reach
+//! Keys whose `Clone` or `Hash` panic (the crate docs' rule for user code): the per-key limiters let the panic reach
 //! the caller and keep their counts, and their bound on tracked keys, as they were.
 
 use std::cell::Cell;

@@ -1,4 +1,4 @@
-//! User code that panics inside the queue (DESIGN.md 3.6): a key's `Clone`, `Hash`, `Eq` or
+//! User code that panics inside the queue (the crate docs' rule for user code): a key's `Clone`, `Hash`, `Eq` or
 //! `Drop`, a rate limiter, a metrics recorder, a batch's iterator. Each test arms one panic at a
 //! chosen call (`workqueue_model::faults`) and checks that the panic reaches the caller, that no
 //! key is stranded, and that the queue stays usable with its invariants intact.

@@ -1,4 +1,4 @@
-//! Edge cases of the blocking [`WorkQueue`], row by row of the semantics table (DESIGN.md §4),
+//! Edge cases of the blocking [`WorkQueue`], row by row of the semantics table (the README's),
 //! and the traps the lease design documents.
 //!
 //! No test sleeps. Threads are sequenced with joins, channels and two facts of the queue's
@@ -1194,7 +1194,7 @@ fn dropping_a_queue_unregisters_it_from_its_manual_clock() {
     clock.advance(secs(1)); // no queue to wake: must not panic
 }
 
-/// DESIGN.md 3.1: the opt-in that keeps de-duplicated rate-limited adds from charging the limiter
+/// The opt-in that keeps de-duplicated rate-limited adds from charging the limiter
 /// (controller-runtime #1594).
 #[test]
 fn skip_limiter_when_pending_leaves_pending_keys_and_the_limiter_alone() {

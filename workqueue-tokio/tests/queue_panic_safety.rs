@@ -1,4 +1,4 @@
-//! User code that panics inside the async queue (DESIGN.md 3.6), on paused time: a key's
+//! User code that panics inside the async queue (the core crate docs' rule for user code), on paused time: a key's
 //! `Clone` in `get`, and a batch's iterator while a getter waits. The queue's core is shared
 //! with the blocking queue (see `workqueue-core/tests/panic_safety.rs` for the rest); these
 //! cases depend on how the async driver waits.

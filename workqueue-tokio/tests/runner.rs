@@ -1,4 +1,4 @@
-//! The controller runner: every row of the result table (DESIGN.md section 5), panics, timeouts,
+//! The controller runner: every row of the result table (the runner module docs), panics, timeouts,
 //! graceful shutdown, the report, and the "one key, one worker" property on a real multi-thread
 //! runtime.
 //!

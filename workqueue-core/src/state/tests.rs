@@ -1,4 +1,4 @@
-//! One test per row of the semantics table (README / DESIGN.md section 4), on the bare state.
+//! One test per row of the semantics table (the README's), on the bare state.
 
 use std::time::Duration;
 
