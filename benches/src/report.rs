@@ -416,10 +416,14 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
             build: Box::new(move || {
                 let k = shared_keys(s.w1);
                 let n = s.w1;
-                let (k1, k2, k3) = (k.clone(), k.clone(), k);
+                let (k1, k2, k3, k4) = (k.clone(), k.clone(), k.clone(), k);
                 vec![
                     row("ours", true, move || vec![per(w11::ours(&k1), n)]),
                     row(W11_AGING, true, move || vec![per(w11::ours_aging(&k3), n)]),
+                    // Not a target: aging's cost without the cost of reading the clock.
+                    row("ours (aging, manual clock)", true, move || {
+                        vec![per(w11::ours_aging_manual_clock(&k4), n)]
+                    }),
                     row(W1_OURS, true, move || vec![per(w1::ours(&k2), n)]),
                 ]
             }),

@@ -1115,6 +1115,19 @@ pub mod w11 {
         )
     }
 
+    /// [`ours_aging`] on a [`ManualClock`](workqueue_core::ManualClock) that never moves: the
+    /// same bookkeeping with clock reads that cost next to nothing, to tell the age index's cost
+    /// from the clock's.
+    pub fn ours_aging_manual_clock(keys: &[Key]) -> Duration {
+        ours_on(
+            WorkQueue::builder()
+                .clock(workqueue_core::ManualClock::new())
+                .max_ready_wait(MAX_READY_WAIT)
+                .build(),
+            keys,
+        )
+    }
+
     fn ours_on(q: Ours, keys: &[Key]) -> Duration {
         let expected = Fingerprint::of(keys);
         let mut seen = Fingerprint::default();
