@@ -553,7 +553,7 @@ where
                     self.hand_off_timer(g);
                 }
                 let lease = Lease::new(key, ticket, self.clone());
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.emit_get(g))) {
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.emit(&mut g.state))) {
                     let (key, ticket) = lease.into_parts();
                     g.state.unget(ticket);
                     drop(key);
@@ -562,16 +562,10 @@ where
                 Ok(lease)
             }
             other => {
-                self.emit_get(g);
+                self.emit(&mut g.state);
                 Err(other)
             }
         }
-    }
-
-    /// The metrics of a get.
-    #[inline]
-    fn emit_get(self: &Arc<Self>, g: &mut Locked<T, S>) {
-        self.emit(&mut g.state);
     }
 
     /// A named queue joins the process-wide refresher (which also sends what its operations

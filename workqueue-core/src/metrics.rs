@@ -219,13 +219,7 @@ mod emit {
 
         /// The depth gauge for `priority` (`None`: the overflow value), registered on first use.
         fn depth(&mut self, r: &dyn Recorder, name: &Arc<str>, priority: Option<i32>) -> &Gauge {
-            // Without priorities, every key is at 0: the first entry, once registered.
-            let first = self.depth.first().is_some_and(|(p, _)| *p == priority);
-            let i = match first {
-                true => Some(0),
-                false => self.depth.iter().position(|(p, _)| *p == priority),
-            };
-            let i = match i {
+            let i = match self.depth.iter().position(|(p, _)| *p == priority) {
                 Some(i) => i,
                 None => {
                     let value = match priority {

@@ -21,7 +21,6 @@ pub struct Timing {
     /// Per slot: the first add since the last get, and when processing started (`NONE` when
     /// unset). One array, so a key's times share a cache line.
     times: Vec<Times>,
-    depth: u64,
     depths: PriorityDepths,
     /// Operations since the driver last sent its metrics.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -66,7 +65,6 @@ impl Timing {
     #[inline]
     pub(crate) fn on_add(&mut self, slot: SlotId, now: u64, priority: i32) {
         self.adds += 1;
-        self.depth += 1;
         *self.depths.count(priority) += 1;
         let times = entry(&mut self.times, slot);
         if times.added == NONE {
@@ -77,7 +75,6 @@ impl Timing {
     /// The key in `slot`, dirty at `priority`, was handed out.
     #[inline]
     pub(crate) fn on_get(&mut self, slot: SlotId, now: u64, priority: i32) {
-        self.depth = self.depth.saturating_sub(1);
         let count = self.depths.count(priority);
         *count = count.saturating_sub(1);
         let times = entry(&mut self.times, slot);
@@ -103,7 +100,6 @@ impl Timing {
         match dirty_at {
             Some(from) => self.on_raise(from, priority),
             None => {
-                self.depth += 1;
                 *self.depths.count(priority) += 1;
                 entry(&mut self.times, slot).added = now;
             }
@@ -132,7 +128,7 @@ impl Timing {
 
     /// client-go's depth: keys that are dirty (queued, or re-added while processing).
     pub fn depth(&self) -> u64 {
-        self.depth
+        self.depths.entries.iter().map(|e| e.count).sum()
     }
 
     /// client-go's depth by priority: each priority seen so far with its number of dirty keys
@@ -230,7 +226,6 @@ impl Timing {
 #[derive(Debug)]
 struct PriorityDepths {
     entries: Vec<Depth>,
-    labelled: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -248,7 +243,6 @@ impl Default for PriorityDepths {
                 count: 0,
                 changed: true,
             }],
-            labelled: 1,
         }
     }
 }
@@ -269,13 +263,8 @@ impl PriorityDepths {
 
     #[cold]
     fn entry_new(&mut self, priority: i32) -> usize {
-        let label = match self.labelled < PRIORITY_LABELS {
-            true => {
-                self.labelled += 1;
-                Some(priority)
-            }
-            false => None,
-        };
+        let labelled = self.entries.iter().filter(|e| e.label.is_some()).count();
+        let label = (labelled < PRIORITY_LABELS).then_some(priority);
         if label.is_none()
             && let Some(i) = self.entries.iter().position(|e| e.label.is_none())
         {
