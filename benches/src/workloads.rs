@@ -1098,8 +1098,9 @@ pub mod w11 {
     }
 
     /// How long a key may stay ready in [`ours_aging`]: longer than a run, so that no key
-    /// becomes overdue and the row measures what aging's bookkeeping costs (a clock read per add
-    /// and per get, the age order, the overdue check of every get), not a different order.
+    /// becomes overdue and the row measures what aging's bookkeeping costs (a read of the time
+    /// per add and per get, the age order, the overdue check of every get), not a different
+    /// order.
     pub const MAX_READY_WAIT: Duration = Duration::from_secs(3600);
 
     /// Our queue.
@@ -1115,13 +1116,23 @@ pub mod w11 {
         )
     }
 
-    /// [`ours_aging`] on a [`ManualClock`](workqueue_core::ManualClock) that never moves: the
-    /// same bookkeeping with clock reads that cost next to nothing, to tell the age index's cost
-    /// from the clock's.
-    pub fn ours_aging_manual_clock(keys: &[Key]) -> Duration {
+    /// The system clock with no `recent` of its own: every read of the time is a read of the
+    /// CPU's counter (`Clock::recent` defaults to `now`).
+    #[derive(Debug)]
+    pub struct ExactClock;
+
+    impl Clock for ExactClock {
+        fn now(&self) -> workqueue_core::Instant {
+            SystemClock.now()
+        }
+    }
+
+    /// [`ours_aging`] on [`ExactClock`]: what aging would cost if it read the counter at every
+    /// add and get, the reads `Clock::recent` saves.
+    pub fn ours_aging_exact_clock(keys: &[Key]) -> Duration {
         ours_on(
             WorkQueue::builder()
-                .clock(workqueue_core::ManualClock::new())
+                .clock(ExactClock)
                 .max_ready_wait(MAX_READY_WAIT)
                 .build(),
             keys,

@@ -135,9 +135,12 @@ pub struct QueueCore<T, S, N> {
     /// Whether a named queue joins the process-wide metrics refresher.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     refresh_thread: bool,
-    /// Every operation reads the clock (aging or metrics need the time of each), not only when
-    /// a waiting key could be due. Fixed at construction: one load on the hot path.
+    /// Every operation reads the time (aging or metrics need that of each), not only when a
+    /// waiting key could be due. Fixed at construction: one load on the hot path.
     always_now: bool,
+    /// Where `always_now` is only for aging: the clock's `recent` reading will do (see
+    /// [`QueueCore::now_for`]).
+    recent: bool,
     name: Option<Arc<str>>,
     notifier: N,
     /// Whether outage detection is on: read before each finish, the one branch it costs when
@@ -183,9 +186,16 @@ where
             Box::new(crate::metrics::QueueMetrics::new(name))
         });
         #[cfg(feature = "metrics")]
-        let always_now = state.has_aging() || metrics.is_some();
+        let timed = metrics.is_some();
         #[cfg(not(feature = "metrics"))]
-        let always_now = state.has_aging();
+        let timed = false;
+        let always_now = timed || state.has_aging();
+        let recent = !timed && state.has_aging();
+        if recent {
+            // Starts what keeps `recent` cheap (the system clock's ticker) here, not under the
+            // lock at the first operation.
+            config.clock.recent();
+        }
         QueueCore {
             locked: CachePadded::new(Mutex::new(Locked {
                 state,
@@ -202,6 +212,7 @@ where
             group: config.group,
             refresh_thread: config.refresh_thread,
             always_now,
+            recent,
             name: config.name,
             notifier,
             outage_on: AtomicBool::new(config.outage.is_some()),
@@ -302,12 +313,22 @@ where
         self.locked.lock()
     }
 
-    /// `now` for an operation under the lock: the clock is read only when a waiting key could be
-    /// due, or when aging or metrics need the time of every operation.
+    /// `now` for an operation under the lock.
+    ///
+    /// The clock is read when a waiting key could be due (deadlines are exact), and at every
+    /// operation when aging or metrics need the time of each; otherwise the state's latest time
+    /// does. Aging alone takes the clock's [`recent`](Clock::recent) reading: enough for it (a
+    /// key may count as ready up to that reading's age early or late), and an atomic load on the
+    /// system clock where `now` is a read of the CPU's counter. Metrics time every operation
+    /// exactly, so a named queue reads `now`.
     #[inline]
     pub fn now_for(&self, state: &QueueState<T, S>) -> Instant {
         if self.always_now || state.has_waiting() {
-            self.clock.now()
+            if self.recent && !state.has_waiting() {
+                self.clock.recent()
+            } else {
+                self.clock.now()
+            }
         } else {
             state.now()
         }

@@ -405,3 +405,62 @@ fn a_group_function_that_panics_changes_nothing() {
     assert_eq!(queue.try_get_batch(2).len(), 2);
     assert_drains(&queue);
 }
+
+// ---- a clock's `recent` (aging reads it under the lock) ---------------------------------------
+
+/// A manual clock whose [`Clock::recent`] panics while armed.
+#[derive(Debug, Clone, Default)]
+struct RecentPanics {
+    clock: ManualClock,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl workqueue_core::Clock for RecentPanics {
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    fn recent(&self) -> Instant {
+        assert!(
+            !self.armed.load(std::sync::atomic::Ordering::SeqCst),
+            "injected: recent"
+        );
+        self.clock.now()
+    }
+
+    fn is_virtual(&self) -> bool {
+        true
+    }
+
+    fn register(&self, waker: std::sync::Weak<dyn workqueue_core::ClockWaker>) {
+        self.clock.register(waker)
+    }
+}
+
+#[test]
+fn a_clock_whose_recent_panics_under_aging_changes_nothing() {
+    let clock = RecentPanics::default();
+    let queue: WorkQueue<FaultyKey> = WorkQueue::builder()
+        .clock(clock.clone())
+        .max_ready_wait(Duration::from_secs(1))
+        .build();
+    queue.add(key("a"));
+    clock.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(catch_unwind(AssertUnwindSafe(|| queue.add(key("b")))).is_err());
+    assert!(catch_unwind(AssertUnwindSafe(|| queue.try_get())).is_err());
+    clock
+        .armed
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let c = queue.counts();
+    assert_eq!(
+        (c.ready, c.processing, c.tracked),
+        (1, 0, 1),
+        "only `a`, still queued"
+    );
+    let lease = queue.try_get().expect("`a` is handed out");
+    assert_eq!(lease.as_str(), "a");
+    lease.done();
+    queue.add(key("b"));
+    assert_eq!(queue.try_get().expect("`b`").as_str(), "b");
+    assert_drains(&queue);
+}

@@ -10,7 +10,7 @@
 //! or calls for W6–W8); `RUNS` (default 1) repeats it. Implementations: `ours`, `naive`, and per
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
 //! `presized` (W1, W4), `named` (W1), `async` (W5, W10: the tokio queue),
-//! `tokio_sleep` (W5), `aging` (W11). W12 and W13 (built with `--features metrics`) have `ours`
+//! `tokio_sleep` (W5), `aging` and `aging-exact-clock` (W11). W12 and W13 (built with `--features metrics`) have `ours`
 //! only (the peer of W11, W12 and W13 is `W1 ours`).
 //! Prints the figure of each run on stderr.
 
@@ -144,6 +144,7 @@ fn main() -> ExitCode {
                 let d = match imp {
                     "ours" => w11::ours(&k),
                     "aging" => w11::ours_aging(&k),
+                    "aging-exact-clock" => w11::ours_aging_exact_clock(&k),
                     _ => return unknown(&w, imp),
                 };
                 ns(d, k.len())

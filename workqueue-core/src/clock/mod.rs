@@ -5,6 +5,7 @@
 //! test advances it; advancing it wakes the queues that wait on it, so tests of delays never sleep.
 
 mod manual;
+mod recent;
 mod system;
 
 use std::fmt;
@@ -22,6 +23,25 @@ pub use workqueue_ratelimit::Instant;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current time on this clock's timeline. Never goes backwards.
     fn now(&self) -> Instant;
+
+    /// The time as of a moment ago, where reading [`now`](Clock::now) would cost more than the
+    /// precision is worth. Queues read it for [aging](crate::Builder::max_ready_wait), which
+    /// otherwise costs a clock read at every add and every get.
+    ///
+    /// Never ahead of `now`; two readings may step back by up to their age. [`SystemClock`]'s
+    /// is at most about a millisecond old (one thread per process refreshes it while it is
+    /// read). The default is `now()`: exact, which is what virtual clocks want.
+    ///
+    /// ```
+    /// use workqueue_core::{Clock, SystemClock};
+    ///
+    /// let clock = SystemClock;
+    /// let recent = clock.recent();
+    /// assert!(recent <= clock.now());
+    /// ```
+    fn recent(&self) -> Instant {
+        self.now()
+    }
 
     /// Whether time moves only when told to, and so must wake waiters itself.
     fn is_virtual(&self) -> bool {

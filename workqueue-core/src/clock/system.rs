@@ -39,10 +39,30 @@ fn timeline() -> &'static Timeline {
     })
 }
 
+/// [`SystemClock::now`] in nanoseconds, for the ticker of [`Clock::recent`].
+fn now_nanos() -> u64 {
+    let t = timeline();
+    t.clock.delta_as_nanos(t.epoch, t.clock.raw())
+}
+
 impl Clock for SystemClock {
     #[inline]
     fn now(&self) -> Instant {
-        let t = timeline();
-        Instant::from_nanos(t.clock.delta_as_nanos(t.epoch, t.clock.raw()))
+        Instant::from_nanos(now_nanos())
+    }
+
+    /// One atomic load while the process's ticker runs (it stores the time every millisecond);
+    /// where it is parked, not started or cannot start, a read of [`now`](Clock::now) that
+    /// starts or wakes it.
+    #[inline]
+    fn recent(&self) -> Instant {
+        #[cfg(not(all(test, workqueue_loom)))]
+        if let Some(nanos) = super::recent::RECENT.get() {
+            return Instant::from_nanos(nanos);
+        }
+        let now = self.now();
+        #[cfg(not(all(test, workqueue_loom)))]
+        super::recent::wake(now_nanos);
+        now
     }
 }

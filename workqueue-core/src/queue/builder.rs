@@ -165,9 +165,17 @@ impl<T, S, D> Builder<T, S, D> {
     /// serves overdue keys oldest first, so priorities stop mattering until it catches up.
     ///
     /// It is off by default because it is a choice about order, not a fix: it makes every add
-    /// read the clock and keeps 16 bytes per ready key, and without priorities it changes nothing
-    /// (FIFO order is age order). Turn it on whenever you use priorities and every key must
-    /// eventually run; a `max_wait` of a few times your normal queue latency is a good start.
+    /// and every get read the time and keeps about 20 bytes per ready key (up to twice that
+    /// between prunes of its age order), and without priorities it changes nothing (FIFO order
+    /// is age order). Turn it on whenever you use priorities and every key must eventually run;
+    /// a `max_wait` of a few times your normal queue latency is a good start.
+    ///
+    /// Aging reads the clock's [`recent`](crate::Clock::recent) time, not `now`: on the
+    /// [`SystemClock`](crate::SystemClock) an atomic load at most about a millisecond old,
+    /// refreshed by one thread per process while queues read it (it parks when they stop), where
+    /// reading the CPU's counter at each add and get would cost aging most of its price. So
+    /// "longer than `max_wait`" holds to about a millisecond. Virtual clocks are exact. A named
+    /// queue, which times every operation for its metrics, reads `now` anyway.
     pub fn max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.config.max_ready_wait = Some(max_wait);
         self

@@ -474,11 +474,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// always behind serves overdue keys oldest first, and priorities stop mattering until it
     /// catches up.
     ///
-    /// Drivers must pass the current time to every operation while aging is on (see
-    /// [`QueueState::has_aging`]).
+    /// Drivers must pass the time to every operation while aging is on (see
+    /// [`QueueState::has_aging`]); a time a little old will do where no waiting key could be
+    /// due (the blocking driver passes [`Clock::recent`](crate::Clock::recent), at most about a
+    /// millisecond old): aging's decisions are then early or late by as much.
     pub fn set_max_ready_wait(&mut self, max_wait: Duration) {
         let mut aging = Aging::new(duration_to_nanos(max_wait));
         for (slot, _) in self.ready.iter() {
+            // Nothing is stale yet: a prune it may ask for is left to the next push.
             aging.ready(slot, self.now);
         }
         self.ready.keep_positions();
@@ -714,7 +717,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let head = match plain {
             true => self.ready.plain_front(),
             false => {
-                if self.aging.is_some() {
+                if let Some(a) = &self.aging
+                    && a.may_be_overdue(self.now)
+                {
                     self.move_overdue();
                 }
                 self.ready.peek()
@@ -863,6 +868,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             .highest_processing_from(live)
             .map_or(live, |s| s as usize + 1);
         self.prune_parking();
+        if let Some(a) = &mut self.aging {
+            a.prune(age_status(&self.slots));
+        }
         let remap = self.slots.compact(top);
         self.ready.remap(&remap);
         if let Some(p) = &mut self.parking {
@@ -1043,9 +1051,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             t.on_finish(slot, self.now);
         }
         self.processing -= 1;
-        if let Some(a) = &mut self.aging {
-            a.retire(slot);
-        }
         let mut requeued = false;
         if self.slots.stop_processing(slot) {
             let priority = self.queued_priority(slot);
@@ -1276,22 +1281,21 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         self.ready.check();
         if let Some(a) = &self.aging {
-            let live = a.live(|s| self.slots.is_queued(s));
+            let live = a.live(age_status(&self.slots));
             assert_eq!(
                 live.len() + overdue,
                 queued,
                 "a queued key is missing from the age order, or twice"
             );
             assert!(
-                a.current()
-                    .all(|s| self.slots.is_queued(s) || self.slots.is_processing(s)),
-                "a current age entry belongs to a key that is neither queued nor processing"
+                live.iter().all(|&(s, _)| !a.is_overdue(s)),
+                "an overdue key is still in the age order"
             );
-            let since: Vec<u64> = live.iter().map(|&s| a.since(s)).collect();
             assert!(
-                since.windows(2).all(|w| w[0] <= w[1]),
-                "the age order is not in ready-time order"
+                live.iter().all(|&(_, since)| since <= self.now),
+                "a key became ready after the state's time"
             );
+            a.check();
             assert!(
                 self.ready.has_positions(),
                 "aging without the ready set's positions"
@@ -1588,8 +1592,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.set_queued_priority(slot, priority);
         let group = self.group_of(slot);
         self.ready.push(slot, i64::from(priority), group);
-        if let Some(a) = &mut self.aging {
-            a.ready(slot, since);
+        if let Some(a) = &mut self.aging
+            && a.ready(slot, since)
+        {
+            a.prune_if_due(self.slots.live(), age_status(&self.slots));
         }
     }
 
@@ -1612,14 +1618,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// Moves every key ready for longer than the aging limit to the overdue level, in the order
     /// keys became ready.
+    #[inline(never)]
     fn move_overdue(&mut self) {
         loop {
             let slots = &self.slots;
             let Some(aging) = self.aging.as_mut() else {
                 return;
             };
-            let next =
-                aging.next_overdue(self.now, |s| (slots.is_queued(s), slots.is_processing(s)));
+            let next = aging.next_overdue(self.now, age_status(slots));
             let Some(slot) = next else { return };
             let group = self.group_of(slot);
             let priority = self.queued_priority(slot);
@@ -1782,6 +1788,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             a.shrink_if_large(SHRINK_ABOVE);
         }
     }
+}
+
+/// What the age order asks of a slot: whether it is queued, and whether it is processing.
+fn age_status<T>(slots: &Slots<T>) -> impl Fn(SlotId) -> (bool, bool) + '_ {
+    move |s| (slots.is_queued(s), slots.is_processing(s))
 }
 
 fn set_group(groups: &mut Vec<u64>, slot: SlotId, group: u64) {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::LOW_PRIORITY;
 
 const T0: Instant = Instant::ZERO;
 
@@ -720,4 +721,61 @@ fn compaction_keeps_priorities_aging_fairness_and_timing() {
         q.check_invariants();
     }
     assert!(q.compactions() >= 3, "{} compactions", q.compactions());
+}
+
+/// A key that stays queued at the head of the age order (a low priority) while thousands of
+/// others pass through: their entries go stale behind it, and the order is pruned to a bound
+/// of the live count instead of growing with the traffic.
+#[test]
+fn the_age_order_stays_bounded_behind_an_old_queued_key() {
+    let mut q: QueueState<u32> = QueueState::new();
+    q.set_max_ready_wait(Duration::from_secs(3600));
+    q.add_in_group_or_return(u32::MAX, 0, LOW_PRIORITY, Duration::ZERO, T0);
+    let mut longest = 0;
+    for k in 0..20_000u32 {
+        q.add_with(k, 0, Duration::ZERO, at(u64::from(k)));
+        let (t, got) = match q.get(at(u64::from(k))) {
+            Get::Ready(t, got) => (t, got),
+            other => panic!("expected a key, got {other:?}"),
+        };
+        assert_eq!(got, k, "priority 0 first");
+        let _ = q.finish(t, Outcome::Done, None, at(u64::from(k)));
+        longest = longest.max(q.aging.as_ref().unwrap().order_len());
+        if k % 1000 == 0 {
+            q.check_invariants();
+        }
+    }
+    assert!(
+        longest <= 2 * 2 + 1024,
+        "the order reached {longest} entries"
+    );
+    q.check_invariants();
+}
+
+/// The overdue search steps over the entries of keys being processed (kept for an undone get)
+/// and drops the stale entries behind them, so the oldest queued key is found in order.
+#[test]
+fn the_overdue_search_steps_over_processing_keys_and_drops_stale_entries() {
+    let mut q: QueueState<&'static str> = QueueState::new();
+    q.set_max_ready_wait(ms(10));
+    q.add("held", T0);
+    q.add_with("low-1", LOW_PRIORITY, Duration::ZERO, at(1));
+    q.add_with("low-2", LOW_PRIORITY, Duration::ZERO, at(2));
+    // `held` is processing with the oldest entry; two keys pass through after it, stale.
+    let (held, _) = take(&mut q, at(3));
+    for k in ["pass-1", "pass-2"] {
+        q.add(k, at(4));
+        let (t, got) = take(&mut q, at(4));
+        assert_eq!(got, k);
+        let _ = q.finish(t, Outcome::Done, None, at(4));
+    }
+    q.add("fresh", at(5));
+    q.check_invariants();
+    // At 12 ms low-1 has waited longer than 10 ms; low-2 has waited 10 ms, not longer.
+    assert_eq!(take(&mut q, at(12)).1, "low-1", "overdue before priority 0");
+    q.check_invariants();
+    assert_eq!(take(&mut q, at(12)).1, "fresh");
+    assert_eq!(take(&mut q, at(13)).1, "low-2");
+    let _ = q.finish(held, Outcome::Done, None, at(13));
+    q.check_invariants();
 }
