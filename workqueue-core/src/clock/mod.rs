@@ -29,7 +29,7 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// otherwise costs a clock read at every add and every get.
     ///
     /// Never ahead of `now`; two readings may step back by up to their age. [`SystemClock`]'s
-    /// is at most about a millisecond old (one thread per process refreshes it while it is
+    /// is at most about 4 ms old (one thread per process refreshes it while it is
     /// read). The default is `now()`: exact, which is what virtual clocks want.
     ///
     /// ```

@@ -51,7 +51,7 @@ impl Clock for SystemClock {
         Instant::from_nanos(now_nanos())
     }
 
-    /// One atomic load while the process's ticker runs (it stores the time every millisecond);
+    /// One atomic load while the process's ticker runs (it stores the time every 4 ms);
     /// where it is parked, not started or cannot start, a read of [`now`](Clock::now) that
     /// starts or wakes it.
     #[inline]

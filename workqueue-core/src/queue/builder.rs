@@ -171,10 +171,10 @@ impl<T, S, D> Builder<T, S, D> {
     /// a `max_wait` of a few times your normal queue latency is a good start.
     ///
     /// Aging reads the clock's [`recent`](crate::Clock::recent) time, not `now`: on the
-    /// [`SystemClock`](crate::SystemClock) an atomic load at most about a millisecond old,
+    /// [`SystemClock`](crate::SystemClock) an atomic load at most about 4 ms old,
     /// refreshed by one thread per process while queues read it (it parks when they stop), where
     /// reading the CPU's counter at each add and get would cost aging most of its price. So
-    /// "longer than `max_wait`" holds to about a millisecond. Virtual clocks are exact. A named
+    /// "longer than `max_wait`" holds to about 4 ms. Virtual clocks are exact. A named
     /// queue, which times every operation for its metrics, reads `now` anyway.
     pub fn max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.config.max_ready_wait = Some(max_wait);

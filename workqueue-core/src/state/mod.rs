@@ -476,8 +476,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ///
     /// Drivers must pass the time to every operation while aging is on (see
     /// [`QueueState::has_aging`]); a time a little old will do where no waiting key could be
-    /// due (the blocking driver passes [`Clock::recent`](crate::Clock::recent), at most about a
-    /// millisecond old): aging's decisions are then early or late by as much.
+    /// due (the blocking driver passes [`Clock::recent`](crate::Clock::recent), at most a
+    /// few milliseconds old): aging's decisions are then early or late by as much.
     pub fn set_max_ready_wait(&mut self, max_wait: Duration) {
         let mut aging = Aging::new(duration_to_nanos(max_wait));
         for (slot, _) in self.ready.iter() {
