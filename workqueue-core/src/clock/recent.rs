@@ -39,9 +39,10 @@ pub(crate) const IDLE_TICKS: u32 = 25;
 ///
 /// Invariants: `value` is 0, or one plus the time the ticker read at its latest tick (so the
 /// epoch, time 0, is representable). It is 0 before the first tick and from the moment the
-/// ticker decides to park until it resumes: a reader never takes a value older than one tick
-/// plus its own delay. `waking` is set by the first reader that finds the ticker parked (that
-/// reader unparks it) and cleared by the ticker once it has resumed and stored a fresh value.
+/// ticker decides to park until it resumes, so a value a reader takes is at most one
+/// [`RESOLUTION`] old, plus however late the ticker was scheduled. `waking` is set by the first
+/// reader that finds the ticker parked (that reader unparks it) and cleared by the ticker once
+/// it has resumed and stored a fresh value.
 #[derive(Debug)]
 pub(crate) struct Recent {
     value: AtomicU64,
