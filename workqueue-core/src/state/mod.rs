@@ -511,7 +511,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.groups.is_some()
     }
 
-    /// Whether aging is on: operations then need the current time, adds included.
+    /// Whether aging is on: every operation then needs the time, adds included (a reading a few
+    /// milliseconds old will do; see [`QueueState::set_max_ready_wait`]).
     #[inline]
     pub fn has_aging(&self) -> bool {
         self.aging.is_some()
