@@ -136,11 +136,7 @@ fn outage_config() -> workqueue_core::ratelimit::OutageConfig {
 }
 
 fn replay(ops: &[Op]) {
-    let mut h = StateHarness::new();
-    for op in ops {
-        h.apply(op);
-    }
-    h.wind_down();
+    StateHarness::new().run(ops);
 }
 
 /// Random outage runs do reach every part of the mechanism: over a fixed set of seeds, the
@@ -256,10 +252,7 @@ proptest! {
         ops in proptest::collection::vec(outage_op(), 1..200),
     ) {
         let mut h = StateHarness::new().with_outage_detection(outage_config());
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     #[test]
@@ -273,10 +266,7 @@ proptest! {
         limit in prop_oneof![Just(u32::MAX), Just(0u32), 1u32..16],
     ) {
         let mut h = StateHarness::new().with_bucket_limit(limit);
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     /// Compaction on its own (from one or a few live keys, so every `get` may compact, once the
@@ -300,10 +290,7 @@ proptest! {
         if let Some(max_wait) = aging {
             h = h.with_max_ready_wait(Duration::from_nanos(max_wait));
         }
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     #[test]
@@ -312,10 +299,7 @@ proptest! {
         max_wait in prop_oneof![Just(0u64), 1u64..4, Just(1_000_000), 1_000_000u64..5_000_000],
     ) {
         let mut h = StateHarness::new().with_max_ready_wait(Duration::from_nanos(max_wait));
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     #[test]
@@ -327,10 +311,7 @@ proptest! {
         if let Some(max_wait) = aging {
             h = h.with_max_ready_wait(Duration::from_nanos(max_wait));
         }
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     #[test]
@@ -338,10 +319,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
     ) {
         let mut h = StateHarness::with_hasher(BuildHasherDefault::<Collide>::default());
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 
     #[test]
@@ -349,10 +327,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
     ) {
         let mut h = StateHarness::with_hasher(BuildHasherDefault::<DefaultHasher>::default());
-        for op in &ops {
-            h.apply(op);
-        }
-        h.wind_down();
+        h.run(&ops);
     }
 }
 

@@ -669,6 +669,14 @@ impl<S: BuildHasher> StateHarness<S> {
         self.state.outage_detector().is_some()
     }
 
+    /// Applies `ops` in order, then [`StateHarness::wind_down`].
+    pub fn run(&mut self, ops: &[Op]) {
+        for op in ops {
+            self.apply(op);
+        }
+        self.wind_down();
+    }
+
     /// Finishes every held ticket, shuts down and drains: both sides must end empty.
     pub fn wind_down(&mut self) {
         while !self.held.is_empty() {

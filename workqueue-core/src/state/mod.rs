@@ -227,6 +227,17 @@ pub struct Finished<T> {
     pub released: Option<T>,
 }
 
+impl<T> Finished<T> {
+    /// What finishing a foreign ticket did: nothing.
+    fn nothing() -> Self {
+        Finished {
+            requeued: false,
+            waiting: false,
+            released: None,
+        }
+    }
+}
+
 /// Counters that describe the state at a glance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Counts {
@@ -983,11 +994,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ) -> Finished<T> {
         match self.try_finish(ticket, outcome, limiter_delay, now) {
             Ok(f) => f,
-            Err(ForeignTicket) => Finished {
-                requeued: false,
-                waiting: false,
-                released: None,
-            },
+            Err(ForeignTicket) => Finished::nothing(),
         }
     }
 
@@ -1027,11 +1034,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ) -> Finished<T> {
         match self.finish_unobserved(ticket, outcome, limiter_delay, now) {
             Ok(f) => f,
-            Err(ForeignTicket) => Finished {
-                requeued: false,
-                waiting: false,
-                released: None,
-            },
+            Err(ForeignTicket) => Finished::nothing(),
         }
     }
 
