@@ -88,10 +88,10 @@ pub async fn run_controller(stop: CancellationToken) -> Report {
     }
     let runner = Runner::new(queue.clone(), |key: String, ctx: Context| async move {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        if key == "default/web-3" && ctx.attempt() < 3 {
+        if key == "default/web-3" && ctx.rate_limited_retries() < 3 {
             return Err(format!("{key}: the API server said no"));
         }
-        Ok(Action::RequeueAfter(Duration::from_secs(1)))
+        Ok(Action::requeue(Duration::from_secs(1)))
     })
     .workers(2);
     runner.run(stop).await

@@ -7,12 +7,12 @@
 //! 1 ms for every request it received in the last second, as an overloaded server's latency
 //! grows. Requests fail while the server is down. Each error-handling policy runs in a fresh queue and [`Runner`] with 50 workers:
 //!
-//! 1. errors returned as `Ok(Action::RequeueAfter(5s))` (the anti-pattern: a fixed-rate storm),
+//! 1. errors returned as `Ok(Action::requeue(5s))` (the anti-pattern: a fixed-rate storm),
 //! 2. errors returned as errors, retried by the default controller limiter
 //!    (per-key 5 ms to 1000 s exponential backoff, and a 10 qps / burst 100 bucket),
 //! 3. the same with jitter on the per-key backoff (up to +20 %, fixed seed),
 //! 4. the default limiter capped with [`MaxWait`] (30 s),
-//! 5. the default limiter with outage detection ([`Runner::outage_detection`]): failing keys are
+//! 5. the default limiter with outage detection (the queue builder's `outage_detection`): failing keys are
 //!    parked while failures are widespread, one probe runs at a time, and the first probe that
 //!    succeeds releases them all, paced by the bucket.
 //!
@@ -106,7 +106,7 @@ impl Policy {
     fn title(self, opts: &Options) -> String {
         match self {
             Policy::Requeue => format!(
-                "errors as Ok(RequeueAfter({}s)) (anti-pattern)",
+                "errors as Ok(Action::requeue({}s)) (anti-pattern)",
                 REQUEUE_AFTER.as_secs()
             ),
             Policy::Default => "errors as Err, default controller limiter".to_string(),
@@ -127,7 +127,7 @@ impl Policy {
 
     fn short(self, opts: &Options) -> String {
         match self {
-            Policy::Requeue => format!("RequeueAfter({}s)", REQUEUE_AFTER.as_secs()),
+            Policy::Requeue => format!("requeue({}s) on errors", REQUEUE_AFTER.as_secs()),
             Policy::Default => "default limiter".to_string(),
             Policy::Jitter => format!("default + {:.0}% jitter", JITTER * 100.0),
             Policy::MaxWait => format!("default + MaxWait({}s)", opts.max_wait.as_secs()),
@@ -403,10 +403,13 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
         opts.objects,
         opts.own_failures,
     ));
-    let queue: WorkQueue<u32> = WorkQueue::builder()
+    let mut builder = WorkQueue::builder()
         .rate_limiter(limiter)
-        .capacity(opts.objects as usize)
-        .build();
+        .capacity(opts.objects as usize);
+    if policy == Policy::Outage {
+        builder = builder.outage_detection(OutageConfig::default());
+    }
+    let queue: WorkQueue<u32> = builder.build();
     queue.add_batch(0..opts.objects);
 
     let requeue_on_error = policy == Policy::Requeue;
@@ -416,19 +419,16 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
             let api = Arc::clone(&api);
             async move {
                 match api.update(object).await {
-                    Ok(()) => Ok(Action::Done),
+                    Ok(()) => Ok(Action::await_change()),
                     // The anti-pattern: the error is hidden as a fixed-delay requeue.
-                    Err(_) if requeue_on_error => Ok(Action::RequeueAfter(REQUEUE_AFTER)),
+                    Err(_) if requeue_on_error => Ok(Action::requeue(REQUEUE_AFTER)),
                     Err(e) => Err(e),
                 }
             }
         }
     };
     let stop = CancellationToken::new();
-    let mut runner = Runner::new(queue.clone(), reconcile).workers(opts.workers);
-    if policy == Policy::Outage {
-        runner = runner.outage_detection(OutageConfig::default());
-    }
+    let runner = Runner::new(queue.clone(), reconcile).workers(opts.workers);
     let running = tokio::spawn(runner.run(stop.clone()));
 
     // The longest any object can wait after the recovery: the jittered backoff cap, the bucket's

@@ -18,7 +18,7 @@
 //! initial list or a resync, so that changes are served before them (controller-runtime's
 //! priority queue). A requeue or retry keeps the priority the lease had
 //! ([`Lease::priority`]) unless it names another ([`Lease::with_priority`];
-//! in a [`runner`], `Action::RequeueAfter(d).with_priority(p)`).
+//! in a [`runner`], `Action::requeue(d).with_priority(p)`).
 //!
 //! ```
 //! use workqueue_tokio::{AddOptions, AddStatus, LOW_PRIORITY, WorkQueue};
@@ -81,7 +81,7 @@
 //! use std::time::Duration;
 //! use futures_util::stream::{self, StreamExt};
 //! use tokio_util::sync::CancellationToken;
-//! use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+//! use workqueue_tokio::runner::{Action, Context, Failure, Runner};
 //! use workqueue_tokio::source::{Relevant, changed, keys};
 //! use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 //!
@@ -129,11 +129,11 @@
 //! let report = Runner::with_context(queue, Arc::new(State), |key: String, ctx: Context<State>| async move {
 //!     let _state: &State = ctx.data();
 //!     println!("reconciling {key}");
-//!     Ok::<_, ApiError>(Action::Done)
+//!     Ok::<_, ApiError>(Action::await_change())
 //! })
 //! // Retry every 30 s, at most 5 times: the runner's failure count sees every failure.
 //! .error_policy(|_: &String, _: &Failure<ApiError>, ctx: &Context<State>| {
-//!     if ctx.failures() < 5 { Decision::RetryAfter(Duration::from_secs(30)) } else { Decision::GiveUp }
+//!     if ctx.failures_in_a_row() < 5 { Action::requeue(Duration::from_secs(30)) } else { Action::await_change() }
 //! })
 //! .source("apps", apps)
 //! .source("pods", owners)

@@ -32,7 +32,7 @@
 //!
 //! There is none, by design, and none is needed. The runner reads every source as fast as it
 //! yields, and adds what it read to the queue at once (what is ready, in batches of up to
-//! [`BATCH`]). The queue is unbounded but de-duplicating: a key that is already queued is not
+//! 1,024 items). The queue is unbounded but de-duplicating: a key that is already queued is not
 //! queued twice, and a key that is being reconciled is marked to run once more afterwards. So
 //! the queue holds at most one entry per distinct key, however fast a source outpaces the
 //! workers: a burst of a million events for a thousand objects queues a thousand keys, and each
@@ -56,7 +56,7 @@ use crate::AddOptions;
 
 /// The most items a runner reads from one source before it adds them to the queue in one batch
 /// (it adds sooner when the source has nothing more ready).
-pub const BATCH: usize = 1024;
+pub(crate) const BATCH: usize = 1024;
 
 /// An item a source may yield: a key, a key with [`AddOptions`], or a `Result` of either.
 ///

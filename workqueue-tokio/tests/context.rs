@@ -2,13 +2,16 @@
 //! from the error policy, and the two failure counts (the runner's `failures`, which every
 //! failure advances, and the limiter's `attempt`). On tokio's paused clock.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::max_retries;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::WorkQueue;
-use workqueue_tokio::runner::{Action, Context, Decision, Failure, MaxRetries, Runner};
+use workqueue_tokio::runner::{Action, Context, Failure, Runner};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -27,7 +30,7 @@ impl Shared {
         self.seen
             .lock()
             .unwrap()
-            .push((who, ctx.attempt(), ctx.failures()));
+            .push((who, ctx.rate_limited_retries(), ctx.failures_in_a_row()));
     }
 }
 
@@ -38,7 +41,7 @@ async fn reconcile(_key: &'static str, ctx: Context<Shared>) -> Result<Action, &
     match runs.first_mut() {
         Some(0) => {
             runs.remove(0);
-            Ok(Action::Done)
+            Ok(Action::await_change())
         }
         Some(n) => {
             *n -= 1;
@@ -61,7 +64,7 @@ async fn the_shared_data_reaches_every_reconcile_and_the_policy() {
             same.lock().unwrap().push(Arc::ptr_eq(ctx.data(), &data));
             async move {
                 if key == "a" {
-                    Ok(Action::Done)
+                    Ok(Action::await_change())
                 } else {
                     Err("no")
                 }
@@ -72,7 +75,7 @@ async fn the_shared_data_reaches_every_reconcile_and_the_policy() {
         let (data, same) = (data.clone(), same.clone());
         move |_: &&'static str, _: &Failure<&'static str>, ctx: &Context<Shared>| {
             same.lock().unwrap().push(Arc::ptr_eq(ctx.data(), &data));
-            Decision::GiveUp
+            Action::await_change()
         }
     });
     let run = tokio::spawn(runner.run(CancellationToken::new()));
@@ -93,10 +96,10 @@ async fn failures_count_every_failure_and_bound_retry_after() {
     let queue: WorkQueue<&'static str> = WorkQueue::new();
     let policy = |_: &&'static str, _: &Failure<&'static str>, ctx: &Context<Shared>| {
         ctx.data().saw("policy", ctx);
-        if ctx.failures() < 5 {
-            Decision::RetryAfter(secs(30))
+        if ctx.failures_in_a_row() < 5 {
+            Action::requeue(secs(30))
         } else {
-            Decision::GiveUp
+            Action::await_change()
         }
     };
     let runner = Runner::with_context(queue.clone(), data.clone(), reconcile).error_policy(policy);
@@ -121,7 +124,7 @@ async fn failures_count_every_failure_and_bound_retry_after() {
 }
 
 /// With the rate limiter's retries, both counts advance together; a success resets both (the
-/// runner's count on any success, the limiter's by the success's forget), and `MaxRetries` counts
+/// runner's count on any success, the limiter's by the success's forget), and a retry bound counts
 /// with the runner's.
 #[tokio::test(start_paused = true)]
 async fn a_success_resets_both_counts() {
@@ -129,7 +132,7 @@ async fn a_success_resets_both_counts() {
     *data.fail_runs.lock().unwrap() = vec![2, 1];
     let queue: WorkQueue<&'static str> = WorkQueue::new();
     let runner =
-        Runner::with_context(queue.clone(), data.clone(), reconcile).error_policy(MaxRetries(3));
+        Runner::with_context(queue.clone(), data.clone(), reconcile).error_policy(max_retries(3));
     let run = tokio::spawn(runner.run(CancellationToken::new()));
     queue.add("k");
     sleep(secs(60)).await;

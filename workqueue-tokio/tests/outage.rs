@@ -5,16 +5,19 @@
 //! The simulated API is the storm demo's: each request takes 20 ms plus 1 ms per request the
 //! server received in the last second, and fails while the server is down.
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::max_retries;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::{OutageConfig, default_controller_rate_limiter};
 use workqueue_tokio::WorkQueue;
-use workqueue_tokio::runner::{Action, Context, Decision, Failure, MaxRetries, Report, Runner};
+use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -113,21 +116,20 @@ async fn storm(outage: Duration, detection: bool, invalid_every: Option<u32>) ->
         }),
     });
     let _ = api.start;
-    let queue: WorkQueue<u32> = WorkQueue::builder()
-        .rate_limiter(default_controller_rate_limiter::<u32>())
-        .build();
+    let mut builder = WorkQueue::builder().rate_limiter(default_controller_rate_limiter::<u32>());
+    if detection {
+        builder = builder.outage_detection(OutageConfig::default());
+    }
+    let queue: WorkQueue<u32> = builder.build();
     queue.add_batch(0..OBJECTS);
     let reconcile = {
         let api = api.clone();
         move |object: u32, _ctx: Context| {
             let api = api.clone();
-            async move { api.update(object).await.map(|()| Action::Done) }
+            async move { api.update(object).await.map(|()| Action::await_change()) }
         }
     };
-    let mut runner = Runner::new(queue.clone(), reconcile).workers(50);
-    if detection {
-        runner = runner.outage_detection(OutageConfig::default());
-    }
+    let runner = Runner::new(queue.clone(), reconcile).workers(50);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     // Long enough for the default limiter's slowest recovery (about 620 s after 15 minutes).
@@ -211,7 +213,9 @@ struct Small {
 
 impl Small {
     fn new(keys: u32) -> Self {
-        let queue: WorkQueue<u32> = WorkQueue::new();
+        let queue: WorkQueue<u32> = WorkQueue::builder()
+            .outage_detection(OutageConfig::default())
+            .build();
         queue.add_batch(0..keys);
         Small {
             queue,
@@ -232,7 +236,7 @@ impl Small {
             *requests.lock().unwrap().entry(key).or_default() += 1;
             if up.load(SeqCst) {
                 ok.lock().unwrap().push(key);
-                return std::future::ready(Ok(Action::Done));
+                return std::future::ready(Ok(Action::await_change()));
             }
             assert!(Some(key) != panics_on, "probe of {key} panicked (expected)");
             std::future::ready(Err("unavailable"))
@@ -243,9 +247,7 @@ impl Small {
 #[tokio::test(start_paused = true)]
 async fn an_add_of_a_parked_key_runs_it_at_once_as_an_extra_probe() {
     let s = Small::new(20);
-    let runner = Runner::new(s.queue.clone(), s.reconcile(None))
-        .workers(4)
-        .outage_detection(OutageConfig::default());
+    let runner = Runner::new(s.queue.clone(), s.reconcile(None)).workers(4);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(secs(60)).await;
@@ -275,7 +277,7 @@ async fn an_add_of_a_parked_key_runs_it_at_once_as_an_extra_probe() {
     assert_eq!((report.outage_openings, report.parked), (1, 0));
 }
 
-/// `MaxRetries(2)` while open: a parked key runs only as a probe, so its failure count grows by
+/// At most 2 retries while open: a parked key runs only as a probe, so its failure count grows by
 /// one per probe; after its third failure it is given up (not parked). Given-up keys are not
 /// released at the recovery. With every parked key given up, the next key to finish is the
 /// probe.
@@ -284,8 +286,7 @@ async fn a_give_up_while_open_is_honoured_and_the_key_is_not_parked() {
     let s = Small::new(10);
     let runner = Runner::new(s.queue.clone(), s.reconcile(None))
         .workers(4)
-        .error_policy(MaxRetries(2))
-        .outage_detection(OutageConfig::default());
+        .error_policy(max_retries(2));
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(secs(600)).await;
@@ -315,9 +316,7 @@ async fn a_give_up_while_open_is_honoured_and_the_key_is_not_parked() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_and_drain_with_parked_keys_drop_them_and_the_report_counts_them() {
     let s = Small::new(20);
-    let runner = Runner::new(s.queue.clone(), s.reconcile(None))
-        .workers(4)
-        .outage_detection(OutageConfig::default());
+    let runner = Runner::new(s.queue.clone(), s.reconcile(None)).workers(4);
     let run = tokio::spawn(runner.run(CancellationToken::new()));
     sleep(secs(30)).await;
     let parked = s.queue.parked_len();
@@ -338,9 +337,7 @@ async fn shutdown_and_drain_with_parked_keys_drop_them_and_the_report_counts_the
 #[tokio::test(start_paused = true)]
 async fn a_stopped_runner_reports_the_keys_still_parked() {
     let s = Small::new(20);
-    let runner = Runner::new(s.queue.clone(), s.reconcile(None))
-        .workers(4)
-        .outage_detection(OutageConfig::default());
+    let runner = Runner::new(s.queue.clone(), s.reconcile(None)).workers(4);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(secs(30)).await;
@@ -356,9 +353,7 @@ async fn a_stopped_runner_reports_the_keys_still_parked() {
 #[tokio::test(start_paused = true)]
 async fn a_probe_that_panics_is_a_failure_and_probing_goes_on() {
     let s = Small::new(6);
-    let runner = Runner::new(s.queue.clone(), s.reconcile(Some(3)))
-        .workers(2)
-        .outage_detection(OutageConfig::default());
+    let runner = Runner::new(s.queue.clone(), s.reconcile(Some(3))).workers(2);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(secs(120)).await;
@@ -386,8 +381,7 @@ async fn classified_per_object_errors_never_open_it_and_a_panicking_classifier_c
         let s = Small::new(20);
         let runner = Runner::new(s.queue.clone(), s.reconcile(None))
             .workers(4)
-            .outage_detection(OutageConfig::default())
-            .outage_classifier(move |_: &Failure<&'static str>, _: &Decision| {
+            .outage_classifier(move |_: &Failure<&'static str>, _: &Action| {
                 assert!(!panics, "classifier panicked (expected)");
                 false
             });

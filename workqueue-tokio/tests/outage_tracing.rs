@@ -48,7 +48,9 @@ async fn open_and_close_are_traced_with_the_duration_and_the_released_count() {
     let recorder = Recorder::default();
     let _guard = tracing::subscriber::set_default(recorder.clone());
     let up = Arc::new(AtomicBool::new(false));
-    let queue: WorkQueue<u32> = WorkQueue::new();
+    let queue: WorkQueue<u32> = WorkQueue::builder()
+        .outage_detection(OutageConfig::default())
+        .build();
     queue.add_batch(0..20);
     let runner = Runner::new(queue.clone(), {
         let up = up.clone();
@@ -56,14 +58,13 @@ async fn open_and_close_are_traced_with_the_duration_and_the_released_count() {
             let up = up.load(SeqCst);
             async move {
                 match up {
-                    true => Ok(Action::Done),
+                    true => Ok(Action::await_change()),
                     false => Err("unavailable"),
                 }
             }
         }
     })
-    .workers(4)
-    .outage_detection(OutageConfig::default());
+    .workers(4);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(Duration::from_secs(100)).await;

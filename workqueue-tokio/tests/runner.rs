@@ -16,15 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Fragile;
+use common::{GET_PANIC_PAUSE, max_retries};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::Counts;
 use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::runner::{
-    Action, Context, Decision, Failure, GET_PANIC_PAUSE, MaxRetries, Reconcile, Report,
-    RetryAlways, Runner,
-};
+use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
 fn ms(n: u64) -> Duration {
@@ -109,7 +107,7 @@ impl<E: Clone> Log<E> {
 impl Log<Run> {
     fn record(&self, key: Key, ctx: &Context) -> usize {
         let mut entries = self.entries.lock().unwrap();
-        entries.push(run(key, self.start.elapsed(), ctx.attempt()));
+        entries.push(run(key, self.start.elapsed(), ctx.rate_limited_retries()));
         entries.iter().filter(|r| r.key == key).count()
     }
 }
@@ -135,7 +133,7 @@ fn fail_first(
         std::future::ready(if n <= failures {
             Err("transient")
         } else {
-            Ok(Action::Done)
+            Ok(Action::await_change())
         })
     }
 }
@@ -210,16 +208,13 @@ async fn ok_requeue_after_forgets_and_readds_after_exactly_d() {
             async move {
                 match n {
                     1 => Err("transient"),
-                    2 => Ok(Action::RequeueAfter(secs(30))),
-                    _ => Ok(Action::Done),
+                    2 => Ok(Action::requeue(secs(30))),
+                    _ => Ok(Action::await_change()),
                 }
             }
         }
     };
-    let handle = tokio::spawn(
-        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
-            .run(CancellationToken::new()),
-    );
+    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
 
     queue.add("a");
     sleep(secs(1)).await;
@@ -252,7 +247,7 @@ async fn ok_requeue_after_forgets_and_readds_after_exactly_d() {
 async fn err_retries_with_exponential_backoff() {
     let queue = queue();
     let log = Log::new(Instant::now());
-    let runner = Runner::new(queue.clone(), fail_first(&log, 3)).error_policy(RetryAlways);
+    let runner = Runner::new(queue.clone(), fail_first(&log, 3));
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
 
     queue.add("a");
@@ -273,7 +268,7 @@ async fn err_retries_with_exponential_backoff() {
     assert_report(&report, (1, 3, 0, 3), (0, 0, 0, 0));
 }
 
-/// `Decision::RetryAfter(d)` from a policy: re-added after exactly `d`, without consulting the
+/// `Action::requeue(d)` from a policy: re-added after exactly `d`, without consulting the
 /// limiter (the retry's attempt stays 0).
 #[tokio::test(start_paused = true)]
 async fn policy_retry_after_uses_the_fixed_delay() {
@@ -287,8 +282,8 @@ async fn policy_retry_after_uses_the_fixed_delay() {
                 matches!(failure, Failure::Error("transient")),
                 "{failure:?}"
             );
-            seen.push((*key, ctx.attempt()));
-            Decision::RetryAfter(secs(7))
+            seen.push((*key, ctx.rate_limited_retries()));
+            Action::requeue(secs(7))
         }
     };
     let runner = Runner::new(queue.clone(), fail_first(&log, 2)).error_policy(policy);
@@ -311,17 +306,17 @@ async fn policy_retry_after_uses_the_fixed_delay() {
     assert_report(&report, (1, 2, 0, 2), (0, 0, 0, 0));
 }
 
-/// `Decision::GiveUp`: forget + done. The failure count goes back to 0 and the key is not
+/// `Action::await_change()`: forget + done. The failure count goes back to 0 and the key is not
 /// requeued.
 #[tokio::test(start_paused = true)]
 async fn policy_give_up_forgets_and_does_not_requeue() {
     let queue = queue();
     let log = Log::new(Instant::now());
     let policy = |_: &Key, _: &Failure<&'static str>, ctx: &Context| {
-        if ctx.attempt() >= 1 {
-            Decision::GiveUp
+        if ctx.rate_limited_retries() >= 1 {
+            Action::await_change()
         } else {
-            Decision::Retry
+            Action::backoff()
         }
     };
     let runner = Runner::new(queue.clone(), fail_first(&log, usize::MAX)).error_policy(policy);
@@ -352,7 +347,7 @@ async fn max_retries_gives_up_after_n_retries() {
     let queue = queue();
     let log = Log::new(Instant::now());
     let runner =
-        Runner::new(queue.clone(), fail_first(&log, usize::MAX)).error_policy(MaxRetries(3));
+        Runner::new(queue.clone(), fail_first(&log, usize::MAX)).error_policy(max_retries(3));
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
 
     queue.add("a");
@@ -394,7 +389,7 @@ async fn terminal_error_policy_as_a_closure() {
                 match (key, n) {
                     ("broken", _) => Err(ReconcileError::Terminal),
                     ("flaky", 1) => Err(ReconcileError::Transient),
-                    _ => Ok(Action::Done),
+                    _ => Ok(Action::await_change()),
                 }
             }
         }
@@ -404,17 +399,16 @@ async fn terminal_error_policy_as_a_closure() {
         let decisions = decisions.clone();
         move |key: &Key, failure: &Failure<ReconcileError>, ctx: &Context| match failure {
             Failure::Error(e) => {
-                decisions.push((*key, *e, ctx.attempt()));
+                decisions.push((*key, *e, ctx.rate_limited_retries()));
                 match e {
-                    ReconcileError::Terminal => Decision::GiveUp,
-                    ReconcileError::Transient => Decision::Retry,
+                    ReconcileError::Terminal => Action::await_change(),
+                    ReconcileError::Transient => Action::backoff(),
                 }
             }
-            _ => Decision::Retry,
+            _ => Action::backoff(),
         }
     };
-    let runner =
-        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile).error_policy(policy);
+    let runner = Runner::new(queue.clone(), reconcile).error_policy(policy);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
 
     queue.add("broken");
@@ -456,15 +450,15 @@ async fn panics_are_caught_counted_and_retried() {
         let log = log.clone();
         move |key: Key, ctx: Context| {
             log.record(key, &ctx);
-            if key == "sync-panic" && ctx.attempt() == 0 {
+            if key == "sync-panic" && ctx.rate_limited_retries() == 0 {
                 panic!("boom while building the future (expected by this test)");
             }
             async move {
                 tokio::task::yield_now().await;
-                if key == "async-panic" && ctx.attempt() == 0 {
+                if key == "async-panic" && ctx.rate_limited_retries() == 0 {
                     panic!("boom inside the async body (expected by this test)");
                 }
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -473,10 +467,12 @@ async fn panics_are_caught_counted_and_retried() {
         let failures = failures.clone();
         move |key: &Key, failure: &Failure<&'static str>, ctx: &Context| {
             match failure {
-                Failure::Panic(message) => failures.push((*key, message.clone(), ctx.attempt())),
+                Failure::Panic(message) => {
+                    failures.push((*key, message.clone(), ctx.rate_limited_retries()))
+                }
                 other => panic!("unexpected failure {other:?}"),
             }
-            Decision::Retry
+            Action::backoff()
         }
     };
     let runner = Runner::new(queue.clone(), reconcile)
@@ -523,7 +519,7 @@ async fn panics_are_caught_counted_and_retried() {
 async fn panicking_policy_retries() {
     let queue = queue();
     let log = Log::new(Instant::now());
-    let policy = |_: &Key, _: &Failure<&'static str>, _: &Context| -> Decision {
+    let policy = |_: &Key, _: &Failure<&'static str>, _: &Context| -> Action {
         panic!("policy panicked (expected by this test)")
     };
     let runner = Runner::new(queue.clone(), fail_first(&log, 1))
@@ -551,7 +547,7 @@ async fn a_panicking_error_policy_is_asked_about_its_own_panic() {
             asked.push(failure.to_string());
             match failure {
                 Failure::Error(_) => panic!("policy panicked (expected by this test)"),
-                _ => Decision::GiveUp,
+                _ => Action::await_change(),
             }
         }
     };
@@ -596,13 +592,13 @@ async fn timeout_cancels_the_context_and_retries() {
                         () = ctx.cancelled() => {
                             assert!(ctx.is_cancelled());
                             cancelled.push((key, cancelled.elapsed()));
-                            return Ok(Action::Done);
+                            return Ok(Action::await_change());
                         }
                         () = sleep(secs(3600)) => {}
                     }
                 }
                 assert!(!ctx.is_cancelled());
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -612,7 +608,7 @@ async fn timeout_cancels_the_context_and_retries() {
         move |_: &Key, failure: &Failure<&'static str>, _: &Context| {
             assert!(matches!(failure, Failure::Timeout), "{failure:?}");
             policy_saw.fetch_add(1, SeqCst);
-            Decision::Retry
+            Action::backoff()
         }
     };
     let runner = Runner::new(queue.clone(), reconcile)
@@ -652,7 +648,7 @@ async fn timeout_drops_a_reconcile_that_ignores_cancellation() {
                 if n == 1 {
                     sleep(secs(3600)).await; // ignores ctx
                 }
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -690,7 +686,7 @@ async fn timeout_is_per_reconcile() {
             async move {
                 sleep(secs(9)).await;
                 assert!(!ctx.is_cancelled());
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -732,7 +728,7 @@ async fn cancel_grace_of_duration_max_waits_without_limit() {
                 if key == "slow" && n == 1 {
                     sleep(secs(3600)).await; // ignores ctx
                 }
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -779,7 +775,7 @@ async fn shutdown_graces_of_duration_max_wait_without_limit() {
             log.record(key, &ctx);
             async move {
                 sleep(secs(3600)).await;
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -824,7 +820,7 @@ async fn graceful_shutdown_with_work_in_flight() {
                         sleep(secs(3)).await;
                         assert!(!ctx.is_cancelled(), "cancelled within the shutdown grace");
                         events.push((key, "finished", events.elapsed()));
-                        Ok(Action::Done)
+                        Ok(Action::await_change())
                     }
                     "coop" => {
                         ctx.cancelled().await;
@@ -834,9 +830,9 @@ async fn graceful_shutdown_with_work_in_flight() {
                     "stubborn" => {
                         let _guard = EventOnDrop(events.clone(), key);
                         sleep(secs(3600)).await;
-                        Ok(Action::Done)
+                        Ok(Action::await_change())
                     }
-                    _ => Ok(Action::Done),
+                    _ => Ok(Action::await_change()),
                 }
             }
         }
@@ -918,7 +914,7 @@ async fn shutdown_returns_when_in_flight_work_finishes_within_the_grace() {
             async move {
                 sleep(if key == "a" { secs(3) } else { secs(4) }).await;
                 assert!(!ctx.is_cancelled());
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -966,7 +962,7 @@ async fn runner_returns_when_the_queue_is_shut_down_and_drained() {
             log.record(key, &ctx);
             async move {
                 sleep(secs(1)).await;
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -999,16 +995,16 @@ async fn report_counts() {
                     ("hopeless", _) => Err("permanent"),
                     ("flaky-1" | "flaky-2", 1) => Err("transient"),
                     ("flaky-2", 2) => Err("transient"),
-                    _ => Ok(Action::Done),
+                    _ => Ok(Action::await_change()),
                 }
             }
         }
     };
     let policy = |key: &Key, _: &Failure<&'static str>, _: &Context| {
         if *key == "hopeless" {
-            Decision::GiveUp
+            Action::await_change()
         } else {
-            Decision::Retry
+            Action::backoff()
         }
     };
     let runner = Runner::new(queue.clone(), reconcile)
@@ -1044,7 +1040,7 @@ async fn key_readded_during_its_reconcile_runs_again_after_it() {
                 }
                 sleep(secs(1)).await;
                 ends.push((key, ends.elapsed()));
-                Ok::<_, &'static str>(Action::Done)
+                Ok::<_, &'static str>(Action::await_change())
             }
         }
     };
@@ -1068,31 +1064,40 @@ impl Log<PrioRun> {
     /// Records a reconcile with the priority its context reports; how many runs `key` has had.
     fn record_priority(&self, key: Key, ctx: &Context) -> usize {
         let mut entries = self.entries.lock().unwrap();
-        entries.push((key, self.start.elapsed(), ctx.attempt(), ctx.priority()));
+        entries.push((
+            key,
+            self.start.elapsed(),
+            ctx.rate_limited_retries(),
+            ctx.priority(),
+        ));
         entries.iter().filter(|r| r.0 == key).count()
     }
 }
+
+/// The future of [`prio_reconcile`] (boxed: a function cannot return a closure whose future is
+/// an `impl Trait`).
+type PrioFuture = std::pin::Pin<Box<dyn Future<Output = Result<Action, &'static str>> + Send>>;
 
 /// A reconcile that returns `first(key)` on a key's first run when it has one, and otherwise
 /// takes 10 ms and succeeds: the 10 ms keep the single worker busy while re-adds come due.
 fn prio_reconcile(
     log: &Log<PrioRun>,
     first: fn(Key) -> Option<Result<Action, &'static str>>,
-) -> impl Reconcile<Key, Error = &'static str> {
+) -> impl Fn(Key, Context) -> PrioFuture + Send + Sync + 'static {
     let log = log.clone();
     move |key, ctx: Context| {
         let n = log.record_priority(key, &ctx);
         let first = first(key);
-        async move {
+        Box::pin(async move {
             match first {
                 Some(r) if n == 1 => r,
-                Some(_) => Ok(Action::Done),
+                Some(_) => Ok(Action::await_change()),
                 None => {
                     sleep(ms(10)).await;
-                    Ok(Action::Done)
+                    Ok(Action::await_change())
                 }
             }
-        }
+        })
     }
 }
 
@@ -1105,17 +1110,14 @@ async fn a_requeue_at_a_chosen_priority_is_served_by_that_priority() {
     let queue = queue();
     let log = Log::new(Instant::now());
     let reconcile = prio_reconcile(&log, |key| match key {
-        "up" => Some(Ok(Action::RequeueAfter(ms(1)).with_priority(5))),
-        "down" => Some(Ok(Action::RequeueAfter(ms(1)).with_priority(LOW_PRIORITY))),
+        "up" => Some(Ok(Action::requeue(ms(1)).with_priority(5))),
+        "down" => Some(Ok(Action::requeue(ms(1)).with_priority(LOW_PRIORITY))),
         _ => None,
     });
     for key in ["up", "down", "x1", "x2", "x3"] {
         queue.add(key);
     }
-    let handle = tokio::spawn(
-        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
-            .run(CancellationToken::new()),
-    );
+    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
     sleep(secs(1)).await;
     assert_eq!(
         log.get(),
@@ -1148,20 +1150,17 @@ async fn a_retry_without_a_priority_keeps_the_leases_priority() {
             async move {
                 match key {
                     "low" if n == 1 => Err("transient"),
-                    "low" => Ok(Action::Done),
+                    "low" => Ok(Action::await_change()),
                     _ => {
                         sleep(ms(10)).await;
-                        Ok(Action::Done)
+                        Ok(Action::await_change())
                     }
                 }
             }
         }
     };
     queue.add_with("low", AddOptions::priority(LOW_PRIORITY));
-    let handle = tokio::spawn(
-        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
-            .run(CancellationToken::new()),
-    );
+    let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
     sleep(ms(1)).await;
     queue.add("a");
     sleep(ms(5)).await;
@@ -1181,8 +1180,8 @@ async fn a_retry_without_a_priority_keeps_the_leases_priority() {
     assert_report(&report, (3, 1, 0, 1), (0, 0, 0, 0));
 }
 
-/// The error policy chooses a retry's priority: `Decision::Retry.with_priority(7)` (the limiter's
-/// 5 ms) is served before "b", queued earlier at 0; `Decision::RetryAfter(1 ms)` at
+/// The error policy chooses a retry's priority: `Action::backoff().with_priority(7)` (the limiter's
+/// 5 ms) is served before "b", queued earlier at 0; `Action::requeue(1 ms)` at
 /// `LOW_PRIORITY` after it. The limiter counts the first failure only (a fixed delay does not
 /// consult it), as without a priority.
 #[tokio::test(start_paused = true)]
@@ -1194,14 +1193,13 @@ async fn the_error_policy_chooses_the_priority_of_a_retry() {
         _ => None,
     });
     let policy = |key: &Key, _: &Failure<&'static str>, _: &Context| match *key {
-        "up" => Decision::Retry.with_priority(7),
-        _ => Decision::RetryAfter(ms(1)).with_priority(LOW_PRIORITY),
+        "up" => Action::backoff().with_priority(7),
+        _ => Action::requeue(ms(1)).with_priority(LOW_PRIORITY),
     };
     for key in ["up", "down", "a", "b"] {
         queue.add(key);
     }
-    let runner =
-        Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile).error_policy(policy);
+    let runner = Runner::new(queue.clone(), reconcile).error_policy(policy);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
     sleep(secs(1)).await;
     assert_eq!(
@@ -1258,15 +1256,19 @@ async fn same_key_never_reconciled_by_two_workers_at_once() {
                 }
                 let fail = rng.below(5) == 0;
                 ledger.releasing(key);
-                if fail { Err(key) } else { Ok(Action::Done) }
+                if fail {
+                    Err(key)
+                } else {
+                    Ok(Action::await_change())
+                }
             }
         }
     };
     let policy = |key: &usize, _: &Failure<usize>, ctx: &Context| match key % 3 {
-        0 => Decision::Retry,
-        1 => Decision::RetryAfter(Duration::ZERO),
-        _ if ctx.attempt() >= 2 => Decision::GiveUp,
-        _ => Decision::Retry,
+        0 => Action::backoff(),
+        1 => Action::requeue(Duration::ZERO),
+        _ if ctx.rate_limited_retries() >= 2 => Action::await_change(),
+        _ => Action::backoff(),
     };
     let runner = Runner::new(queue.clone(), reconcile)
         .workers(8)
@@ -1364,7 +1366,7 @@ async fn panicking_rate_limiter_does_not_kill_the_worker() {
             std::future::ready(if key == "bad-limiter" {
                 Err("fails, and its retry consults the panicking limiter")
             } else {
-                Ok(Action::Done)
+                Ok(Action::await_change())
             })
         }
     };
@@ -1410,24 +1412,24 @@ impl workqueue_ratelimit::RateLimiter<Key> for PanickyNumRequeues {
     }
 }
 
-/// A policy that records each failure as `(key, "panic: <message>" or the failure, ctx.attempt())` and
+/// A policy that records each failure as `(key, "panic: <message>" or the failure, ctx.rate_limited_retries())` and
 /// retries after a fixed 7 s.
 fn recording_policy<K: Copy + Send + Sync + 'static>(
     failures: &Log<(K, String, u32)>,
-) -> impl Fn(&K, &Failure<&'static str>, &Context) -> Decision + Send + Sync + 'static {
+) -> impl Fn(&K, &Failure<&'static str>, &Context) -> Action + Send + Sync + 'static {
     let failures = failures.clone();
     move |key: &K, failure: &Failure<&'static str>, ctx: &Context| {
         let what = match failure {
             Failure::Panic(message) => format!("panic: {message}"),
             other => format!("{other:?}"),
         };
-        failures.push((*key, what, ctx.attempt()));
-        Decision::RetryAfter(secs(7))
+        failures.push((*key, what, ctx.rate_limited_retries()));
+        Action::requeue(secs(7))
     }
 }
 
 /// The runner asks the limiter for a key's failure count before the reconcile; a panic there is
-/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 ctx.attempt(), the
+/// user code failing for that key: a `Failure::Panic` given to the policy (with 0 ctx.rate_limited_retries(), the
 /// count being unknown), whose decision finishes the lease. The key is not reconciled that time,
 /// the single worker survives, and `run` keeps running until the queue is shut down.
 #[tokio::test(start_paused = true)]
@@ -1480,7 +1482,7 @@ fn fragile_reconcile(
     let log = log.clone();
     move |key, ctx| {
         log.record(key.name, &ctx);
-        std::future::ready(Ok(Action::Done))
+        std::future::ready(Ok(Action::await_change()))
     }
 }
 
@@ -1659,7 +1661,7 @@ async fn requeue_after_zero_is_a_rate_limited_requeue_and_does_not_starve_the_ru
         move |key: Key, ctx: Context| {
             count_reconcile(&reconciles, &q);
             log.record(key, &ctx);
-            std::future::ready(Ok::<_, &'static str>(Action::RequeueAfter(Duration::ZERO)))
+            std::future::ready(Ok::<_, &'static str>(Action::requeue(Duration::ZERO)))
         }
     };
     let stop = CancellationToken::new();
@@ -1699,7 +1701,7 @@ async fn a_busy_runner_does_not_starve_the_runtime() {
         let (reconciles, q) = (reconciles.clone(), queue.clone());
         move |_key: u32, _ctx: Context| {
             count_reconcile(&reconciles, &q);
-            std::future::ready(Ok::<_, &'static str>(Action::Done))
+            std::future::ready(Ok::<_, &'static str>(Action::await_change()))
         }
     };
     let stop = CancellationToken::new();

@@ -3,11 +3,14 @@
 //! the test's thread).
 #![cfg(feature = "metrics")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::GET_PANIC_PAUSE;
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
@@ -17,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use workqueue_core::metrics as qm;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::metrics::*;
-use workqueue_tokio::runner::{Action, Decision, Failure, GET_PANIC_PAUSE, Runner};
+use workqueue_tokio::runner::{Action, Failure, Runner};
 
 type Metrics = HashMap<(String, Vec<(String, String)>), DebugValue>;
 
@@ -114,12 +117,12 @@ async fn runner_emits_controller_runtime_metrics() {
     let runner = Runner::new(q.clone(), |key: &'static str, _ctx| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
         match key {
-            "ok" => Ok(Action::Done),
-            "poll" => Ok(Action::RequeueAfter(Duration::from_secs(3600))),
+            "ok" => Ok(Action::await_change()),
+            "poll" => Ok(Action::requeue(Duration::from_secs(3600))),
             "panic" => panic!("boom"),
             "slow" => {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                Ok(Action::Done)
+                Ok(Action::await_change())
             }
             _ => Err("failed"),
         }
@@ -128,8 +131,8 @@ async fn runner_emits_controller_runtime_metrics() {
     .reconcile_timeout(Duration::from_secs(1))
     .cancel_grace(Duration::from_millis(100))
     .error_policy(|key: &&'static str, _: &_, _: &_| match *key {
-        "giveup" => Decision::GiveUp,
-        _ => Decision::RetryAfter(Duration::from_secs(3600)),
+        "giveup" => Action::await_change(),
+        _ => Action::requeue(Duration::from_secs(3600)),
     });
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
@@ -191,7 +194,7 @@ async fn active_workers_counts_reconciles_in_flight_and_unnamed_is_labelled() {
         let r = r.clone();
         async move {
             r.notified().await;
-            Ok::<_, ()>(Action::Done)
+            Ok::<_, ()>(Action::await_change())
         }
     })
     .workers(2);
@@ -326,14 +329,14 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
             let calls = calls.clone();
             move |_key: &'static str, _ctx| {
                 calls.fetch_add(1, SeqCst);
-                std::future::ready(Ok::<_, &'static str>(Action::Done))
+                std::future::ready(Ok::<_, &'static str>(Action::await_change()))
             }
         })
         .error_policy({
             let failures = failures.clone();
             move |_: &&'static str, failure: &Failure<&'static str>, _: &_| {
                 failures.lock().unwrap().push(format!("{failure}"));
-                Decision::RetryAfter(Duration::from_secs(1))
+                Action::requeue(Duration::from_secs(1))
             }
         });
         let run = tokio::spawn(runner.run(CancellationToken::new()));
@@ -407,7 +410,7 @@ async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
             seen.lock()
                 .unwrap()
                 .push((key, tokio::time::Instant::now()));
-            std::future::ready(Ok::<_, &'static str>(Action::Done))
+            std::future::ready(Ok::<_, &'static str>(Action::await_change()))
         }
     });
     let start = tokio::time::Instant::now();
@@ -424,7 +427,7 @@ async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
     assert_eq!((report.get_panics, report.panics), (1, 0), "{report:?}");
 }
 
-/// `Action::RequeueAfter(Duration::ZERO)` is counted as result `requeue` (controller-runtime's
+/// `Action::requeue(Duration::ZERO)` is counted as result `requeue` (controller-runtime's
 /// `Requeue: true`), every result is zeroed at the start, and the queue counts the rate-limited
 /// requeue as a retry.
 #[tokio::test(start_paused = true)]
@@ -439,10 +442,10 @@ async fn requeue_after_zero_counts_as_result_requeue() {
     let runner = Runner::new(
         q.clone(),
         |_key: &'static str, ctx: workqueue_tokio::runner::Context| {
-            std::future::ready(Ok::<_, ()>(if ctx.attempt() < 2 {
-                Action::RequeueAfter(Duration::ZERO)
+            std::future::ready(Ok::<_, ()>(if ctx.rate_limited_retries() < 2 {
+                Action::requeue(Duration::ZERO)
             } else {
-                Action::Done
+                Action::await_change()
             }))
         },
     );
@@ -494,7 +497,11 @@ async fn runner_counts_why_keys_were_queued() {
         let failed = failed.clone();
         move |key: &'static str, _ctx| {
             let fail = key == "a" && !failed.swap(true, SeqCst);
-            std::future::ready(if fail { Err("once") } else { Ok(Action::Done) })
+            std::future::ready(if fail {
+                Err("once")
+            } else {
+                Ok(Action::await_change())
+            })
         }
     })
     .source("watch", futures_util::stream::iter(["a", "b"]));

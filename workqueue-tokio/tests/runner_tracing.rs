@@ -14,7 +14,7 @@ use common::Fragile;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+use workqueue_tokio::runner::{Action, Context, Failure, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
 struct Formatting;
@@ -73,17 +73,18 @@ async fn a_panicking_key_display_in_the_span_does_not_kill_the_worker() {
         let runs = runs.clone();
         move |key: Fragile, _ctx: Context| {
             runs.lock().unwrap().push((key.name, start.elapsed()));
-            std::future::ready(Ok::<_, &'static str>(Action::Done))
+            std::future::ready(Ok::<_, &'static str>(Action::await_change()))
         }
     };
     let policy = {
         let failures = failures.clone();
         move |key: &Fragile, failure: &Failure<&'static str>, ctx: &Context| {
-            failures
-                .lock()
-                .unwrap()
-                .push((key.name, failure.to_string(), ctx.attempt()));
-            Decision::RetryAfter(Duration::from_secs(7))
+            failures.lock().unwrap().push((
+                key.name,
+                failure.to_string(),
+                ctx.rate_limited_retries(),
+            ));
+            Action::requeue(Duration::from_secs(7))
         }
     };
     let runner = Runner::new(queue.clone(), reconcile)
@@ -168,7 +169,7 @@ async fn the_reconcile_span_records_the_priority() {
     queue.add_with("resync", AddOptions::priority(LOW_PRIORITY));
     queue.add("changed");
     let reconcile =
-        |_key: &'static str, _ctx: Context| std::future::ready(Ok::<_, ()>(Action::Done));
+        |_key: &'static str, _ctx: Context| std::future::ready(Ok::<_, ()>(Action::await_change()));
     let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
     sleep(Duration::from_secs(1)).await;
     queue.shut_down();
@@ -193,8 +194,8 @@ async fn the_reconcile_span_records_the_priority() {
     assert_eq!(
         fixed,
         [
-            "controller=unnamed key=changed reconcile_id=ID attempt=0 failures=0 priority=0 reasons=direct",
-            "controller=unnamed key=resync reconcile_id=ID attempt=0 failures=0 priority=-100 reasons=direct",
+            "controller=unnamed key=changed reconcile_id=ID rate_limited_retries=0 failures_in_a_row=0 priority=0 reasons=direct",
+            "controller=unnamed key=resync reconcile_id=ID rate_limited_retries=0 failures_in_a_row=0 priority=-100 reasons=direct",
         ]
     );
 }
@@ -236,7 +237,7 @@ async fn failure_events(level: Option<tracing::Level>) -> Vec<String> {
     queue.add("bad");
     let reconcile = |_key: &'static str, _ctx: Context| std::future::ready(Err("invalid spec"));
     let runner = Runner::new(queue.clone(), reconcile)
-        .on_error(|_, _, _| Decision::GiveUp)
+        .error_policy(|_, _, _| Action::await_change())
         .failure_log(level);
     let handle = tokio::spawn(runner.run(CancellationToken::new()));
     sleep(Duration::from_secs(1)).await;
@@ -248,7 +249,7 @@ async fn failure_events(level: Option<tracing::Level>) -> Vec<String> {
 /// A failure is one event, at the level the runner is given, or none.
 #[tokio::test(start_paused = true)]
 async fn a_failure_is_one_event_at_the_chosen_level() {
-    let logged = r#"message=reconcile failed error="invalid spec" decision=GiveUp"#;
+    let logged = r#"message=reconcile failed error="invalid spec" action=await_change()"#;
     assert_eq!(
         failure_events(Some(tracing::Level::ERROR)).await,
         [format!("ERROR {logged}")]

@@ -45,7 +45,7 @@ async fn a_burst_of_100k_events_for_1k_keys_keeps_the_queue_at_1k_keys() {
             sample();
             async {
                 sleep(Duration::from_millis(10)).await;
-                Ok::<_, ()>(Action::Done)
+                Ok::<_, ()>(Action::await_change())
             }
         }
     };
@@ -219,7 +219,7 @@ async fn a_source_of_keys_with_options() {
             seen.lock()
                 .unwrap()
                 .push((key, ctx.priority(), tokio::time::Instant::now()));
-            std::future::ready(Ok::<_, ()>(Action::Done))
+            std::future::ready(Ok::<_, ()>(Action::await_change()))
         }
     };
     let low = AddOptions::priority(LOW_PRIORITY);
@@ -267,7 +267,7 @@ async fn a_key_that_panics_in_a_batch_loses_nothing_after_it() {
         let log = log.clone();
         move |key: Fragile, _ctx: Context| {
             log.lock().unwrap().push(key.name);
-            std::future::ready(Ok::<_, ()>(Action::Done))
+            std::future::ready(Ok::<_, ()>(Action::await_change()))
         }
     };
     let keys = stream::iter([

@@ -86,11 +86,11 @@ async fn the_span_names_why_a_key_was_queued() {
             async move {
                 match n {
                     usize::MAX => sleep(secs(1)).await,
-                    0 => return Ok(Action::RequeueAfter(secs(1))),
+                    0 => return Ok(Action::requeue(secs(1))),
                     1 => return Err("failed"),
                     _ => {}
                 }
-                Ok(Action::Done)
+                Ok(Action::await_change())
             }
         }
     };

@@ -24,7 +24,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use workqueue_kube::{keys, owners, pass_deletes, prioritized};
 use workqueue_tokio::WorkQueue;
-use workqueue_tokio::runner::{Action, Context, Decision, Failure, Report, Runner};
+use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
 
 /// The annotation that asks for a number of replicas.
 pub const REPLICAS: &str = "counter.example/replicas";
@@ -77,10 +77,10 @@ pub async fn reconcile(key: ObjectRef<ConfigMap>, ctx: Context<State>) -> Result
                 result => drop(result?),
             }
         }
-        return Ok(Action::Done);
+        return Ok(Action::await_change());
     };
     let Some(raw) = cm.annotations().get(REPLICAS) else {
-        return Ok(Action::Done); // not ours
+        return Ok(Action::await_change()); // not ours
     };
     let Ok(replicas) = raw.parse::<i32>() else {
         let event = Event {
@@ -95,7 +95,7 @@ pub async fn reconcile(key: ObjectRef<ConfigMap>, ctx: Context<State>) -> Result
     };
     // No Deployment yet: nothing to do until it appears (its watch event queues this key).
     let Some(deployment) = deployment else {
-        return Ok(Action::Done);
+        return Ok(Action::await_change());
     };
     let params = PatchParams::default();
     if deployment.spec.replicas != Some(replicas) {
@@ -113,7 +113,7 @@ pub async fn reconcile(key: ObjectRef<ConfigMap>, ctx: Context<State>) -> Result
             .patch(&key.name, &params, &Patch::Merge(patch))
             .await?;
     }
-    Ok(Action::Done)
+    Ok(Action::await_change())
 }
 
 /// An invalid annotation (an Event on its ConfigMap each time) is retried with backoff a few
@@ -122,10 +122,12 @@ pub fn error_policy(
     _key: &ObjectRef<ConfigMap>,
     failure: &Failure<Error>,
     ctx: &Context<State>,
-) -> Decision {
+) -> Action {
     match failure {
-        Failure::Error(Error::Invalid(_)) if ctx.failures() >= INVALID_RETRIES => Decision::GiveUp,
-        _ => Decision::Retry,
+        Failure::Error(Error::Invalid(_)) if ctx.failures_in_a_row() >= INVALID_RETRIES => {
+            Action::await_change()
+        }
+        _ => Action::backoff(),
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::WorkQueue;
-use workqueue_tokio::runner::{Action, Context, Decision, Failure, Report, Runner};
+use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
 use workqueue_tokio::source::{Relevant, changed, keys};
 
 use crate::api::{Api, ApiError, ConfigMap, Deployment, Event};
@@ -53,15 +53,15 @@ pub async fn reconcile(name: String, ctx: Context<State>) -> Result<Action, Erro
         if api.get_deployment(&name).await?.and_then(|d| d.owner) == Some(name.clone()) {
             api.delete_deployment(&name).await?;
         }
-        return Ok(Action::Done);
+        return Ok(Action::await_change());
     };
     let Some(raw) = cm.annotations.get(REPLICAS) else {
-        return Ok(Action::Done); // not ours
+        return Ok(Action::await_change()); // not ours
     };
     let replicas: u32 = raw.parse().map_err(|_| Error::Invalid(raw.clone()))?;
     // No Deployment yet: nothing to do until it appears (its watch event queues this key).
     let Some(deployment) = api.get_deployment(&name).await? else {
-        return Ok(Action::Done);
+        return Ok(Action::await_change());
     };
     if deployment.replicas != replicas {
         api.scale_deployment(&name, replicas).await?;
@@ -71,23 +71,23 @@ pub async fn reconcile(name: String, ctx: Context<State>) -> Result<Action, Erro
         // Our own write: the ConfigMap predicate keeps it from queueing the key again.
         api.annotate_configmap(&name, APPLIED, &applied).await?;
     }
-    Ok(Action::Done)
+    Ok(Action::await_change())
 }
 
 /// An invalid annotation is recorded as an event on its ConfigMap and retried with backoff a few
 /// times, then given up; anything else retries with the limiter's backoff.
 #[allow(clippy::ptr_arg)] // an error policy is given `&T`, the queue's key type
-pub fn error_policy(name: &String, failure: &Failure<Error>, ctx: &Context<State>) -> Decision {
+pub fn error_policy(name: &String, failure: &Failure<Error>, ctx: &Context<State>) -> Action {
     match failure {
         Failure::Error(e @ Error::Invalid(_)) => {
             ctx.data().api.record_event(name, e.to_string());
-            if ctx.failures() < INVALID_RETRIES {
-                Decision::Retry
+            if ctx.failures_in_a_row() < INVALID_RETRIES {
+                Action::backoff()
             } else {
-                Decision::GiveUp
+                Action::await_change()
             }
         }
-        _ => Decision::Retry,
+        _ => Action::backoff(),
     }
 }
 

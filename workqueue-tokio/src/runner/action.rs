@@ -1,22 +1,29 @@
-//! What a reconcile returns, how it can fail, what the error policy decides, and the one mapping
-//! from all of that to a lease [`Outcome`] and the priority of the re-add it asks for.
+//! What a reconcile or the error policy asks for next, how a reconcile can fail, and the one
+//! mapping from a reconcile's result to the lease's [`Outcome`].
 
 use std::fmt;
 use std::time::Duration;
 
 use workqueue_core::Outcome;
+use workqueue_core::ratelimit::Signal;
 
-/// What a successful reconcile asks for next.
+/// What happens to a key next: returned by a reconcile (`Ok(action)`) and by the error policy
+/// (for a failed reconcile), as in kube-runtime.
 ///
-/// A requeue is queued at the priority the key was handed out at ([`Context::priority`]) unless
-/// it names another: `Action::RequeueAfter(d).with_priority(p)` is controller-runtime's
-/// `Result{RequeueAfter: d, Priority: &p}`.
+/// | constructor | after a successful reconcile | from the error policy, after a failure |
+/// |---|---|---|
+/// | [`Action::await_change()`] | the limiter forgets the key; it runs again when it is added | give up: the limiter forgets the key; it runs again when it is added |
+/// | [`Action::requeue(d)`](Action::requeue), `d > 0` | the limiter forgets the key; it runs again after `d` (polling) | retry after `d`, without asking the limiter |
+/// | [`Action::backoff()`], or `requeue(Duration::ZERO)` | run again after the rate limiter's delay; the backoff is kept | retry after the rate limiter's delay (the default policy) |
 ///
-/// The priority is a builder on the existing variants rather than a field of every variant:
-/// `RequeueAfter(d)` keeps its meaning and its shape, [`Done`](Action::Done) has no re-add to
-/// give a priority to, and the one variant that carries a priority,
-/// [`RequeueAfterAt`](Action::RequeueAfterAt), is what the builder returns, so a `match` still
-/// sees every case.
+/// A re-add is queued at the priority the key was handed out at
+/// ([`Context::priority`](super::Context::priority); controller-runtime keeps it too) unless
+/// [`with_priority`](Action::with_priority) names another (controller-runtime's
+/// `Result.Priority`).
+///
+/// `requeue(Duration::ZERO)` differs from kube-runtime on purpose: kube-runtime runs the key again
+/// at once, so a reconcile that always returns it loops on its key as fast as it can. Here it is
+/// the rate-limited requeue, the same action as [`Action::backoff()`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -24,55 +31,93 @@ use workqueue_core::Outcome;
 /// use workqueue_tokio::runner::Action;
 ///
 /// // Poll again in a minute, behind every key added at the default priority.
-/// let poll = Action::RequeueAfter(Duration::from_secs(60)).with_priority(LOW_PRIORITY);
-/// assert_eq!(poll.priority(), Some(LOW_PRIORITY));
-/// assert_eq!(Action::RequeueAfter(Duration::from_secs(60)).priority(), None);
+/// let poll = Action::requeue(Duration::from_secs(60)).with_priority(LOW_PRIORITY);
+/// assert_ne!(poll, Action::requeue(Duration::from_secs(60)));
+/// assert_eq!(Action::requeue(Duration::ZERO), Action::backoff());
 /// ```
-///
-/// [`Context::priority`]: super::Context::priority
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    next: Next,
+    /// The re-add's priority; `None`: the lease's own. Always `None` for `AwaitChange`.
+    priority: Option<i32>,
+}
+
+/// The re-add an [`Action`] asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Action {
-    /// Nothing: the key's backoff is reset (forget) and it runs again only when it is added.
-    Done,
-    /// Run again after this delay (polling an external state). The backoff is reset: a fixed delay
-    /// is for polling, never for errors (return the error and let the limiter back off).
-    ///
-    /// `RequeueAfter(Duration::ZERO)` is different: it asks to run again "soon", which the rate
-    /// limiter paces. The key is requeued after the limiter's delay and its backoff is *not* reset
-    /// (controller-runtime's deprecated `Requeue: true`), so a reconcile that always returns it
-    /// backs off instead of looping on its key. It still counts as a success (`processed`; metric
-    /// result `requeue`).
-    RequeueAfter(Duration),
-    /// [`RequeueAfter(after)`](Action::RequeueAfter), with the key queued at `priority` instead
-    /// of the priority it was handed out at. Built by [`Action::with_priority`].
-    RequeueAfterAt {
-        /// The delay, with the meaning it has in `RequeueAfter` (zero: the limiter's delay).
-        after: Duration,
-        /// The priority of the requeue.
-        priority: i32,
-    },
+enum Next {
+    AwaitChange,
+    /// A fixed delay, never zero.
+    After(Duration),
+    /// The rate limiter's delay.
+    Backoff,
 }
 
 impl Action {
-    /// This action with its requeue at `priority` (controller-runtime's `Result.Priority`).
-    /// [`Done`](Action::Done) requeues nothing and stays as it is.
+    /// Run the key again after `after`: polling after a success, a fixed retry delay from the
+    /// error policy. `Duration::ZERO` is [`Action::backoff()`].
     #[must_use]
-    pub const fn with_priority(self, priority: i32) -> Self {
-        match self {
-            Action::RequeueAfter(after) | Action::RequeueAfterAt { after, .. } => {
-                Action::RequeueAfterAt { after, priority }
-            }
-            Action::Done => Action::Done,
+    pub const fn requeue(after: Duration) -> Self {
+        let next = if after.is_zero() {
+            Next::Backoff
+        } else {
+            Next::After(after)
+        };
+        Action {
+            next,
+            priority: None,
         }
     }
 
-    /// The priority this action's requeue asks for; `None`: the priority the key was handed out
-    /// at (or no requeue).
-    pub const fn priority(&self) -> Option<i32> {
-        match self {
-            Action::RequeueAfterAt { priority, .. } => Some(*priority),
-            Action::Done | Action::RequeueAfter(_) => None,
+    /// Nothing to do until the key is added again (an event): the limiter forgets the key. From
+    /// the error policy, this gives up on the failure.
+    #[must_use]
+    pub const fn await_change() -> Self {
+        Action {
+            next: Next::AwaitChange,
+            priority: None,
+        }
+    }
+
+    /// Run the key again after the rate limiter's delay (per-key exponential backoff with the
+    /// default limiter). The default error policy's answer to every failure.
+    #[must_use]
+    pub const fn backoff() -> Self {
+        Action {
+            next: Next::Backoff,
+            priority: None,
+        }
+    }
+
+    /// This action with its re-add at `priority` instead of the priority the key was handed out
+    /// at. [`Action::await_change()`] re-adds nothing and stays as it is.
+    #[must_use]
+    pub const fn with_priority(self, priority: i32) -> Self {
+        match self.next {
+            Next::AwaitChange => self,
+            next => Action {
+                next,
+                priority: Some(priority),
+            },
+        }
+    }
+
+    /// Whether this action, from the error policy, gives up on the failure.
+    pub(crate) const fn gives_up(&self) -> bool {
+        matches!(self.next, Next::AwaitChange)
+    }
+}
+
+/// As the constructors read: `await_change()`, `requeue(30s)`, `backoff().with_priority(-100)`.
+impl fmt::Debug for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.next {
+            Next::AwaitChange => f.write_str("await_change()")?,
+            Next::After(d) => write!(f, "requeue({d:?})")?,
+            Next::Backoff => f.write_str("backoff()")?,
+        }
+        match self.priority {
+            Some(p) => write!(f, ".with_priority({p})"),
+            None => Ok(()),
         }
     }
 }
@@ -120,121 +165,68 @@ impl<E: std::error::Error + 'static> std::error::Error for Failure<E> {
     }
 }
 
-/// What the error policy decides for a failed reconcile.
-///
-/// A retry is queued at the priority the key was handed out at, as controller-runtime keeps it
-/// (its #3157), unless the policy names another with [`Decision::with_priority`]: for example,
-/// to move a key that keeps failing behind fresh work. As for [`Action`], the priority is a
-/// builder over the existing variants, and [`RetryAt`](Decision::RetryAt) is the one variant
-/// that carries it.
-///
-/// ```
-/// use std::time::Duration;
-/// use workqueue_tokio::LOW_PRIORITY;
-/// use workqueue_tokio::runner::{Context, Decision, Failure};
-///
-/// // Back off as usual; after five failures, behind every key added at the default priority.
-/// let policy = |_key: &String, _failure: &Failure<std::io::Error>, ctx: &Context| {
-///     if ctx.failures() < 5 {
-///         Decision::Retry
-///     } else {
-///         Decision::Retry.with_priority(LOW_PRIORITY)
-///     }
-/// };
-/// # let _ = policy;
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Decision {
-    /// Retry after the rate limiter's delay (the default).
-    Retry,
-    /// Retry after this fixed delay, without consulting the limiter.
-    RetryAfter(Duration),
-    /// Stop retrying: the limiter forgets the key; it runs again only when it is added.
-    GiveUp,
-    /// [`Retry`](Decision::Retry) (`after: None`) or [`RetryAfter(d)`](Decision::RetryAfter)
-    /// (`after: Some(d)`), with the key queued at `priority` instead of the priority it was
-    /// handed out at. Built by [`Decision::with_priority`].
-    RetryAt {
-        /// The fixed delay, or `None` for the rate limiter's.
-        after: Option<Duration>,
-        /// The priority of the retry.
-        priority: i32,
-    },
-}
-
-impl Decision {
-    /// This decision with its retry at `priority`. [`GiveUp`](Decision::GiveUp) retries nothing
-    /// and stays as it is.
-    #[must_use]
-    pub const fn with_priority(self, priority: i32) -> Self {
-        match self {
-            Decision::Retry => Decision::RetryAt {
-                after: None,
-                priority,
-            },
-            Decision::RetryAfter(d) => Decision::RetryAt {
-                after: Some(d),
-                priority,
-            },
-            Decision::RetryAt { after, .. } => Decision::RetryAt { after, priority },
-            Decision::GiveUp => Decision::GiveUp,
-        }
-    }
-
-    /// The priority this decision's retry asks for; `None`: the priority the key was handed out
-    /// at (or no retry).
-    pub const fn priority(&self) -> Option<i32> {
-        match self {
-            Decision::RetryAt { priority, .. } => Some(*priority),
-            Decision::Retry | Decision::RetryAfter(_) | Decision::GiveUp => None,
-        }
-    }
-}
-
 /// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
 pub(crate) enum Reconciled<E> {
     Ok(Action),
-    Failed(Failure<E>, Decision),
+    /// A failure, and the error policy's action for it.
+    Failed(Failure<E>, Action),
     /// Dropped at shutdown after the grace periods: retried, so the key is not lost if the queue
     /// lives on.
     Interrupted,
 }
 
 impl<E> Reconciled<E> {
-    /// The one place where a reconcile result becomes queue operations (the module docs' table): the
-    /// lease's outcome, and the priority of the re-add it asks for (`None`: the lease's own).
-    pub(crate) fn outcome(&self) -> (Outcome, Option<i32>) {
-        let outcome = match self {
-            Reconciled::Ok(Action::Done) => Outcome::Forget,
-            // "Again, as soon as the limiter allows": never an unthrottled loop on one key.
-            Reconciled::Ok(
-                Action::RequeueAfter(Duration::ZERO)
-                | Action::RequeueAfterAt {
-                    after: Duration::ZERO,
-                    ..
-                },
-            ) => Outcome::Retry,
-            Reconciled::Ok(Action::RequeueAfter(d) | Action::RequeueAfterAt { after: d, .. }) => {
-                Outcome::RequeueAfter(*d)
+    /// The one place where a reconcile's result becomes queue operations (the table on
+    /// [`Action`]): the lease's outcome, with the priority of the re-add it asks for. What it
+    /// tells the outage detector is the runner's to add (it needs the failure counts and the
+    /// user's classifier).
+    pub(crate) fn outcome(&self) -> Finish {
+        let (outcome, priority) = match self {
+            Reconciled::Ok(action) => {
+                let outcome = match action.next {
+                    Next::AwaitChange => Outcome::Forget,
+                    Next::After(d) => Outcome::RequeueAfter(d),
+                    // "Again, as soon as the limiter allows": never an unthrottled loop.
+                    Next::Backoff => Outcome::Retry,
+                };
+                (outcome, action.priority)
             }
-            Reconciled::Failed(_, Decision::Retry | Decision::RetryAt { after: None, .. }) => {
-                Outcome::Retry
+            Reconciled::Failed(_, action) => {
+                let outcome = match action.next {
+                    Next::AwaitChange => Outcome::Forget,
+                    Next::After(d) => Outcome::RetryAfter(d),
+                    Next::Backoff => Outcome::Retry,
+                };
+                (outcome, action.priority)
             }
-            Reconciled::Failed(
-                _,
-                Decision::RetryAfter(d) | Decision::RetryAt { after: Some(d), .. },
-            ) => Outcome::RetryAfter(*d),
-            Reconciled::Failed(_, Decision::GiveUp) => Outcome::Forget,
-            Reconciled::Interrupted => Outcome::Retry,
+            Reconciled::Interrupted => (Outcome::Retry, None),
         };
-        let priority = match self {
-            Reconciled::Ok(action) => action.priority(),
-            Reconciled::Failed(_, decision) => decision.priority(),
-            Reconciled::Interrupted => None,
-        };
-        (outcome, priority)
+        Finish {
+            outcome,
+            priority,
+            signal: None,
+        }
+    }
+
+    /// Whether the error policy gave up on this failure.
+    pub(crate) fn given_up(&self) -> bool {
+        matches!(self, Reconciled::Failed(_, action) if action.gives_up())
+    }
+}
+
+/// How a lease is finished: the outcome, the re-add's priority (`None`: the lease's own) and what
+/// it tells the outage detector (`None`: what the outcome implies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Finish {
+    pub(crate) outcome: Outcome,
+    pub(crate) priority: Option<i32>,
+    pub(crate) signal: Option<Signal>,
+}
+
+impl Finish {
+    pub(crate) fn with_signal(self, signal: Option<Signal>) -> Self {
+        Finish { signal, ..self }
     }
 }
 
@@ -242,39 +234,54 @@ impl<E> Reconciled<E> {
 mod tests {
     use super::*;
 
+    fn finish(outcome: Outcome, priority: Option<i32>) -> Finish {
+        Finish {
+            outcome,
+            priority,
+            signal: None,
+        }
+    }
+
     #[test]
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
-        let cases: [(Reconciled<()>, Outcome); 8] = [
-            (Reconciled::Ok(Action::Done), Outcome::Forget),
+        let error = || Failure::Error(());
+        let cases: [(Reconciled<()>, Outcome); 10] = [
+            (Reconciled::Ok(Action::await_change()), Outcome::Forget),
+            (Reconciled::Ok(Action::requeue(s)), Outcome::RequeueAfter(s)),
             (
-                Reconciled::Ok(Action::RequeueAfter(s)),
-                Outcome::RequeueAfter(s),
-            ),
-            (
-                Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)),
+                Reconciled::Ok(Action::requeue(Duration::ZERO)),
                 Outcome::Retry,
             ),
+            (Reconciled::Ok(Action::backoff()), Outcome::Retry),
             (
-                Reconciled::Ok(Action::RequeueAfter(Duration::from_nanos(1))),
+                Reconciled::Ok(Action::requeue(Duration::from_nanos(1))),
                 Outcome::RequeueAfter(Duration::from_nanos(1)),
             ),
             (
-                Reconciled::Failed(Failure::Timeout, Decision::Retry),
+                Reconciled::Failed(Failure::Timeout, Action::backoff()),
                 Outcome::Retry,
             ),
             (
-                Reconciled::Failed(Failure::Error(()), Decision::RetryAfter(s)),
+                Reconciled::Failed(error(), Action::requeue(s)),
                 Outcome::RetryAfter(s),
             ),
             (
-                Reconciled::Failed(Failure::Panic("x".into()), Decision::GiveUp),
+                Reconciled::Failed(error(), Action::requeue(Duration::ZERO)),
+                Outcome::Retry,
+            ),
+            (
+                Reconciled::Failed(Failure::Panic("x".into()), Action::await_change()),
                 Outcome::Forget,
             ),
             (Reconciled::Interrupted, Outcome::Retry),
         ];
         for (r, o) in cases {
-            assert_eq!(r.outcome(), (o, None), "{r:?}: the lease's own priority");
+            assert_eq!(
+                r.outcome(),
+                finish(o, None),
+                "{r:?}: the lease's own priority"
+            );
         }
     }
 
@@ -283,60 +290,65 @@ mod tests {
     #[test]
     fn a_chosen_priority_goes_with_the_same_outcome() {
         let s = Duration::from_secs(1);
-        type Mapped = (Outcome, Option<i32>);
-        let cases: [(Reconciled<()>, Mapped); 9] = [
+        let cases: [(Reconciled<()>, Finish); 7] = [
             (
-                Reconciled::Ok(Action::RequeueAfter(s).with_priority(7)),
-                (Outcome::RequeueAfter(s), Some(7)),
+                Reconciled::Ok(Action::requeue(s).with_priority(7)),
+                finish(Outcome::RequeueAfter(s), Some(7)),
             ),
             (
-                Reconciled::Ok(Action::RequeueAfter(Duration::ZERO).with_priority(-100)),
-                (Outcome::Retry, Some(-100)),
+                Reconciled::Ok(Action::backoff().with_priority(-100)),
+                finish(Outcome::Retry, Some(-100)),
             ),
             (
-                Reconciled::Ok(Action::RequeueAfter(s).with_priority(1).with_priority(2)),
-                (Outcome::RequeueAfter(s), Some(2)),
+                Reconciled::Ok(Action::requeue(s).with_priority(1).with_priority(2)),
+                finish(Outcome::RequeueAfter(s), Some(2)),
             ),
-            // `Done` requeues nothing: no priority to carry.
+            // `await_change` re-adds nothing: no priority to carry.
             (
-                Reconciled::Ok(Action::Done.with_priority(7)),
-                (Outcome::Forget, None),
-            ),
-            (
-                Reconciled::Failed(Failure::Error(()), Decision::Retry.with_priority(3)),
-                (Outcome::Retry, Some(3)),
+                Reconciled::Ok(Action::await_change().with_priority(7)),
+                finish(Outcome::Forget, None),
             ),
             (
-                Reconciled::Failed(Failure::Timeout, Decision::RetryAfter(s).with_priority(-5)),
-                (Outcome::RetryAfter(s), Some(-5)),
+                Reconciled::Failed(Failure::Error(()), Action::backoff().with_priority(3)),
+                finish(Outcome::Retry, Some(3)),
             ),
             (
-                Reconciled::Failed(
-                    Failure::Timeout,
-                    Decision::RetryAfter(s).with_priority(1).with_priority(0),
-                ),
-                (Outcome::RetryAfter(s), Some(0)),
+                Reconciled::Failed(Failure::Timeout, Action::requeue(s).with_priority(i32::MIN)),
+                finish(Outcome::RetryAfter(s), Some(i32::MIN)),
             ),
             (
                 Reconciled::Failed(
                     Failure::Panic("x".into()),
-                    Decision::GiveUp.with_priority(9),
+                    Action::await_change().with_priority(9),
                 ),
-                (Outcome::Forget, None),
-            ),
-            (
-                Reconciled::Failed(
-                    Failure::Error(()),
-                    Decision::RetryAt {
-                        after: None,
-                        priority: i32::MIN,
-                    },
-                ),
-                (Outcome::Retry, Some(i32::MIN)),
+                finish(Outcome::Forget, None),
             ),
         ];
         for (r, o) in cases {
             assert_eq!(r.outcome(), o, "{r:?}");
         }
+    }
+
+    #[test]
+    fn debug_reads_like_the_constructors() {
+        assert_eq!(format!("{:?}", Action::await_change()), "await_change()");
+        assert_eq!(
+            format!("{:?}", Action::requeue(Duration::from_secs(30))),
+            "requeue(30s)"
+        );
+        assert_eq!(
+            format!("{:?}", Action::backoff().with_priority(-100)),
+            "backoff().with_priority(-100)"
+        );
+    }
+
+    #[test]
+    fn only_await_change_from_the_policy_gives_up() {
+        let failed = |a| Reconciled::Failed(Failure::Error(()), a);
+        assert!(failed(Action::await_change()).given_up());
+        assert!(!failed(Action::backoff()).given_up());
+        assert!(!failed(Action::requeue(Duration::from_secs(1))).given_up());
+        assert!(!Reconciled::<()>::Ok(Action::await_change()).given_up());
+        assert!(!Reconciled::<()>::Interrupted.given_up());
     }
 }

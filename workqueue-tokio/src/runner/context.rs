@@ -13,28 +13,28 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// (`()` without it): an API client, a cache, an event recorder. Every reconcile and every
 /// policy decision sees the same `Arc`.
 ///
-/// Two counts, kept by different parts, for different questions:
+/// Two counts of the key's earlier failures, each named for what it counts:
 ///
-/// | count | kept by | advanced by | reset by |
-/// |---|---|---|---|
-/// | [`attempt`](Context::attempt) | the queue's rate limiter (its `num_requeues`) | every rate-limited retry (`Decision::Retry`, `Action::RequeueAfter(ZERO)`, `add_rate_limited`) | the limiter's forget: `Action::Done`, `Action::RequeueAfter(d > 0)`, `Decision::GiveUp`, `queue.forget` |
-/// | [`failures`](Context::failures) | the runner | every failure (error, panic, timeout), whatever the policy decided, `Decision::RetryAfter(d)` included | any successful reconcile, and `Decision::GiveUp` |
+/// - [`failures_in_a_row`](Context::failures_in_a_row): every failure (error, panic, timeout)
+///   since the key's last success, whatever the error policy answered. Bound retries with it.
+/// - [`rate_limited_retries`](Context::rate_limited_retries): how many times the rate limiter has
+///   delayed the key since it last forgot it (its `num_requeues`); the limiter's backoff grows
+///   with it. A policy that answers `Action::requeue(d)` never asks the limiter, so this count
+///   stays where it was; a success or a give-up (`Action::await_change()`, `requeue(d > 0)` after
+///   a success) resets it.
 ///
-/// `attempt` is the backoff's input: it says how long the limiter will make the key wait.
-/// `failures` is the one to bound retries with: a policy that answers `RetryAfter(d)` never
-/// charges the limiter, so `attempt` stays 0 there. Both count failures *before* this
-/// reconcile: 0 on a first try, and the policy deciding on the `n`-th failure in a row sees
-/// `n - 1`.
+/// Both count what happened *before* this reconcile: 0 on a first try, and the policy deciding
+/// on the `n`-th failure in a row sees `failures_in_a_row() == n - 1`.
 ///
 /// ```
 /// use std::time::Duration;
-/// use workqueue_tokio::runner::{Context, Decision, Failure};
+/// use workqueue_tokio::runner::{Action, Context, Failure};
 ///
 /// struct State { /* a client, a recorder, ... */ }
 ///
-/// // Retry every 30 s, at most 5 times, then give up.
+/// // Retry every 30 s, at most 5 times, then give up until the object changes.
 /// let policy = |_key: &String, _failure: &Failure<std::io::Error>, ctx: &Context<State>| {
-///     if ctx.failures() < 5 { Decision::RetryAfter(Duration::from_secs(30)) } else { Decision::GiveUp }
+///     if ctx.failures_in_a_row() < 5 { Action::requeue(Duration::from_secs(30)) } else { Action::await_change() }
 /// };
 /// # let _ = policy;
 /// ```
@@ -50,8 +50,8 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 pub struct Context<C = ()> {
     data: Arc<C>,
     cancel: CancellationToken,
-    attempt: u32,
-    failures: u32,
+    rate_limited_retries: u32,
+    failures_in_a_row: u32,
     priority: i32,
 }
 
@@ -59,15 +59,15 @@ impl<C> Context<C> {
     pub(crate) fn new(
         data: Arc<C>,
         cancel: CancellationToken,
-        attempt: u32,
-        failures: u32,
+        rate_limited_retries: u32,
+        failures_in_a_row: u32,
         priority: i32,
     ) -> Self {
         Context {
             data,
             cancel,
-            attempt,
-            failures,
+            rate_limited_retries,
+            failures_in_a_row,
             priority,
         }
     }
@@ -77,21 +77,21 @@ impl<C> Context<C> {
         &self.data
     }
 
-    /// How many failures the rate limiter has recorded for this key (its `num_requeues`; 0 on a
-    /// first attempt). See the table above for how it differs from [`failures`](Context::failures).
-    pub fn attempt(&self) -> u32 {
-        self.attempt
+    /// How many times the rate limiter has delayed this key since it last forgot it (its
+    /// `num_requeues`): what the limiter's backoff grows with. 0 on a first try.
+    pub fn rate_limited_retries(&self) -> u32 {
+        self.rate_limited_retries
     }
 
-    /// How many times in a row this key has failed before this reconcile, as the runner counts
-    /// it: every failure, whatever the policy decided; reset by a success or a give-up.
-    pub fn failures(&self) -> u32 {
-        self.failures
+    /// How many times in a row this key has failed before this reconcile: every failure, whatever
+    /// the error policy answered; reset by a success or a give-up.
+    pub fn failures_in_a_row(&self) -> u32 {
+        self.failures_in_a_row
     }
 
     /// The priority the key was handed out at (0 unless it was added with one, see
     /// [`AddOptions`](crate::AddOptions)). A requeue or retry is queued at this priority unless
-    /// the [`Action`](super::Action) or the [`Decision`](super::Decision) names another.
+    /// the [`Action`](super::Action) names another.
     pub fn priority(&self) -> i32 {
         self.priority
     }
@@ -118,8 +118,8 @@ impl<C> Clone for Context<C> {
         Context {
             data: Arc::clone(&self.data),
             cancel: self.cancel.clone(),
-            attempt: self.attempt,
-            failures: self.failures,
+            rate_limited_retries: self.rate_limited_retries,
+            failures_in_a_row: self.failures_in_a_row,
             priority: self.priority,
         }
     }
@@ -128,8 +128,8 @@ impl<C> Clone for Context<C> {
 impl<C> fmt::Debug for Context<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
-            .field("attempt", &self.attempt)
-            .field("failures", &self.failures)
+            .field("rate_limited_retries", &self.rate_limited_retries)
+            .field("failures_in_a_row", &self.failures_in_a_row)
             .field("priority", &self.priority)
             .field("cancelled", &self.cancel.is_cancelled())
             .finish_non_exhaustive()

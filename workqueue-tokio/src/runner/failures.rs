@@ -1,16 +1,16 @@
-//! The runner's own count of failures in a row, per key ([`Context::failures`]).
+//! The runner's own count of failures in a row, per key ([`Context::failures_in_a_row`]).
 //!
 //! The rate limiter's `num_requeues` counts only rate-limited retries, so a policy that answers
-//! `RetryAfter(d)` would never see it grow; this count sees every failure.
+//! `Action::requeue(d)` would never see it grow; this count sees every failure.
 //!
-//! [`Context::failures`]: super::Context::failures
+//! [`Context::failures_in_a_row`]: super::Context::failures_in_a_row
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use super::action::{Decision, Reconciled};
+use super::action::Reconciled;
 
 /// Invariant: a key has an entry exactly while its last verdict was a failure that was not given
 /// up, and the entry is the number of such failures in a row. Memory is bounded by the keys that
@@ -47,16 +47,8 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
     /// interrupted reconcile changes nothing.
     pub(crate) fn record<E>(&self, key: &T, verdict: &Reconciled<E>) {
         match verdict {
-            Reconciled::Ok(_) | Reconciled::Failed(_, Decision::GiveUp) => {
-                if !self.any.load(Ordering::Acquire) {
-                    return;
-                }
-                let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-                counts.remove(key);
-                if counts.is_empty() {
-                    self.any.store(false, Ordering::Release);
-                }
-            }
+            Reconciled::Ok(_) => self.reset(key),
+            Reconciled::Failed(..) if verdict.given_up() => self.reset(key),
             Reconciled::Failed(..) => {
                 let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
                 self.any.store(true, Ordering::Release);
@@ -68,6 +60,18 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
                 }
             }
             Reconciled::Interrupted => {}
+        }
+    }
+
+    /// Forgets `key`'s failures (a success or a give-up).
+    fn reset(&self, key: &T) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.remove(key);
+        if counts.is_empty() {
+            self.any.store(false, Ordering::Release);
         }
     }
 }
@@ -82,25 +86,22 @@ mod tests {
     #[test]
     fn every_failure_counts_and_success_or_give_up_resets() {
         let counts = FailureCounts::new();
-        let after = Decision::RetryAfter(Duration::from_secs(30));
+        let after = Action::requeue(Duration::from_secs(30));
         for expected in 1..=3 {
             counts.record(&"a", &Reconciled::<()>::Failed(Failure::Timeout, after));
             assert_eq!(counts.get(&"a"), expected);
         }
         counts.record(&"a", &Reconciled::<()>::Interrupted);
         assert_eq!(counts.get(&"a"), 3);
-        counts.record(
-            &"a",
-            &Reconciled::<()>::Ok(Action::RequeueAfter(Duration::ZERO)),
-        );
+        counts.record(&"a", &Reconciled::<()>::Ok(Action::backoff()));
         assert_eq!(counts.get(&"a"), 0);
         counts.record(
             &"b",
-            &Reconciled::<()>::Failed(Failure::Error(()), Decision::Retry),
+            &Reconciled::<()>::Failed(Failure::Error(()), Action::backoff()),
         );
         counts.record(
             &"b",
-            &Reconciled::<()>::Failed(Failure::Error(()), Decision::GiveUp),
+            &Reconciled::<()>::Failed(Failure::Error(()), Action::await_change()),
         );
         assert_eq!(counts.get(&"b"), 0);
         assert!(

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`RECONCILE_TOTAL`] | counter | reconciles, by `result`: `success`, `error`, `requeue`, `requeue_after` (all four zeroed at the start) |
 //! | [`RECONCILE_ERRORS_TOTAL`] | counter | failed reconciles: errors, panics, timeouts, given up or not |
-//! | [`TERMINAL_RECONCILE_ERRORS_TOTAL`] | counter | failures the error policy gave up on ([`Decision::GiveUp`]) |
+//! | [`TERMINAL_RECONCILE_ERRORS_TOTAL`] | counter | failures the error policy gave up on (`Action::await_change()`) |
 //! | [`RECONCILE_PANICS_TOTAL`] | counter | reconciles that panicked |
 //! | [`RECONCILE_TIMEOUTS_TOTAL`] | counter | reconciles that timed out |
 //! | [`RECONCILE_TIME_SECONDS`] | histogram | how long reconciles took ([`RECONCILE_TIME_BUCKETS`]) |
@@ -16,9 +16,9 @@
 //! | [`RECONCILE_REASONS_TOTAL`] | counter | reconciles, by `reason` the key was queued for: `source:NAME`, `requeue`, `retry`, `direct` (added to the queue directly), `unknown` (the key panicked); a reconcile counts once for each reason in its set |
 //!
 //! These are controller-runtime's names, labels and values, so its dashboards and alerts work
-//! unchanged. The `result` of a success is `requeue_after` for `Action::RequeueAfter(d)` with
-//! `d > 0`, `requeue` for `Action::RequeueAfter(Duration::ZERO)` (a rate-limited requeue, as
-//! controller-runtime's `Requeue: true`), else `success`, whatever priority the requeue asks for.
+//! unchanged. The `result` of a success is `requeue_after` for `Action::requeue(d)` with
+//! `d > 0`, `requeue` for `Action::backoff()` (a rate-limited requeue, as controller-runtime's
+//! `Requeue: true`), else `success`, whatever priority the requeue asks for.
 //! Every failure is `result="error"` and counts in [`RECONCILE_ERRORS_TOTAL`], as
 //! controller-runtime counts them: a panic also counts in [`RECONCILE_PANICS_TOTAL`], a timeout
 //! in [`RECONCILE_TIMEOUTS_TOTAL`], and a failure the policy gave up on in
@@ -27,8 +27,8 @@
 //! retried).
 //!
 //! One difference, on purpose: controller-runtime's `TerminalError` does not `Forget` the key, so
-//! its failure count persists and the next event's failure starts at a long backoff; our
-//! `GiveUp` forgets the key (rate limiter and the runner's failure count), so that the next event
+//! its failure count persists and the next event's failure starts at a long backoff; a give-up
+//! here forgets the key (rate limiter and the runner's failure count), so that the next event
 //! for it, usually a fix, starts afresh.
 //!
 //! The queue's own `workqueue_*` metrics (see `workqueue_core::metrics`) are labelled `name`;
@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use workqueue_core::Outcome;
 
-use super::action::{Decision, Failure, Reconciled};
+use super::action::{Failure, Reconciled};
 #[cfg(feature = "metrics")]
 use super::reasons::Label;
 use super::reasons::ReasonSet;
@@ -107,22 +107,25 @@ impl Ended {
     /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
     fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
         Some(match verdict {
-            Reconciled::Ok(_) => match verdict.outcome().0 {
+            Reconciled::Ok(_) => match verdict.outcome().outcome {
                 Outcome::RequeueAfter(_) => Ended::RequeueAfter,
                 Outcome::Retry => Ended::Requeue,
                 _ => Ended::Success,
             },
             Reconciled::Interrupted => return None,
-            Reconciled::Failed(failure, decision) => {
+            Reconciled::Failed(failure, _) => {
                 let (timeout, panic) = (
                     matches!(failure, Failure::Timeout),
                     matches!(failure, Failure::Panic(_)),
                 );
-                match decision {
-                    Decision::GiveUp => Ended::GivenUp { timeout, panic },
-                    _ if panic => Ended::Panic,
-                    _ if timeout => Ended::Timeout,
-                    _ => Ended::Error,
+                if verdict.given_up() {
+                    Ended::GivenUp { timeout, panic }
+                } else if panic {
+                    Ended::Panic
+                } else if timeout {
+                    Ended::Timeout
+                } else {
+                    Ended::Error
                 }
             }
         })

@@ -1,32 +1,32 @@
 //! The controller runner: workers that lease keys, reconcile them and finish their leases.
 //!
-//! `N` workers loop: `get` → `reconcile(key, ctx)` → `lease.finish(outcome)`, where the outcome
-//! comes from one mapping:
+//! `N` workers loop: `get` → `reconcile(key, ctx)` → finish the lease. What a reconcile returns
+//! ([`Action`]), or what the error policy answers for a failure (an [`Action`] too), becomes the
+//! lease's outcome by one mapping:
 //!
 //! | reconcile returned | queue operation |
 //! |---|---|
-//! | `Ok(Action::Done)` | forget + done |
-//! | `Ok(Action::RequeueAfter(d))`, `d > 0` | forget + add_after(d) + done |
-//! | `Ok(Action::RequeueAfter(Duration::ZERO))` | add_rate_limited (no forget) + done: controller-runtime's `Requeue: true`, never an unthrottled loop |
-//! | `Err(e)`, a panic, or a timeout | the [`ErrorPolicy`] decides: `Retry` (rate-limited, the default), `RetryAfter(d)`, or `GiveUp` (forget + done) |
+//! | `Ok(Action::await_change())` | forget + done |
+//! | `Ok(Action::requeue(d))`, `d > 0` | forget + add_after(d) + done |
+//! | `Ok(Action::backoff())`, or `Ok(Action::requeue(Duration::ZERO))` | add_rate_limited (no forget) + done: never an unthrottled loop |
+//! | `Err(e)`, a panic, or a timeout | the error policy answers ([`Runner::error_policy`]): `backoff()` (rate-limited, the default), `requeue(d)` (retry after `d`), or `await_change()` (give up: forget + done) |
 //!
 //! A requeue or retry is queued at the priority the key was handed out at ([`Context::priority`];
-//! controller-runtime keeps it too), unless the reconcile asks for another,
-//! `Action::RequeueAfter(d).with_priority(p)` (controller-runtime's `Result.Priority`), or the
-//! policy does, `Decision::Retry.with_priority(p)`. A key interrupted at shutdown keeps its
-//! priority.
+//! controller-runtime keeps it too), unless the action names another,
+//! `Action::requeue(d).with_priority(p)` (controller-runtime's `Result.Priority`). A key
+//! interrupted at shutdown keeps its priority.
 //!
 //! A panic is a [`Failure::Panic`] wherever it happens while a key is leased: in the reconcile, or
 //! in anything the runner calls for the key (its `Clone` and `Debug`, the rate limiter, a metrics
 //! recorder, the error policy itself, which is then asked about its own panic; a second panic
-//! retries). A worker never dies of a panic (see [`Runner::run`]).
+//! backs off). A worker never dies of a panic (see [`Runner::run`]).
 //!
 //! Keys come from the queue (added by anyone holding a clone) and from the runner's sources
 //! ([`Runner::source`]: streams of keys, read while the runner runs). Every reconcile and the
 //! error policy get a [`Context`]: the shared data given once ([`Runner::with_context`]), the
-//! cancellation, the priority, and two counts of earlier failures ([`Context::failures`], the
-//! runner's, and [`Context::attempt`], the rate limiter's). Why a key was queued is in the
-//! reconcile's span and metrics, not in the context (see [`Context`]).
+//! cancellation, the priority, and two counts of earlier failures
+//! ([`Context::failures_in_a_row`] and [`Context::rate_limited_retries`]). Why a key was queued is
+//! in the reconcile's span and metrics, not in the context (see [`Context`]).
 //!
 //! # Tracing
 //!
@@ -37,14 +37,14 @@
 //! | `controller` | the queue's name, or `unnamed` |
 //! | `key` | the key, with its `Display` (so keys must implement it) |
 //! | `reconcile_id` | 16 hex digits, unique to this reconcile (controller-runtime's `reconcileID`) |
-//! | `attempt` | the rate limiter's failure count ([`Context::attempt`]) |
-//! | `failures` | the runner's failure count ([`Context::failures`]) |
+//! | `rate_limited_retries` | [`Context::rate_limited_retries`] |
+//! | `failures_in_a_row` | [`Context::failures_in_a_row`] |
 //! | `priority` | the priority the key was handed out at |
 //! | `reasons` | why the key was queued, merged across de-duplicated adds: `source:NAME`, `requeue`, `retry`, `direct` |
 //!
 //! A failed reconcile logs one event in that span, at the level [`Runner::failure_log`] sets
 //! (`ERROR` by default, or none): `reconcile failed` (with the `error`), `reconcile panicked`
-//! (with the `panic` message) or `reconcile timed out`, each with the policy's `decision`. The
+//! (with the `panic` message) or `reconcile timed out`, each with the policy's `action`. The
 //! runner's own troubles (a panicking recorder or source, a worker that died) are `ERROR` events
 //! outside it.
 //!
@@ -64,7 +64,7 @@
 //! queue.add("default/web".to_string());
 //! let runner = Runner::new(queue.clone(), |key: String, _ctx| async move {
 //!     println!("reconciling {key}");
-//!     Ok::<_, std::io::Error>(Action::Done)
+//!     Ok::<_, std::io::Error>(Action::await_change())
 //! })
 //! .workers(4);
 //! let stop = CancellationToken::new();
@@ -77,67 +77,65 @@
 //! ```
 
 mod action;
+mod catch;
 mod context;
 mod failures;
 mod feed;
 pub mod metrics;
-mod policy;
 mod reasons;
 mod reconcile;
 mod report;
+mod worker;
+mod workers;
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash};
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::stream::Stream;
 use tokio::task::JoinSet;
-use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
-use workqueue_core::ratelimit::{OutageConfig, Signal};
 use workqueue_core::state::DefaultHashBuilder;
 use workqueue_core::state::OutageEvent;
-use workqueue_core::{Lease, Outcome};
 
-pub use action::{Action, Decision, Failure};
+pub use action::{Action, Failure};
 pub use context::Context;
-pub use policy::{ErrorPolicy, MaxRetries, RetryAlways};
 pub use reconcile::Reconcile;
 pub use report::Report;
 
+pub(crate) use catch::catch;
+
 use crate::WorkQueue;
 use crate::source::SourceItem;
-use action::Reconciled;
 use failures::FailureCounts;
 use feed::{Feeder, Source};
 use metrics::RunnerMetrics;
 use reasons::Reasons;
 use report::Counters;
+use worker::Shared;
+use workers::Workers;
 
-/// How long a worker pauses after the queue's `get` panicked before it asks for a key again (a key
-/// whose `Clone` always panics would otherwise make it spin). The pause ends early when the
-/// shutdown token is cancelled.
-pub const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
+/// The error policy: what to do with a key whose reconcile failed.
+type Policy<T, E, C> = dyn Fn(&T, &Failure<E>, &Context<C>) -> Action + Send + Sync;
+
+/// Whether a failure may be a shared outage (see [`Runner::outage_classifier`]).
+type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
 
 /// Runs a reconcile function over a queue's keys with `N` workers.
 ///
-/// Built with [`Runner::new`] and configured with its builder methods; [`Runner::run`] runs it
-/// until the queue shuts down (and is drained) or the shutdown token is cancelled.
+/// Built with [`Runner::new`] (or [`Runner::with_context`], for data every reconcile shares) and
+/// configured with its builder methods; [`Runner::run`] runs it until the queue shuts down (and
+/// is drained) or the shutdown token is cancelled.
 ///
-/// `C` is the shared data every reconcile and the error policy reach through their
-/// [`Context`] ([`Runner::with_context`]); `()` without it.
+/// `R` is the reconcile function, `C` the shared data every reconcile and the error policy reach
+/// through their [`Context`] (`()` without it), `S` the queue's hasher.
 #[must_use = "a runner does nothing until `run` is awaited"]
-pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
+pub struct Runner<T, R: Reconcile<T, C>, C = (), S = DefaultHashBuilder> {
     queue: WorkQueue<T, S>,
     reconcile: R,
-    policy: P,
+    policy: Box<Policy<T, R::Error, C>>,
     context: Arc<C>,
     sources: Vec<Source<T>>,
     workers: usize,
@@ -145,33 +143,42 @@ pub struct Runner<T, R, P = RetryAlways, S = DefaultHashBuilder, C = ()> {
     cancel_grace: Duration,
     shutdown_grace: Duration,
     failure_log: Option<tracing::Level>,
-    outage: Option<OutageConfig>,
-    /// The user's classifier, an `Arc<Classifier<E>>` (typed when `run` knows `E`).
-    classifier: Option<Arc<dyn Any + Send + Sync>>,
+    classifier: Option<Box<Classifier<R::Error>>>,
 }
 
-/// Whether a failure may be a shared outage (see [`Runner::outage_classifier`]).
-type Classifier<E> = dyn Fn(&Failure<E>, &Decision) -> bool + Send + Sync;
-
-impl<T, R, S> Runner<T, R, RetryAlways, S, ()> {
+impl<T, R, S> Runner<T, R, (), S>
+where
+    R: Reconcile<T, ()>,
+{
     /// A runner of `reconcile` over `queue`, with one worker, no sources, no shared data, no
-    /// timeout, the [`RetryAlways`] policy, a 30 s shutdown grace and a 5 s cancel grace.
+    /// timeout, the default error policy (every failure backs off: [`Action::backoff()`]), a 30 s
+    /// shutdown grace and a 5 s cancel grace.
     ///
     /// `reconcile` is a closure or an `async fn` taking the key and its [`Context`]; the bound
     /// is written out here so that a closure's argument types are inferred, and a reconcile of
-    /// the wrong shape is reported at this call. For shared data use [`Runner::with_context`];
-    /// for a [`Reconcile`] implemented by hand, [`Runner::from_reconcile`].
+    /// the wrong shape is reported at this call. For shared data use [`Runner::with_context`].
+    ///
+    /// ```compile_fail
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// // The queue's keys are `String`s, not `u32`s.
+    /// let runner = Runner::new(queue, |_key: u32, _ctx| async { Ok::<_, std::fmt::Error>(Action::await_change()) });
+    /// ```
     pub fn new<Fut, E>(queue: WorkQueue<T, S>, reconcile: R) -> Self
     where
-        R: Fn(T, Context) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: fmt::Debug + Send + 'static,
+        R: Fn(T, Context) -> Fut,
+        Fut: Future<Output = Result<Action, E>>,
     {
-        Runner::from_reconcile(queue, Arc::new(()), reconcile)
+        Runner::build(queue, Arc::new(()), reconcile)
     }
 }
 
-impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
+impl<T, R, C, S> Runner<T, R, C, S>
+where
+    R: Reconcile<T, C>,
+{
     /// A runner whose reconciles and error policy share `data`, reached with [`Context::data`]
     /// (an API client, a cache, an event recorder). Given once; the runner only clones the
     /// `Arc`. Otherwise as [`Runner::new`].
@@ -180,7 +187,7 @@ impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU32, Ordering};
     /// use workqueue_tokio::{CancellationToken, WorkQueue};
-    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
+    /// use workqueue_tokio::runner::{Action, Context, Runner};
     ///
     /// #[derive(Default)]
     /// struct State { reconciled: AtomicU32, warnings: AtomicU32 }
@@ -192,11 +199,11 @@ impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
     /// let state = Arc::new(State::default());
     /// let runner = Runner::with_context(queue.clone(), state.clone(), |key, ctx: Context<State>| async move {
     ///     ctx.data().reconciled.fetch_add(1, Ordering::Relaxed);
-    ///     if key == "bad" { Err("invalid") } else { Ok(Action::Done) }
+    ///     if key == "bad" { Err("invalid") } else { Ok(Action::await_change()) }
     /// })
-    /// .on_error(|_key, _failure, ctx| {
+    /// .error_policy(|_key, _failure, ctx| {
     ///     ctx.data().warnings.fetch_add(1, Ordering::Relaxed); // record an event, say
-    ///     Decision::GiveUp
+    ///     Action::await_change() // give up until the object changes
     /// });
     /// let run = tokio::spawn(runner.run(CancellationToken::new()));
     /// tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -208,25 +215,19 @@ impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
     /// ```
     pub fn with_context<Fut, E>(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self
     where
-        R: Fn(T, Context<C>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: fmt::Debug + Send + 'static,
+        R: Fn(T, Context<C>) -> Fut,
+        Fut: Future<Output = Result<Action, E>>,
     {
-        Runner::from_reconcile(queue, data, reconcile)
+        Runner::build(queue, data, reconcile)
     }
 
-    /// A runner of any [`Reconcile`]: one implemented by hand (to name its future type, or to
-    /// keep state in a struct) as well as a closure. Otherwise as [`Runner::with_context`].
-    pub fn from_reconcile(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self
-    where
-        R: Reconcile<T, C>,
-    {
+    fn build(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self {
         // controller-runtime labels a controller's queue metrics with `controller` too.
         queue.core.label_controller();
         Runner {
             queue,
             reconcile,
-            policy: RetryAlways,
+            policy: Box::new(|_: &T, _: &Failure<R::Error>, _: &Context<C>| Action::backoff()),
             context: data,
             sources: Vec::new(),
             workers: 1,
@@ -234,70 +235,110 @@ impl<T, R, S, C> Runner<T, R, RetryAlways, S, C> {
             cancel_grace: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),
             failure_log: Some(tracing::Level::ERROR),
-            outage: None,
             classifier: None,
         }
     }
-}
 
-impl<T, R, P, S, C> Runner<T, R, P, S, C> {
     /// The number of workers (reconciles running at once). At least one: 0 is taken as 1.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
         self
     }
 
-    /// The policy that decides what happens to failed keys: an [`ErrorPolicy`] such as
-    /// [`MaxRetries`], or a closure whose argument types are written out (for a closure without
-    /// them, [`Runner::on_error`]). A policy of the wrong shape is reported at this call.
-    pub fn error_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C>
-    where
-        R: Reconcile<T, C>,
-        P2: ErrorPolicy<T, R::Error, C>,
-    {
-        self.with_policy(policy)
-    }
-
-    /// The error policy as a closure, `|key, failure, ctx| -> Decision`, whose argument types
-    /// are inferred from the reconcile: what [`Runner::error_policy`] does, for closures.
+    /// What happens to a key whose reconcile failed: `policy(key, failure, ctx)` returns the
+    /// [`Action`] (see its table for what each means after a failure). The closure's argument
+    /// types are inferred from the reconcile. Default: [`Action::backoff()`] for every failure,
+    /// as in controller-runtime.
+    ///
+    /// The [`Context`] carries the counts to bound retries with: [`Context::failures_in_a_row`]
+    /// sees every failure, whatever the policy answered.
     ///
     /// ```
     /// use std::time::Duration;
     /// use workqueue_tokio::WorkQueue;
-    /// use workqueue_tokio::runner::{Action, Decision, Runner};
+    /// use workqueue_tokio::runner::{Action, Failure, Runner};
+    ///
+    /// #[derive(Debug)]
+    /// enum ApiError { Invalid, Unavailable }
     ///
     /// let queue: WorkQueue<String> = WorkQueue::new();
-    /// let runner = Runner::new(queue, |_key, _ctx| async { Err::<Action, _>("api down") })
-    ///     // Retry every 30 s, at most 5 times (the runner's count sees every failure).
-    ///     .on_error(|_key, _failure, ctx| match ctx.failures() {
-    ///         0..5 => Decision::RetryAfter(Duration::from_secs(30)),
-    ///         _ => Decision::GiveUp,
+    /// let runner = Runner::new(queue, |_key, _ctx| async { Err::<Action, _>(ApiError::Unavailable) })
+    ///     .error_policy(|_key, failure, ctx| match failure {
+    ///         // An invalid spec will not fix itself: wait for the object to change.
+    ///         Failure::Error(ApiError::Invalid) => Action::await_change(),
+    ///         // Retry every 30 s, at most 5 times.
+    ///         _ if ctx.failures_in_a_row() < 5 => Action::requeue(Duration::from_secs(30)),
+    ///         _ => Action::await_change(),
     ///     });
     /// # drop(runner);
     /// ```
-    pub fn on_error<F>(self, policy: F) -> Runner<T, R, F, S, C>
+    ///
+    /// A policy of the wrong shape fails to compile here, at this call:
+    ///
+    /// ```compile_fail
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Failure, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let runner = Runner::new(queue, |_key, _ctx| async { Err::<Action, _>(std::fmt::Error) })
+    ///     // The reconcile's error is `std::fmt::Error`, not `std::io::Error`.
+    ///     .error_policy(|_key, _failure: &Failure<std::io::Error>, _ctx| Action::backoff());
+    /// ```
+    pub fn error_policy<F>(mut self, policy: F) -> Self
     where
-        R: Reconcile<T, C>,
-        F: Fn(&T, &Failure<R::Error>, &Context<C>) -> Decision + Send + Sync + 'static,
+        F: Fn(&T, &Failure<R::Error>, &Context<C>) -> Action + Send + Sync + 'static,
     {
-        self.with_policy(policy)
+        self.policy = Box::new(policy);
+        self
     }
 
-    fn with_policy<P2>(self, policy: P2) -> Runner<T, R, P2, S, C> {
-        Runner {
-            queue: self.queue,
-            reconcile: self.reconcile,
-            policy,
-            context: self.context,
-            sources: self.sources,
-            workers: self.workers,
-            timeout: self.timeout,
-            cancel_grace: self.cancel_grace,
-            shutdown_grace: self.shutdown_grace,
-            failure_log: self.failure_log,
-            outage: self.outage,
-            classifier: self.classifier,
-        }
+    /// Classifies failures for the outage detector of the queue
+    /// ([`Builder::outage_detection`](crate::Builder::outage_detection), where outage-aware
+    /// retries are switched on): `classify(failure, action)` says whether a failure may be a
+    /// shared outage. Return `false` for an error that is clearly the object's own (an invalid
+    /// spec, a 4xx that is not 429), or for the actions that mark them (a give-up, say): such
+    /// failures never open the detector, and are never parked. Without it, every failure
+    /// counts. Typed by the reconcile's error, so a classifier of another error type does not
+    /// compile. Without outage detection on the queue it is not called.
+    ///
+    /// User code: a classifier that panics counts the failure (as the default does), and the
+    /// panic is logged.
+    ///
+    /// ```
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::ratelimit::OutageConfig;
+    /// use workqueue_tokio::runner::{Action, Context, Failure, Runner};
+    ///
+    /// #[derive(Debug)]
+    /// enum ApiError { Status(u16), Unreachable }
+    ///
+    /// let queue: WorkQueue<String> =
+    ///     WorkQueue::builder().outage_detection(OutageConfig::default()).build();
+    /// let reconcile = |_key: String, _ctx: Context| async { Ok::<_, ApiError>(Action::await_change()) };
+    /// let runner = Runner::new(queue, reconcile).outage_classifier(|failure, _action| match failure {
+    ///     Failure::Error(ApiError::Status(s)) => *s == 429 || *s >= 500,
+    ///     _ => true,
+    /// });
+    /// # let _ = runner;
+    /// ```
+    ///
+    /// A classifier of another error type fails to compile:
+    ///
+    /// ```compile_fail
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Context, Failure, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let reconcile = |_key: String, _ctx: Context| async { Ok::<_, std::fmt::Error>(Action::await_change()) };
+    /// let runner = Runner::new(queue, reconcile)
+    ///     .outage_classifier(|_failure: &Failure<std::io::Error>, _action| true);
+    /// ```
+    pub fn outage_classifier<F>(mut self, classify: F) -> Self
+    where
+        F: Fn(&Failure<R::Error>, &Action) -> bool + Send + Sync + 'static,
+    {
+        self.classifier = Some(Box::new(classify));
+        self
     }
 
     /// A time limit per reconcile: past it the reconcile's context is cancelled, its future is
@@ -318,7 +359,7 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
 
     /// The level of the one event logged for each failed reconcile (`"reconcile failed"`,
     /// `"reconcile panicked"` or `"reconcile timed out"`, inside the reconcile's span, with the
-    /// error or panic message and the policy's `decision`); `None` logs nothing, for an error
+    /// error or panic message and the policy's `action`); `None` logs nothing, for an error
     /// policy that logs failures its own way. Default: `ERROR`, as controller-runtime logs
     /// "Reconciler error".
     pub fn failure_log(mut self, level: Option<tracing::Level>) -> Self {
@@ -332,119 +373,18 @@ impl<T, R, P, S, C> Runner<T, R, P, S, C> {
         self.shutdown_grace = grace;
         self
     }
-
-    /// Outage-aware retries (off by default): when failures are widespread (an API server that
-    /// is down), failing keys are **parked** instead of retried on their own backoff, one
-    /// **probe** (a real reconcile of a parked key, round-robin) runs at a time at an interval
-    /// that backs off to a cap, and the first probe that succeeds **releases** every parked key,
-    /// in the order they failed, paced by the rate limiter's bucket after their backoff is
-    /// forgotten. See [`OutageConfig`] for the parameters and their defaults, and the queue
-    /// builder's `outage_detection` for the rules; the storm example shows what it buys.
-    ///
-    /// The detector counts the runner's first failures (a key whose [`Context::failures`] was 0)
-    /// against successes. Every error counts unless [`Runner::outage_classifier`] says it is the
-    /// object's own. It is set on the queue when `run` starts, and stays after it.
-    ///
-    /// - An event for a parked key (an add) runs it at once, as an extra probe.
-    /// - A give-up ([`Decision::GiveUp`], [`MaxRetries`]) is honoured while open: the key is not
-    ///   parked. A parked key's failure count grows only when it runs (as a probe). Once every
-    ///   parked key was given up, the next key to finish is the probe.
-    /// - [`Context::attempt`] (the limiter's count) is 0 at a released key's first run: the
-    ///   release forgot its backoff. [`Context::failures`] counts failures in a row until the
-    ///   next success.
-    /// - A probe that panics is a failure like any other.
-    /// - At shutdown, parked keys are waiting keys: the queue's shutdown drops them and drains
-    ///   do not wait for them; [`Report::parked`] and [`Report::parked_dropped`] count them.
-    ///
-    /// Tracing: a `warn` event when the detector opens, a `debug` one for each failed probe, and
-    /// an `info` one when it closes, with how long the outage lasted (`outage_lasted`) and how
-    /// many keys were released (`released`). Metrics (named queues): `workqueue_parked_keys` and
-    /// `workqueue_outage_openings_total`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::sync::atomic::{AtomicBool, Ordering};
-    /// use std::time::Duration;
-    /// use tokio_util::sync::CancellationToken;
-    /// use workqueue_tokio::WorkQueue;
-    /// use workqueue_tokio::ratelimit::OutageConfig;
-    /// use workqueue_tokio::runner::{Action, Runner};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let api_up = Arc::new(AtomicBool::new(false));
-    /// let queue: WorkQueue<u32> = WorkQueue::new();
-    /// queue.add_batch(0..50);
-    /// let up = api_up.clone();
-    /// let runner = Runner::new(queue.clone(), move |_key: u32, _ctx| {
-    ///     let up = up.load(Ordering::Relaxed);
-    ///     async move { if up { Ok(Action::Done) } else { Err("unavailable") } }
-    /// })
-    /// .workers(10)
-    /// .outage_detection(OutageConfig::default());
-    /// let stop = CancellationToken::new();
-    /// let run = tokio::spawn(runner.run(stop.clone()));
-    /// tokio::time::sleep(Duration::from_secs(60)).await;
-    /// assert!(queue.is_outage_open());
-    /// api_up.store(true, Ordering::Relaxed);
-    /// tokio::time::sleep(Duration::from_secs(10)).await;
-    /// assert!(!queue.is_outage_open());
-    /// stop.cancel();
-    /// let report = run.await.unwrap();
-    /// assert_eq!((report.outage_openings, report.parked), (1, 0));
-    /// # }
-    /// ```
-    pub fn outage_detection(mut self, config: OutageConfig) -> Self {
-        self.outage = Some(config);
-        self
-    }
-
-    /// Classifies failures for the outage detector: `classify(failure, decision)` says whether
-    /// a failure may be a shared outage. Return `false` for an error that is clearly the
-    /// object's own (an invalid spec, a 4xx that is not 429), or for the decisions that mark
-    /// them (say, [`Decision::GiveUp`]): such failures never open the detector, and are never
-    /// parked. Default: every failure counts.
-    ///
-    /// User code: a classifier that panics counts the failure (as the default does), and the
-    /// panic is logged.
-    ///
-    /// ```
-    /// use workqueue_tokio::WorkQueue;
-    /// use workqueue_tokio::ratelimit::OutageConfig;
-    /// use workqueue_tokio::runner::{Action, Context, Decision, Failure, Runner};
-    ///
-    /// #[derive(Debug)]
-    /// enum ApiError { Status(u16), Unreachable }
-    ///
-    /// let queue: WorkQueue<String> = WorkQueue::new();
-    /// let reconcile = |_key: String, _ctx: Context| async { Ok::<_, ApiError>(Action::Done) };
-    /// let runner = Runner::new(queue, reconcile)
-    ///     .outage_detection(OutageConfig::default())
-    ///     .outage_classifier(|failure: &Failure<ApiError>, _decision: &Decision| match failure {
-    ///         Failure::Error(ApiError::Status(s)) => *s == 429 || *s >= 500,
-    ///         _ => true,
-    ///     });
-    /// # let _ = runner;
-    /// ```
-    pub fn outage_classifier<E: 'static>(
-        mut self,
-        classify: impl Fn(&Failure<E>, &Decision) -> bool + Send + Sync + 'static,
-    ) -> Self {
-        let classify: Arc<Classifier<E>> = Arc::new(classify);
-        self.classifier = Some(Arc::new(classify));
-        self
-    }
 }
 
-impl<T, R, P, S, C> Runner<T, R, P, S, C>
+impl<T, R, C, S> Runner<T, R, C, S>
 where
     T: Send + 'static,
+    R: Reconcile<T, C>,
 {
     /// Adds a source: while the runner runs, it reads `stream` and adds its keys to the queue.
     ///
     /// The items are keys, keys with [`AddOptions`](crate::AddOptions), or `Result`s of either
-    /// ([`SourceItem`]). What is ready is read at once, up to
-    /// [`source::BATCH`](crate::source::BATCH) items, and added with one batch add per run of
+    /// ([`SourceItem`]). What is ready is read at once, up to 1,024
+    /// items, and added with one batch add per run of
     /// equal options; `name` names the source in logs, in the reconcile span's `reasons`, and
     /// in metrics. Any number of sources may be added; each is read by its own task.
     ///
@@ -489,7 +429,7 @@ where
     ///         move |item| if let Err(WatchError::Forbidden) = item { stop.cancel() }
     ///     })
     ///     .map(|item| item.map(str::to_string));
-    /// let report = Runner::new(queue.clone(), |_key: String, _ctx| async { Ok::<_, WatchError>(Action::Done) })
+    /// let report = Runner::new(queue.clone(), |_key: String, _ctx| async { Ok::<_, WatchError>(Action::await_change()) })
     ///     .source("list", list)
     ///     .source("watch", watch)
     ///     .run(stop)
@@ -507,45 +447,12 @@ where
     }
 }
 
-/// What the workers share.
-struct Shared<T, R, P, S, C> {
-    queue: WorkQueue<T, S>,
-    reconcile: R,
-    policy: P,
-    context: Arc<C>,
-    timeout: Option<Duration>,
-    cancel_grace: Duration,
-    intake: CancellationToken,
-    abort: CancellationToken,
-    hard_stop: CancellationToken,
-    counters: Arc<Counters>,
-    failures: FailureCounts<T>,
-    reasons: Arc<Reasons<T>>,
-    metrics: RunnerMetrics,
-    /// The controller's name in the reconcile span (the queue's, or `"unnamed"`).
-    controller: Arc<str>,
-    failure_log: Option<tracing::Level>,
-    /// Whether outage detection is on (signals are computed only then).
-    outage: bool,
-    /// The user's classifier, an `Arc<Classifier<R::Error>>` (checked when the run starts).
-    classifier: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-/// How one reconcile ended, before the policy is asked.
-enum Ran<E> {
-    Returned(Result<Action, E>),
-    Panicked(String),
-    TimedOut,
-    Interrupted,
-}
-
-impl<T, R, P, S, C> Runner<T, R, P, S, C>
+impl<T, R, C, S> Runner<T, R, C, S>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
     C: Send + Sync + 'static,
     R: Reconcile<T, C>,
-    P: ErrorPolicy<T, R::Error, C>,
 {
     /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled, and
     /// returns what they did.
@@ -588,30 +495,18 @@ where
         for (index, source) in self.sources.into_iter().enumerate() {
             feeders.spawn(feeder.clone().feed(index, source));
         }
-        let classifier = self.classifier.filter(|c| {
-            let fits = c.is::<Arc<Classifier<R::Error>>>();
-            if !fits {
-                tracing::error!(
-                    "the outage classifier's error type is not the reconcile's; it is ignored \
-                     and every failure counts"
-                );
-            }
-            fits
-        });
         // One tracing hook for every runner: a queue run again is not told twice.
         static LOG: std::sync::OnceLock<workqueue_core::__private::OutageHook> =
             std::sync::OnceLock::new();
-        let log = || LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
-        if let Some(config) = self.outage {
-            self.queue.core.set_outage_detection(config, Some(log()));
-        } else if self.queue.core.has_outage_detection() {
-            self.queue.core.add_outage_hook(log());
+        if self.queue.core.has_outage_detection() {
+            let log = LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
+            self.queue.core.add_outage_hook(log);
         }
         let shared = Arc::new(Shared {
-            // Also when the queue's builder turned it on: the runner's signals are finer than
-            // the outcome's (a `RequeueAfter(0)` is a success; the runner's failure counts).
+            // The runner's signals are finer than the outcome's (a rate-limited requeue after a
+            // success is a success; the runner counts failures in a row).
             outage: self.queue.core.has_outage_detection(),
-            classifier,
+            classifier: self.classifier,
             queue: self.queue,
             reconcile: self.reconcile,
             policy: self.policy,
@@ -663,430 +558,6 @@ where
     }
 }
 
-/// The worker tasks. A worker that ends with a panic is replaced unless intake has stopped:
-/// defence in depth, since the runner catches the panics of everything it calls.
-struct Workers<F> {
-    tasks: JoinSet<()>,
-    new_worker: F,
-    intake: CancellationToken,
-    /// Workers that ended with a panic.
-    panics: u64,
-}
-
-impl<F, W> Workers<F>
-where
-    F: Fn() -> W,
-    W: Future<Output = ()> + Send + 'static,
-{
-    fn start(n: usize, intake: CancellationToken, new_worker: F) -> Self {
-        let mut tasks = JoinSet::new();
-        for _ in 0..n {
-            tasks.spawn(new_worker());
-        }
-        Workers {
-            tasks,
-            new_worker,
-            intake,
-            panics: 0,
-        }
-    }
-
-    /// Joins every worker (cancel-safe: a worker started here is in the set at once).
-    async fn join_all(&mut self) {
-        while let Some(joined) = self.tasks.join_next().await {
-            let Err(e) = joined else { continue };
-            if !e.is_panic() {
-                tracing::error!(error = %e, "a runner worker was cancelled");
-                continue;
-            }
-            self.panics += 1;
-            if self.intake.is_cancelled() {
-                tracing::error!(error = %e, "a runner worker panicked during shutdown");
-            } else {
-                tracing::error!(error = %e, "a runner worker panicked; starting another");
-                self.tasks.spawn((self.new_worker)());
-            }
-        }
-    }
-
-    /// Joins every worker unless `limit` passes first; whether they were all joined.
-    async fn join_within(&mut self, limit: Duration) -> bool {
-        tokio::select! {
-            biased;
-            () = self.join_all() => true,
-            () = sleep_or_never(limit) => false,
-        }
-    }
-}
-
-/// Completes `d` from now, or never when that instant cannot be represented: a limit that far
-/// away is no limit. (tokio's `sleep` and `timeout` would end about 30 years from now instead;
-/// `Instant + Duration` would panic.) Every configurable runner limit goes through here.
-async fn sleep_or_never(d: Duration) {
-    match tokio::time::Instant::now().checked_add(d) {
-        Some(end) => sleep_until(end).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Runs `f`; a panic becomes its message.
-fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| workqueue_core::panic_message(&*payload))
-}
-
-impl<T, R, P, S, C> Shared<T, R, P, S, C>
-where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Send + Sync + 'static,
-    R: Reconcile<T, C>,
-    P: ErrorPolicy<T, R::Error, C>,
-{
-    async fn worker(self: Arc<Self>) {
-        loop {
-            let got = tokio::select! {
-                biased;
-                () = self.intake.cancelled() => return,
-                got = AssertUnwindSafe(self.queue.get()).catch_unwind() => got,
-            };
-            match got {
-                Ok(Some(lease)) => self.process(lease).await,
-                Ok(None) => return,
-                Err(payload) => {
-                    // No key was leased (the queue is as it was before the call). If `get` panics
-                    // on every call, this pause keeps the worker from spinning.
-                    Counters::bump(&self.counters.get_panics);
-                    tracing::error!(
-                        panic = %workqueue_core::panic_message(&*payload),
-                        "the queue's get panicked (a key's Clone or a metrics recorder); \
-                         the worker pauses, then goes on"
-                    );
-                    tokio::select! {
-                        biased;
-                        () = self.intake.cancelled() => return,
-                        () = tokio::time::sleep(GET_PANIC_PAUSE) => {}
-                    }
-                }
-            }
-        }
-    }
-
-    /// Handles one lease: every panic in the code it calls fails this key, the error policy
-    /// decides, and the lease is finished by that decision.
-    async fn process(&self, lease: Lease<T>) {
-        let key = lease.key();
-        let started = tokio::time::Instant::now();
-        // The counts, the reasons and the span are caught one by one: a panic in one still leaves
-        // the others (the policy needs the counts, the logs want the span).
-        let mut early = None;
-        let mut caught = |message| {
-            early.get_or_insert(message);
-        };
-        let attempt = catch(|| self.queue.num_requeues(key)).unwrap_or_else(|m| {
-            caught(m);
-            0
-        });
-        let failures = catch(|| self.failures.get(key)).unwrap_or_else(|m| {
-            caught(m);
-            0
-        });
-        let reasons = catch(|| self.reasons.take(key)).unwrap_or_else(|m| {
-            caught(m);
-            self.reasons.unknown()
-        });
-        if let Err(message) = catch(|| self.metrics.queued_for(&reasons)) {
-            caught(message);
-        }
-        let priority = lease.priority();
-        let span = catch(|| {
-            tracing::info_span!(
-                "reconcile",
-                controller = %self.controller,
-                key = %key,
-                reconcile_id = %ReconcileId::next(),
-                attempt,
-                failures,
-                priority,
-                reasons = %reasons,
-            )
-        })
-        .unwrap_or_else(|message| {
-            caught(message);
-            tracing::Span::none()
-        });
-        let ctx = Context::new(
-            self.context.clone(),
-            self.abort.child_token(),
-            attempt,
-            failures,
-            priority,
-        );
-        let judged = AssertUnwindSafe(self.judge(key, &ctx, early).instrument(span.clone()))
-            .catch_unwind()
-            .await;
-        let verdict = match judged {
-            Ok(verdict) => verdict,
-            Err(payload) => {
-                let message = workqueue_core::panic_message(&*payload);
-                self.after_panic(&span, key, message, &ctx, started.elapsed())
-            }
-        };
-        self.counters.count(&verdict);
-        let (outcome, priority) = verdict.outcome();
-        let signal = self.outage.then(|| self.signal(&verdict, failures));
-        self.record(key, &verdict, outcome);
-        finish(lease, outcome, priority, signal);
-    }
-
-    /// What a verdict tells the outage detector: a success, a first failure (the key had no
-    /// failure in a row), a failure, or nothing (a per-object failure by the user's
-    /// classification, an interrupted reconcile). Never panics: a classifier that panics counts
-    /// the failure.
-    fn signal(&self, verdict: &Reconciled<R::Error>, failures: u32) -> Signal {
-        let (failure, decision) = match verdict {
-            Reconciled::Ok(_) => return Signal::Success,
-            Reconciled::Interrupted => return Signal::Ignored,
-            Reconciled::Failed(failure, decision) => (failure, decision),
-        };
-        let classifier = self
-            .classifier
-            .as_deref()
-            .and_then(|c| c.downcast_ref::<Arc<Classifier<R::Error>>>());
-        let shared = match classifier {
-            None => true,
-            Some(classify) => catch(|| classify(failure, decision)).unwrap_or_else(|message| {
-                let _ = catch(|| tracing::error!(panic = %message, "the outage classifier panicked; the failure counts"));
-                true
-            }),
-        };
-        match (shared, failures) {
-            (false, _) => Signal::Ignored,
-            (true, 0) => Signal::FirstFailure,
-            (true, _) => Signal::Failure,
-        }
-    }
-
-    /// Records a verdict in the runner's failure counts, and the reason of the re-add the
-    /// outcome asks for. Never panics (a key's `Hash`, `Eq` or `Clone` may: logged).
-    fn record(&self, key: &T, verdict: &Reconciled<R::Error>, outcome: Outcome) {
-        if let Err(message) = catch(|| self.failures.record(key, verdict)) {
-            let _ = catch(|| tracing::error!(panic = %message, "counting a failure panicked"));
-        }
-        let reason = match (verdict, outcome) {
-            (_, Outcome::Done | Outcome::Forget) => return,
-            (Reconciled::Ok(_), _) => reasons::REQUEUE,
-            _ => reasons::RETRY,
-        };
-        if let Err(message) = catch(|| self.reasons.mark([key], reason)) {
-            let _ = catch(|| tracing::error!(panic = %message, "recording a reason panicked"));
-        }
-    }
-
-    /// Reconciles `key` (unless `early` says what panicked before the reconcile), asks the policy
-    /// about a failure, and emits the metrics. A panic anywhere here is the caller's to catch.
-    async fn judge(
-        &self,
-        key: &T,
-        ctx: &Context<C>,
-        early: Option<String>,
-    ) -> Reconciled<R::Error> {
-        let started = tokio::time::Instant::now();
-        let ran = match early {
-            Some(message) => Ran::Panicked(message),
-            None => {
-                let owned = key.clone();
-                let active = ActiveWorker::new(&self.metrics);
-                let ran = self.run_reconcile(owned, ctx).await;
-                active.end();
-                ran
-            }
-        };
-        let failure = match ran {
-            Ran::Returned(Ok(action)) => Ok(Reconciled::Ok(action)),
-            Ran::Interrupted => Ok(Reconciled::Interrupted),
-            Ran::Returned(Err(e)) => Err(Failure::Error(e)),
-            Ran::Panicked(message) => Err(Failure::Panic(message)),
-            Ran::TimedOut => Err(Failure::Timeout),
-        };
-        let verdict = failure.unwrap_or_else(|failure| self.decide(key, failure, ctx));
-        log_failure(self.failure_log, &verdict);
-        self.metrics.reconciled(&verdict, started.elapsed());
-        verdict
-    }
-
-    /// The verdict on a key whose handling panicked outside the reconcile's own catches. Nothing
-    /// here may panic out: it is what finishes the lease. (A metrics recorder that panics after
-    /// the policy decided makes this ask the policy again, about that panic; the later decision
-    /// counts.)
-    fn after_panic(
-        &self,
-        span: &tracing::Span,
-        key: &T,
-        message: String,
-        ctx: &Context<C>,
-        elapsed: Duration,
-    ) -> Reconciled<R::Error> {
-        let verdict = self.decide(key, Failure::Panic(message), ctx);
-        let _ = catch(|| span.in_scope(|| log_failure(self.failure_log, &verdict)));
-        if let Err(message) = catch(|| self.metrics.reconciled(&verdict, elapsed)) {
-            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
-        }
-        verdict
-    }
-
-    /// The policy's decision on `failure`. The policy is user code too: its panic becomes the
-    /// key's failure, about which it is asked once more; a second panic retries. Never panics.
-    fn decide(
-        &self,
-        key: &T,
-        failure: Failure<R::Error>,
-        ctx: &Context<C>,
-    ) -> Reconciled<R::Error> {
-        let message = match catch(|| self.policy.decide(key, &failure, ctx)) {
-            Ok(decision) => return Reconciled::Failed(failure, decision),
-            Err(message) => message,
-        };
-        let _ = catch(|| tracing::error!(panic = %message, "the error policy panicked"));
-        let failure = Failure::Panic(message);
-        let decision = catch(|| self.policy.decide(key, &failure, ctx)).unwrap_or(Decision::Retry);
-        Reconciled::Failed(failure, decision)
-    }
-
-    async fn run_reconcile(&self, key: T, ctx: &Context<C>) -> Ran<R::Error> {
-        let token = ctx.token();
-        let fut = match catch(|| self.reconcile.reconcile(key, ctx.clone())) {
-            Ok(fut) => fut,
-            Err(message) => return Ran::Panicked(message),
-        };
-        let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
-        let returned = |r: std::thread::Result<Result<Action, R::Error>>| match r {
-            Ok(r) => Ran::Returned(r),
-            Err(payload) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
-        };
-        let limit = async {
-            match self.timeout {
-                Some(t) => sleep_or_never(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            r = &mut fut => returned(r),
-            () = self.hard_stop.cancelled() => Ran::Interrupted,
-            () = limit => {
-                token.cancel();
-                tokio::select! {
-                    biased;
-                    _ = &mut fut => {}
-                    () = sleep_or_never(self.cancel_grace) => {}
-                    () = self.hard_stop.cancelled() => {}
-                }
-                Ran::TimedOut
-            }
-        }
-    }
-}
-
-/// Counts a worker as active from `new` to `end`, or to its drop (a reconcile dropped at shutdown,
-/// or a panic on the way).
-struct ActiveWorker<'a>(Option<&'a RunnerMetrics>);
-
-impl<'a> ActiveWorker<'a> {
-    fn new(metrics: &'a RunnerMetrics) -> Self {
-        metrics.active(1.0);
-        ActiveWorker(Some(metrics))
-    }
-
-    /// The reconcile is over. A recorder that panics here panics to the caller (who fails the
-    /// key); the drop then tries once more, so the gauge stays right.
-    fn end(mut self) {
-        if let Some(metrics) = self.0 {
-            metrics.active(-1.0);
-            self.0 = None;
-        }
-    }
-}
-
-impl Drop for ActiveWorker<'_> {
-    fn drop(&mut self) {
-        if let Some(metrics) = self.0.take()
-            && let Err(message) = catch(|| metrics.active(-1.0))
-        {
-            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
-        }
-    }
-}
-
-/// Finishes a lease as `outcome` says, with its re-add at `priority` when one was chosen (else at
-/// the lease's own). The queue finishes the key even when the rate limiter panics, then re-raises
-/// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
-fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>, signal: Option<Signal>) {
-    let lease = match priority {
-        Some(p) => lease.with_priority(p),
-        None => lease,
-    };
-    let finished = catch(|| match signal {
-        Some(signal) => lease.finish_signalled(outcome, signal),
-        None => lease.finish(outcome),
-    });
-    if let Err(message) = finished {
-        tracing::error!(
-            panic = %message,
-            "the rate limiter panicked while finishing a key"
-        );
-    }
-}
-
-/// The one event of a failed reconcile, at `level` (see [`Runner::failure_log`]).
-fn log_failure<E: fmt::Debug>(level: Option<tracing::Level>, verdict: &Reconciled<E>) {
-    let (Some(level), Reconciled::Failed(failure, decision)) = (level, verdict) else {
-        return;
-    };
-    // `tracing` wants a constant level per call site: one per level.
-    macro_rules! event {
-        ($level:expr) => {
-            match failure {
-                Failure::Error(e) => {
-                    tracing::event!($level, error = ?e, ?decision, "reconcile failed")
-                }
-                Failure::Panic(m) => {
-                    tracing::event!($level, panic = %m, ?decision, "reconcile panicked")
-                }
-                Failure::Timeout => tracing::event!($level, ?decision, "reconcile timed out"),
-            }
-        };
-    }
-    match level {
-        tracing::Level::ERROR => event!(tracing::Level::ERROR),
-        tracing::Level::WARN => event!(tracing::Level::WARN),
-        tracing::Level::INFO => event!(tracing::Level::INFO),
-        tracing::Level::DEBUG => event!(tracing::Level::DEBUG),
-        _ => event!(tracing::Level::TRACE),
-    }
-}
-
-/// A reconcile's id in its span (controller-runtime's `reconcileID`): unique in the process, and
-/// across restarts with high probability (a random prefix per process).
-struct ReconcileId(u64);
-
-impl ReconcileId {
-    fn next() -> Self {
-        use std::hash::BuildHasher;
-        use std::sync::OnceLock;
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static PREFIX: OnceLock<u32> = OnceLock::new();
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let prefix = *PREFIX.get_or_init(|| std::hash::RandomState::new().hash_one(0u8) as u32);
-        ReconcileId(u64::from(prefix) << 32 | u64::from(NEXT.fetch_add(1, Ordering::Relaxed)))
-    }
-}
-
-impl fmt::Display for ReconcileId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
 /// The tracing events of the outage detector's changes (its hook on the queue).
 fn log_outage_event(event: &OutageEvent) {
     match event {
@@ -1107,7 +578,7 @@ fn log_outage_event(event: &OutageEvent) {
     }
 }
 
-impl<T, R, P, S, C> fmt::Debug for Runner<T, R, P, S, C> {
+impl<T, R: Reconcile<T, C>, C, S> fmt::Debug for Runner<T, R, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("sources", &self.sources)
@@ -1115,46 +586,7 @@ impl<T, R, P, S, C> fmt::Debug for Runner<T, R, P, S, C> {
             .field("timeout", &self.timeout)
             .field("cancel_grace", &self.cancel_grace)
             .field("shutdown_grace", &self.shutdown_grace)
-            .field("outage", &self.outage)
+            .field("outage_classifier", &self.classifier.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-
-    use super::*;
-
-    /// Workers whose first incarnation panics (the runner's own catches are bypassed here).
-    fn panicking_first(
-        started: &Arc<AtomicU32>,
-    ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + use<> {
-        let started = started.clone();
-        move || {
-            let first = started.fetch_add(1, SeqCst) == 0;
-            Box::pin(async move {
-                tokio::task::yield_now().await;
-                assert!(!first, "worker panicked (expected by this test)");
-            })
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_worker_that_panics_is_replaced_and_counted() {
-        let started = Arc::new(AtomicU32::new(0));
-        let mut workers = Workers::start(1, CancellationToken::new(), panicking_first(&started));
-        workers.join_all().await;
-        assert_eq!((workers.panics, started.load(SeqCst)), (1, 2));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_worker_that_panics_after_intake_stopped_is_counted_not_replaced() {
-        let started = Arc::new(AtomicU32::new(0));
-        let intake = CancellationToken::new();
-        let mut workers = Workers::start(1, intake.clone(), panicking_first(&started));
-        intake.cancel();
-        workers.join_all().await;
-        assert_eq!((workers.panics, started.load(SeqCst)), (1, 1));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::action::{Decision, Failure, Reconciled};
+use super::action::{Failure, Reconciled};
 
 /// Counters of a [`Runner::run`](super::Runner::run), returned when it ends (see `run` for when).
 ///
@@ -32,8 +32,8 @@ pub struct Report {
     /// retried, so they are not lost if the queue lives on).
     pub interrupted: u64,
     /// Panics that escaped the queue's `get` (a key's `Clone` or a metrics recorder inside the
-    /// queue). No key was leased, so no other counter saw them; after each, the worker paused for
-    /// [`GET_PANIC_PAUSE`](super::GET_PANIC_PAUSE) before it asked for a key again.
+    /// queue). No key was leased, so no other counter saw them; after each, the worker paused
+    /// briefly (100 ms) before it asked for a key again.
     pub get_panics: u64,
     /// Workers that ended with a panic the runner did not catch (none should: this is defence in
     /// depth). Each was replaced by a new worker unless intake had stopped.
@@ -52,7 +52,7 @@ pub struct Report {
     /// Sources that panicked while they were polled (counted in `sources_ended` too: a source
     /// that panicked is not polled again; what it yielded before was added).
     pub source_panics: u64,
-    /// With outage detection ([`Runner::outage_detection`](super::Runner::outage_detection)):
+    /// With outage detection ([`Builder::outage_detection`](crate::Builder::outage_detection)):
     /// keys still parked in the queue when the run ended (the queue lives on: they stay parked
     /// until a probe succeeds).
     pub parked: usize,
@@ -94,15 +94,16 @@ impl Counters {
         match verdict {
             Reconciled::Ok(_) => Self::bump(&self.processed),
             Reconciled::Interrupted => Self::bump(&self.interrupted),
-            Reconciled::Failed(failure, decision) => {
+            Reconciled::Failed(failure, _) => {
                 Self::bump(match failure {
                     Failure::Error(_) => &self.errors,
                     Failure::Panic(_) => &self.panics,
                     Failure::Timeout => &self.timeouts,
                 });
-                Self::bump(match decision {
-                    Decision::GiveUp => &self.given_up,
-                    _ => &self.retried,
+                Self::bump(if verdict.given_up() {
+                    &self.given_up
+                } else {
+                    &self.retried
                 });
             }
         }

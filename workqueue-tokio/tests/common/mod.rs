@@ -1,7 +1,10 @@
 //! Test helpers shared by the runner's test binaries.
+#![allow(dead_code)] // each test binary uses part of them
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+use workqueue_tokio::runner::{Action, Context, Failure};
 
 /// What makes a [`Fragile`] key's `Clone` or `Display` panic: the 1-based number of the call.
 pub struct Trap {
@@ -102,3 +105,21 @@ impl std::hash::Hash for Fragile {
         (self.name, self.id).hash(state)
     }
 }
+
+/// The error policy that retries with backoff `n` times and gives up on the `n + 1`-th failure
+/// in a row (the runner's count).
+pub fn max_retries<T: 'static, E: 'static, C: 'static>(
+    n: u32,
+) -> impl Fn(&T, &Failure<E>, &Context<C>) -> Action + Send + Sync + 'static {
+    move |_, _, ctx| {
+        if ctx.failures_in_a_row() < n {
+            Action::backoff()
+        } else {
+            Action::await_change()
+        }
+    }
+}
+
+/// How long a runner's worker pauses after the queue's `get` panicked (the runner's `Report`
+/// documents it).
+pub const GET_PANIC_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);

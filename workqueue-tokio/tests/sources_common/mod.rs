@@ -54,7 +54,7 @@ pub fn recording(
     let log = log.clone();
     move |key: String, _ctx: Context| {
         log.lock().unwrap().push(key);
-        std::future::ready(Ok(Action::Done))
+        std::future::ready(Ok(Action::await_change()))
     }
 }
 
