@@ -79,6 +79,7 @@
 mod action;
 mod catch;
 mod context;
+pub(crate) mod engine;
 mod failures;
 mod feed;
 pub mod metrics;
@@ -95,10 +96,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::Stream;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::DefaultHashBuilder;
-use workqueue_core::state::OutageEvent;
 
 pub use action::{Action, Failure};
 pub use context::Context;
@@ -109,19 +108,13 @@ pub(crate) use catch::catch;
 
 use crate::WorkQueue;
 use crate::source::SourceItem;
-use failures::FailureCounts;
-use feed::{Feeder, Source};
-use metrics::RunnerMetrics;
-use reasons::Reasons;
-use report::Counters;
-use worker::Shared;
+use engine::{Classifier, Engine, Limits};
+use feed::Source;
+use worker::Worker;
 use workers::Workers;
 
 /// The error policy: what to do with a key whose reconcile failed.
 type Policy<T, E, C> = dyn Fn(&T, &Failure<E>, &Context<C>) -> Action + Send + Sync;
-
-/// Whether a failure may be a shared outage (see [`Runner::outage_classifier`]).
-type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
 
 /// Runs a reconcile function over a queue's keys with `N` workers.
 ///
@@ -475,106 +468,42 @@ where
     /// Must run inside a tokio runtime (workers and source readers are tasks). Dropping the
     /// future aborts the workers and the source readers; leases finish as dropped leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
-        let names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
-        let metrics = RunnerMetrics::new(self.queue.name(), &names);
-        let controller = self.queue.name().unwrap_or(metrics::UNNAMED).to_owned();
-        if let Err(message) = catch(|| metrics.start(self.workers)) {
-            tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
-        }
-        let counters = Arc::new(Counters::default());
-        let reasons = Arc::new(Reasons::new(names));
-        let feeder = Arc::new(Feeder {
-            queue: self.queue.clone(),
-            reasons: reasons.clone(),
-            counters: counters.clone(),
-            intake: shutdown.clone(),
-            stop: CancellationToken::new(),
-        });
-        // Dropping the set (with the run's future) aborts the readers.
-        let mut feeders = JoinSet::new();
-        for (index, source) in self.sources.into_iter().enumerate() {
-            feeders.spawn(feeder.clone().feed(index, source));
-        }
-        // One tracing hook for every runner: a queue run again is not told twice.
-        static LOG: std::sync::OnceLock<workqueue_core::__private::OutageHook> =
-            std::sync::OnceLock::new();
-        if self.queue.core.has_outage_detection() {
-            let log = LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
-            self.queue.core.add_outage_hook(log);
-        }
-        let shared = Arc::new(Shared {
-            // The runner's signals are finer than the outcome's (a rate-limited requeue after a
-            // success is a success; the runner counts failures in a row).
-            outage: self.queue.core.has_outage_detection(),
-            classifier: self.classifier,
-            queue: self.queue,
-            reconcile: self.reconcile,
-            policy: self.policy,
-            context: self.context,
+        let limits = Limits {
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
-            intake: shutdown,
-            abort: CancellationToken::new(),
-            hard_stop: CancellationToken::new(),
-            counters,
-            failures: FailureCounts::new(),
-            reasons,
-            metrics,
-            controller: Arc::from(controller.as_str()),
             failure_log: self.failure_log,
+        };
+        let (engine, feeders) = Engine::start(
+            self.queue,
+            self.context,
+            limits,
+            self.classifier,
+            self.sources,
+            self.workers,
+            shutdown,
+        );
+        let worker = Arc::new(Worker {
+            engine: engine.clone(),
+            reconcile: self.reconcile,
+            policy: self.policy,
         });
-        let mut workers = Workers::start(self.workers, shared.intake.clone(), {
-            let shared = shared.clone();
-            move || shared.clone().worker()
-        });
+        let intake = engine.intake().clone();
+        let mut workers =
+            Workers::start(self.workers, intake.clone(), move || worker.clone().run());
         tokio::select! {
             biased;
-            () = shared.intake.cancelled() => {
+            () = intake.cancelled() => {
                 if !workers.join_within(self.shutdown_grace).await {
-                    shared.abort.cancel();
+                    engine.abort();
                     if !workers.join_within(self.cancel_grace).await {
-                        shared.hard_stop.cancel();
+                        engine.hard_stop();
                         workers.join_all().await;
                     }
                 }
             }
             () = workers.join_all() => {}
         }
-        feeder.stop.cancel();
-        while let Some(joined) = feeders.join_next().await {
-            if let Err(e) = joined {
-                // The readers catch their sources' panics; this is defence in depth.
-                tracing::error!(error = %e, "a source reader failed");
-            }
-        }
-        let outage = (
-            shared.queue.parked_len(),
-            shared.queue.parked_dropped_at_shutdown(),
-            shared.queue.outage_openings(),
-        );
-        shared
-            .counters
-            .report(shared.queue.len(), workers.panics, outage)
-    }
-}
-
-/// The tracing events of the outage detector's changes (its hook on the queue).
-fn log_outage_event(event: &OutageEvent) {
-    match event {
-        OutageEvent::Opened => tracing::warn!(
-            "outage detector opened: failures are widespread; failing keys are parked and \
-             probed one at a time"
-        ),
-        OutageEvent::ProbeFailed { next } => {
-            tracing::debug!(next_probe_in = ?next, "outage probe failed")
-        }
-        OutageEvent::Closed { lasted, released } => tracing::info!(
-            outage_lasted = ?lasted,
-            released,
-            "outage detector closed: a probe succeeded; parked keys released, paced by the \
-             rate limiter"
-        ),
-        _ => {}
+        engine.end(feeders, workers.panics).await
     }
 }
 
