@@ -39,11 +39,11 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::{TryFuture, TryFutureExt};
+use k8s_openapi::serde::Serialize;
+use k8s_openapi::serde::de::DeserializeOwned;
 use kube::api::Api;
 use kube::runtime::controller::Action as KubeAction;
 use kube::{Resource, runtime};
-use k8s_openapi::serde::Serialize;
-use k8s_openapi::serde::de::DeserializeOwned;
 
 pub use kube::runtime::finalizer::{Error, Event};
 
@@ -79,7 +79,7 @@ where
     let mut action = None;
     let slot = &mut action;
     let reconcile = move |event| {
-        let run = reconcile(event).into_future();
+        let run = TryFutureExt::into_future(reconcile(event));
         async move {
             *slot = Some(run.await?);
             Ok::<_, ReconcileFut::Error>(KubeAction::await_change())

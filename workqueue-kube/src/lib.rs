@@ -79,6 +79,12 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod controller;
+pub mod finalizer;
+
+pub use controller::{Config, Controller};
+pub use finalizer::finalizer;
+
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};

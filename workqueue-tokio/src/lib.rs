@@ -154,6 +154,14 @@ mod queue;
 pub mod runner;
 pub mod source;
 
+/// The runner's per-lease steps, for `workqueue-kube`'s `Controller`, which calls user code on
+/// a task of its own. **Not a stable API**: no semver promise covers anything in here, and it may
+/// change in any release; `workqueue-kube` depends on an exact version of this crate for it.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::runner::__private::*;
+}
+
 pub use clock::TokioClock;
 pub use queue::{Tokio, WorkQueue};
 // What users of the async queue name, so that they need no other crate of the family.

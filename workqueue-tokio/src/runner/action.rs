@@ -167,7 +167,8 @@ impl<E: std::error::Error + 'static> std::error::Error for Failure<E> {
 
 /// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
-pub(crate) enum Reconciled<E> {
+pub enum Reconciled<E> {
+    /// The reconcile succeeded with this action.
     Ok(Action),
     /// A failure, and the error policy's action for it.
     Failed(Failure<E>, Action),

@@ -39,6 +39,7 @@ use crate::WorkQueue;
 pub(crate) type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
 
 /// How an engine runs reconciles: the runner's settings that apply to every lease.
+#[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// The time limit of one reconcile (`None`: none).
     pub timeout: Option<Duration>,
@@ -73,6 +74,7 @@ pub struct Engine<T, E, C, S> {
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
+#[derive(Debug)]
 pub struct Begun<C> {
     /// The reconcile's context (and the error policy's).
     pub ctx: Context<C>,
@@ -85,6 +87,7 @@ pub struct Begun<C> {
 }
 
 /// How one reconcile ended, before the policy is asked.
+#[derive(Debug)]
 pub enum Ran<E> {
     /// The reconcile returned.
     Returned(Result<Action, E>),
@@ -210,6 +213,18 @@ where
         );
         self.counters
             .report(self.queue.len(), worker_panics, outage)
+    }
+
+    /// Finishes a lease that is not reconciled at all (its object is gone): the limiter and
+    /// the runner forget the key, and its pending reasons are dropped. Counted nowhere.
+    pub fn discard(&self, lease: Lease<T>) {
+        let key = lease.key();
+        let _ = catch(|| self.reasons.take(key));
+        let _ = catch(|| {
+            self.failures
+                .record(key, &Reconciled::<E>::Ok(Action::await_change()))
+        });
+        finish_lease(lease, Reconciled::<E>::Ok(Action::await_change()).outcome());
     }
 
     /// The first step of a lease: its counts, reasons, span and context. A panic of user code
@@ -527,6 +542,16 @@ fn log_outage_event(event: &OutageEvent) {
              rate limiter"
         ),
         _ => {}
+    }
+}
+
+impl<T, E, C, S> fmt::Debug for Engine<T, E, C, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("controller", &self.controller)
+            .field("limits", &self.limits)
+            .field("outage", &self.outage)
+            .finish_non_exhaustive()
     }
 }
 

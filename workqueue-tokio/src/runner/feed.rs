@@ -20,13 +20,14 @@ use crate::{AddOptions, WorkQueue};
 type Item<T> = Result<(T, AddOptions), String>;
 
 /// A named stream of keys given to [`Runner::source`](super::Runner::source).
-pub(crate) struct Source<T> {
+pub struct Source<T> {
     pub(crate) name: Arc<str>,
     stream: BoxStream<'static, Item<T>>,
 }
 
 impl<T: Send + 'static> Source<T> {
-    pub(crate) fn new<St>(name: &str, stream: St) -> Self
+    /// A source named `name` (in logs, reasons and metrics) reading `stream`.
+    pub fn new<St>(name: &str, stream: St) -> Self
     where
         St: Stream + Send + 'static,
         St::Item: SourceItem<T>,

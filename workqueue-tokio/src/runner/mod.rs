@@ -106,6 +106,14 @@ pub use report::Report;
 
 pub(crate) use catch::catch;
 
+/// See the crate's `__private`.
+pub(crate) mod __private {
+    pub use super::action::Reconciled;
+    pub use super::catch::catch;
+    pub use super::engine::{Begun, Engine, Limits, Ran};
+    pub use super::feed::Source;
+}
+
 use crate::WorkQueue;
 use crate::source::SourceItem;
 use engine::{Classifier, Engine, Limits};

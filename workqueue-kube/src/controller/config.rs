@@ -1,0 +1,116 @@
+//! How a [`Controller`](super::Controller) runs: kube-runtime's options, and what the queue adds.
+
+use std::time::Duration;
+
+use workqueue_tokio::ratelimit::OutageConfig;
+
+/// A controller's options: kube-runtime's `debounce` and `concurrency` with kube-runtime's
+/// meaning, and the queue's own (per-key backoff, fairness, aging, outage detection).
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_kube::controller::Config;
+///
+/// let config = Config::default()
+///     .concurrency(16)
+///     .debounce(Duration::from_secs(1))
+///     .per_key_backoff(true)
+///     .fair_namespaces(true);
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) debounce: Duration,
+    pub(crate) concurrency: u16,
+    pub(crate) per_key_backoff: bool,
+    pub(crate) fair_namespaces: bool,
+    pub(crate) max_ready_wait: Option<Duration>,
+    pub(crate) outage: Option<OutageConfig>,
+    pub(crate) shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    /// Unbounded concurrency, no debounce, the error policy's delays as given, priorities and
+    /// aging (60 s) on, fairness and outage detection off, a 30 s shutdown grace.
+    fn default() -> Self {
+        Config {
+            debounce: Duration::ZERO,
+            concurrency: 0,
+            per_key_backoff: false,
+            fair_namespaces: false,
+            max_ready_wait: Some(Duration::from_secs(60)),
+            outage: None,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Trailing-edge debounce: a trigger for an object waits `debounce`, and each later trigger
+    /// for it moves its reconcile to that trigger's time plus `debounce`, so a burst of changes
+    /// is reconciled once, `debounce` after the last. A trigger for an object that is already
+    /// due (queued) or being reconciled is merged as usual. Zero (the default) runs triggers at
+    /// once.
+    ///
+    /// As in kube-runtime, an object updated more often than every `debounce` is not reconciled
+    /// until its updates pause.
+    #[must_use]
+    pub fn debounce(mut self, debounce: Duration) -> Self {
+        self.debounce = debounce;
+        self
+    }
+
+    /// How many reconciles may run at once; 0 (the default) is unbounded, as in kube-runtime. An
+    /// object is never reconciled twice at once, whatever this is.
+    #[must_use]
+    pub fn concurrency(mut self, concurrency: u16) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// Per-key exponential backoff for failures: when the error policy answers
+    /// `Action::requeue(d)`, the object waits the rate limiter's delay for it (5 ms doubling to
+    /// 1000 s with the default limiter, reset by a success), and at least `d`. Off by default,
+    /// as in kube-runtime, where `requeue(d)` from the error policy waits exactly `d`.
+    #[must_use]
+    pub fn per_key_backoff(mut self, enabled: bool) -> Self {
+        self.per_key_backoff = enabled;
+        self
+    }
+
+    /// Serves the objects of each namespace in turn (round-robin across the namespaces that have
+    /// objects due), so one busy namespace cannot delay the others. Off by default.
+    #[must_use]
+    pub fn fair_namespaces(mut self, enabled: bool) -> Self {
+        self.fair_namespaces = enabled;
+        self
+    }
+
+    /// Aging: an object due for longer than `max_wait` is served before any that is not,
+    /// whatever their priorities, so the low-priority objects of an initial list are not starved
+    /// by a steady stream of changes. `None` turns it off. Default: 60 s.
+    #[must_use]
+    pub fn max_ready_wait(mut self, max_wait: Option<Duration>) -> Self {
+        self.max_ready_wait = max_wait;
+        self
+    }
+
+    /// Outage-aware retries: when failures are widespread (the API server, or a dependency, is
+    /// down), failing objects are parked instead of retried on their own backoff, one probe at a
+    /// time finds out when it is back, and the first success releases them all, paced. Off by
+    /// default; `OutageConfig::default()` is the usual choice.
+    #[must_use]
+    pub fn outage_detection(mut self, config: OutageConfig) -> Self {
+        self.outage = Some(config);
+        self
+    }
+
+    /// How long running reconciles may go on after a graceful shutdown began before they are
+    /// asked to stop (and 5 s later dropped). Default 30 s. kube-runtime waits for them without a
+    /// limit; `Duration::MAX` does too.
+    #[must_use]
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+}

@@ -1,0 +1,435 @@
+//! The task that polls a controller's stream: it takes due keys from the queue while the store
+//! may be read, calls the user's reconcile and error policy (on this task: they need not be
+//! `Send` or `Sync`), runs each reconcile's future as a task of its own, and reports each
+//! result as an item of the stream.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::{self, BoxFuture, FutureExt, TryFuture, TryFutureExt};
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use workqueue_tokio::__private::{Begun, Engine, Limits, Ran, Reconciled, Source, catch};
+use workqueue_tokio::runner::{Action, Context, Failure};
+use workqueue_tokio::{Lease, WorkQueue};
+
+use super::error::{Error, RunnerError};
+use super::triggers::Readiness;
+
+/// How long a reconcile asked to stop (its context cancelled) may go on before it is dropped.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// The engine over a controller's keys.
+type Keys<K, E, C> = Engine<ObjectRef<K>, E, C, workqueue_tokio::DefaultHashBuilder>;
+
+/// One item of a controller's stream.
+pub(crate) type Item<K, E> = Result<(ObjectRef<K>, Action), Error<E, watcher::Error>>;
+
+/// A reconcile that ran as a task, with what its lease needs to be finished.
+struct Finished<K: Resource, E, C> {
+    lease: Lease<ObjectRef<K>>,
+    begun: Begun<C>,
+    object: Arc<K>,
+    ran: Ran<E>,
+}
+
+/// What the first poll starts.
+pub(crate) struct Setup<K: Resource> {
+    pub(crate) queue: WorkQueue<ObjectRef<K>>,
+    pub(crate) sources: Vec<Source<ObjectRef<K>>>,
+    pub(crate) concurrency: u16,
+    pub(crate) shutdown_grace: Duration,
+    /// Set to `Ready` once the store may be read; kept by the main watch's stage, or by a task
+    /// that waits for the store (`for_stream`).
+    pub(crate) gate: watch::Receiver<Readiness>,
+    /// Work to spawn at the start (waiting for a store made elsewhere to be ready).
+    pub(crate) tasks: Vec<BoxFuture<'static, ()>>,
+    pub(crate) errors: mpsc::UnboundedReceiver<watcher::Error>,
+    pub(crate) graceful: Vec<BoxFuture<'static, ()>>,
+    pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
+}
+
+/// Where the dispatcher is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Taking keys as they come due.
+    Running,
+    /// Every trigger ended: the queue was shut down; its due keys are still taken.
+    Draining,
+    /// No key is taken any more; running reconciles finish (graceful shutdown), then are asked
+    /// to stop, then dropped.
+    Stopping,
+}
+
+pub(crate) struct Dispatch<K, C, E, R, P>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    setup: Option<Setup<K>>,
+    engine: Option<Arc<Keys<K, E, C>>>,
+    feeders: JoinSet<()>,
+    feeding: bool,
+    background: JoinSet<()>,
+    intake: CancellationToken,
+    store: Store<K>,
+    gate: Option<watch::Receiver<Readiness>>,
+    /// The gate's sender is gone: its value no longer changes.
+    gate_final: bool,
+    reconciler: R,
+    error_policy: P,
+    context: Arc<C>,
+    running: JoinSet<Finished<K, E, C>>,
+    limit: usize,
+    errors: Option<mpsc::UnboundedReceiver<watcher::Error>>,
+    graceful: Pin<Box<dyn Future<Output = ()> + Send>>,
+    forceful: Pin<Box<dyn Future<Output = ()> + Send>>,
+    phase: Phase,
+    forced: bool,
+    shutdown_grace: Duration,
+    /// When the running reconciles are asked to stop, and then dropped.
+    deadlines: Option<(tokio::time::Instant, tokio::time::Instant)>,
+    aborted: bool,
+}
+
+impl<K, C, E, R, P, Fut> Dispatch<K, C, E, R, P>
+where
+    K: Clone + Resource + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash + Debug + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    E: std::error::Error + Send + 'static,
+    R: FnMut(Arc<K>, Arc<C>) -> Fut,
+    Fut: TryFuture<Ok = Action, Error = E> + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<C>) -> Action,
+{
+    pub(crate) fn new(
+        setup: Setup<K>,
+        store: Store<K>,
+        reconciler: R,
+        error_policy: P,
+        context: Arc<C>,
+    ) -> Self {
+        Dispatch {
+            setup: Some(setup),
+            engine: None,
+            feeders: JoinSet::new(),
+            feeding: false,
+            background: JoinSet::new(),
+            intake: CancellationToken::new(),
+            store,
+            gate: None,
+            gate_final: false,
+            reconciler,
+            error_policy,
+            context,
+            running: JoinSet::new(),
+            limit: usize::MAX,
+            errors: None,
+            graceful: Box::pin(future::pending()),
+            forceful: Box::pin(future::pending()),
+            phase: Phase::Running,
+            forced: false,
+            shutdown_grace: Duration::ZERO,
+            deadlines: None,
+            aborted: false,
+        }
+    }
+
+    /// Starts the sources and the engine (at the first poll: nothing runs before).
+    fn start(&mut self) -> Arc<Keys<K, E, C>> {
+        if let Some(engine) = &self.engine {
+            return engine.clone();
+        }
+        let setup = self
+            .setup
+            .take()
+            .expect("a dispatcher without an engine has its setup");
+        let limits = Limits {
+            timeout: None,
+            cancel_grace: CANCEL_GRACE,
+            // The stream reports every failure; the caller logs them (as kube-runtime's do).
+            failure_log: None,
+        };
+        let (engine, feeders) = Engine::start(
+            setup.queue,
+            self.context.clone(),
+            limits,
+            None,
+            setup.sources,
+            usize::from(setup.concurrency),
+            self.intake.clone(),
+        );
+        self.feeders = feeders;
+        self.feeding = !self.feeders.is_empty();
+        for task in setup.tasks {
+            self.background.spawn(task);
+        }
+        self.gate = Some(setup.gate);
+        self.errors = Some(setup.errors);
+        self.limit = match setup.concurrency {
+            0 => usize::MAX,
+            n => usize::from(n),
+        };
+        self.shutdown_grace = setup.shutdown_grace;
+        if !setup.graceful.is_empty() {
+            self.graceful = Box::pin(future::select_all(setup.graceful).map(|_| ()));
+        }
+        if !setup.forceful.is_empty() {
+            self.forceful = Box::pin(future::select_all(setup.forceful).map(|_| ()));
+        }
+        self.engine = Some(engine.clone());
+        engine
+    }
+
+    /// The next item of the stream; `None` once the controller has stopped.
+    pub(crate) async fn next(&mut self) -> Option<Item<K, E>> {
+        let engine = self.start();
+        loop {
+            if self.phase != Phase::Running && self.running.is_empty() {
+                let draining = self.phase == Phase::Draining;
+                let readable = self.readiness() == Readiness::Ready;
+                // Draining ends when the queue is empty (or can never be read).
+                if !draining || !readable || self.forced {
+                    self.stop(&engine).await;
+                    return None;
+                }
+            }
+            let readable = self.readiness() == Readiness::Ready;
+            let take = self.phase != Phase::Stopping
+                && !self.forced
+                && readable
+                && self.running.len() < self.limit;
+            let gate_open = self.gate.is_some() && !self.gate_final;
+            let deadline = self.next_deadline();
+            tokio::select! {
+                biased;
+                () = &mut self.forceful, if !self.forced => {
+                    self.forced = true;
+                    self.intake.cancel();
+                    self.phase = Phase::Stopping;
+                    engine.abort();
+                    engine.hard_stop();
+                }
+                Some(error) = recv(&mut self.errors) => {
+                    return Some(Err(Error::QueueError(error)));
+                }
+                Some(joined) = self.running.join_next() => {
+                    match joined {
+                        Ok(done) => {
+                            if let Some(item) = self.verdict(&engine, done) {
+                                return Some(item);
+                            }
+                        }
+                        Err(error) => {
+                            // `drive` catches the reconcile's panics; this is defence in depth.
+                            tracing::error!(%error, "a reconcile task failed");
+                        }
+                    }
+                }
+                () = &mut self.graceful, if self.phase != Phase::Stopping => {
+                    self.intake.cancel();
+                    self.begin_stopping();
+                }
+                joined = self.feeders.join_next(), if self.feeding => {
+                    if joined.is_none() {
+                        // Every trigger ended: serve what is due, then stop (as kube-runtime
+                        // does when its trigger stream ends).
+                        self.feeding = false;
+                        if self.phase == Phase::Running {
+                            engine.queue().shut_down();
+                            self.phase = Phase::Draining;
+                        }
+                    }
+                }
+                changed = changed(&mut self.gate), if gate_open && !readable => {
+                    if changed.is_err() {
+                        // The main watch ended: readiness stays as it last was.
+                        self.gate_final = true;
+                    }
+                }
+                got = engine.queue().get(), if take => {
+                    match got {
+                        Some(lease) => {
+                            if let Some(item) = self.dispatch(&engine, lease) {
+                                return Some(item);
+                            }
+                        }
+                        None => self.begin_stopping(),
+                    }
+                }
+                () = sleep_until(deadline), if deadline.is_some() => {
+                    self.on_deadline(&engine);
+                }
+            }
+        }
+    }
+
+    fn readiness(&self) -> Readiness {
+        self.gate
+            .as_ref()
+            .map_or(Readiness::NotReady, |gate| *gate.borrow())
+    }
+
+    fn begin_stopping(&mut self) {
+        if self.phase == Phase::Stopping {
+            return;
+        }
+        self.phase = Phase::Stopping;
+        let now = tokio::time::Instant::now();
+        let abort_at = now.checked_add(self.shutdown_grace);
+        self.deadlines = abort_at.and_then(|a| a.checked_add(CANCEL_GRACE).map(|h| (a, h)));
+    }
+
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        if self.phase != Phase::Stopping || self.running.is_empty() {
+            return None;
+        }
+        let (abort_at, hard_at) = self.deadlines?;
+        Some(if self.aborted { hard_at } else { abort_at })
+    }
+
+    fn on_deadline(&mut self, engine: &Keys<K, E, C>) {
+        if self.aborted {
+            engine.hard_stop();
+            self.deadlines = None;
+        } else {
+            engine.abort();
+            self.aborted = true;
+        }
+    }
+
+    /// Ends the run: stops the sources and background tasks.
+    async fn stop(&mut self, engine: &Keys<K, E, C>) {
+        self.intake.cancel();
+        self.background.abort_all();
+        let feeders = std::mem::take(&mut self.feeders);
+        let _report = engine.end(feeders, 0).await;
+    }
+
+    /// Starts the reconcile of `lease`'s object, or reports that it is not in the store.
+    fn dispatch(
+        &mut self,
+        engine: &Arc<Keys<K, E, C>>,
+        lease: Lease<ObjectRef<K>>,
+    ) -> Option<Item<K, E>> {
+        let Some(object) = self.store.get(lease.key()) else {
+            let missing = lease.key().clone().erase();
+            engine.discard(lease);
+            return Some(Err(Error::ObjectNotFound(Box::new(missing))));
+        };
+        let mut begun = engine.begin(&lease);
+        let started = match begun.early.take() {
+            Some(message) => Err(message),
+            None => {
+                let (reconciler, context) = (&mut self.reconciler, &self.context);
+                begun
+                    .span
+                    .in_scope(|| catch(|| reconciler(object.clone(), context.clone())))
+            }
+        };
+        let fut = match started {
+            Ok(fut) => TryFutureExt::into_future(fut),
+            Err(message) => {
+                let done = Finished {
+                    lease,
+                    begun,
+                    object,
+                    ran: Ran::Panicked(message),
+                };
+                return self.verdict(engine, done);
+            }
+        };
+        let engine = engine.clone();
+        self.running.spawn(async move {
+            let span = begun.span.clone();
+            let ran = engine.drive(move || fut, &begun.ctx).instrument(span).await;
+            Finished {
+                lease,
+                begun,
+                object,
+                ran,
+            }
+        });
+        None
+    }
+
+    /// Judges a finished reconcile (the error policy sees the reconcile's error), finishes its
+    /// lease, and says what the stream reports.
+    fn verdict(&self, engine: &Keys<K, E, C>, done: Finished<K, E, C>) -> Option<Item<K, E>> {
+        let Finished {
+            lease,
+            begun,
+            object,
+            ran,
+        } = done;
+        let key = lease.key().clone();
+        let policy = |_: &ObjectRef<K>, failure: &Failure<E>, _: &Context<C>| match failure {
+            Failure::Error(error) => {
+                (self.error_policy)(object.clone(), error, self.context.clone())
+            }
+            _ => Action::backoff(),
+        };
+        let verdict = engine.judge(&key, &begun, ran, policy);
+        engine.finish(lease, &begun, &verdict);
+        let object = || Box::new(key.clone().erase());
+        match verdict {
+            Reconciled::Ok(action) => Some(Ok((key, action))),
+            Reconciled::Failed(Failure::Error(error), _) => {
+                Some(Err(Error::ReconcilerFailed(error, object())))
+            }
+            Reconciled::Failed(Failure::Panic(message), _) => {
+                Some(Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
+                    object: object(),
+                    message,
+                })))
+            }
+            Reconciled::Failed(Failure::Timeout, _) => {
+                Some(Err(Error::RunnerError(RunnerError::ReconcilerTimedOut {
+                    object: object(),
+                })))
+            }
+            Reconciled::Failed(..) | Reconciled::Interrupted => None,
+        }
+    }
+}
+
+/// The next watch error, or never once there are none left to come.
+async fn recv(
+    errors: &mut Option<mpsc::UnboundedReceiver<watcher::Error>>,
+) -> Option<watcher::Error> {
+    match errors {
+        Some(rx) => match rx.recv().await {
+            Some(error) => Some(error),
+            None => {
+                *errors = None;
+                future::pending().await
+            }
+        },
+        None => future::pending().await,
+    }
+}
+
+async fn changed(
+    gate: &mut Option<watch::Receiver<Readiness>>,
+) -> Result<(), watch::error::RecvError> {
+    match gate {
+        Some(rx) => rx.changed().await,
+        None => future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => future::pending().await,
+    }
+}

@@ -1,0 +1,52 @@
+//! What a [`Controller`](super::Controller)'s stream reports besides successful reconciles.
+
+use kube::core::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
+
+/// An item of a controller's stream that is not a successful reconcile: kube-runtime's variants,
+/// so code that matches on them compiles unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum Error<ReconcilerErr: 'static, QueueErr: 'static> {
+    /// A key was due for an object that is not in the controller's store (it was deleted, or a
+    /// related object named an owner that does not exist). It is not reconciled: clean-up goes
+    /// through finalizers. Its key is forgotten until the object is seen again.
+    #[error("tried to reconcile object {0} that was not found in local store")]
+    ObjectNotFound(Box<ObjectRef<DynamicObject>>),
+
+    /// The reconcile returned this error; the error policy's action was applied.
+    #[error("reconciler for object {1} failed: {0}")]
+    ReconcilerFailed(#[source] ReconcilerErr, Box<ObjectRef<DynamicObject>>),
+
+    /// A watch (of the main resource, an owned or a watched one) yielded this error. The watch
+    /// retries on its own, with its backoff; the controller goes on.
+    #[error("event queue error: {0}")]
+    QueueError(#[source] QueueErr),
+
+    /// A reconcile failed without an error the error policy can see: it panicked or timed out.
+    /// Its key was retried with the rate limiter's backoff.
+    #[error("runner error: {0}")]
+    RunnerError(#[source] RunnerError),
+}
+
+/// A reconcile that failed without returning an error (kube-runtime's `RunnerError` is the
+/// readiness of its store; here the store's readiness is waited for, and these are what the
+/// runner adds).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    /// The reconcile panicked; its key is retried with backoff, and the controller goes on.
+    #[error("reconciler for object {object} panicked: {message}")]
+    ReconcilerPanicked {
+        /// The object.
+        object: Box<ObjectRef<DynamicObject>>,
+        /// The panic's message.
+        message: String,
+    },
+    /// The reconcile outlived the controller's reconcile timeout; its future was dropped and its
+    /// key is retried with backoff.
+    #[error("reconciler for object {object} timed out")]
+    ReconcilerTimedOut {
+        /// The object.
+        object: Box<ObjectRef<DynamicObject>>,
+    },
+}

@@ -1,0 +1,451 @@
+//! kube-runtime's `Controller`, on a work queue: the same builder and signatures, so a
+//! kube-runtime program moves over by changing its `use` lines, with the queue's per-key
+//! backoff, priorities, aging, fairness, outage-aware retries and metrics.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use futures_util::StreamExt;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::{Api, Client, ResourceExt};
+//! use kube::runtime::watcher;
+//! use workqueue_kube::controller::{Action, Config, Controller};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("reconcile failed")]
+//! struct Error;
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, Error> {
+//!     println!("reconciling {}", cm.name_any());
+//!     Ok(Action::requeue(Duration::from_secs(300)))
+//! }
+//!
+//! fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<()>) -> Action {
+//!     Action::requeue(Duration::from_secs(5))
+//! }
+//!
+//! # async fn run() -> Result<(), kube::Error> {
+//! let client = Client::try_default().await?;
+//! Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+//!     // The one line that makes failures back off per object (5 ms doubling to 1000 s).
+//!     .with_config(Config::default().concurrency(8).per_key_backoff(true))
+//!     .shutdown_on_signal()
+//!     .run(reconcile, error_policy, Arc::new(()))
+//!     .for_each(|result| async move {
+//!         if let Err(error) = result {
+//!             eprintln!("{error}");
+//!         }
+//!     })
+//!     .await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What a result does to the queue
+//!
+//! | returned | queue operation |
+//! |---|---|
+//! | `Ok(Action::requeue(d))` | forget the object's failures; reconcile it again after `d` |
+//! | `Ok(Action::await_change())` | forget the object's failures; reconcile it again when it (or a related object) changes |
+//! | `Err(e)`, `error_policy` → `requeue(d)` | retry after `d`, as kube-runtime does |
+//! | `Err(e)`, `error_policy` → `await_change()` | give up: the failures are forgotten, the next change starts afresh |
+//! | `Err(e)`, `error_policy` → `requeue(d)` with [`Config::per_key_backoff`] | retry after the rate limiter's delay for the object, and at least `d` |
+//! | a panic of the reconcile | retry after the rate limiter's delay (reported as [`Error::RunnerError`]; the controller goes on) |
+//!
+//! `Action::requeue(Duration::ZERO)` (and [`Action::backoff()`]) is a retry after the rate
+//! limiter's delay, not an immediate rerun as in kube-runtime: a reconcile that always returns it
+//! backs off instead of looping. With [`Config::outage_detection`] on, a failing object is parked
+//! while failures are widespread, as the queue parks any failing key.
+//!
+//! # Guarantees (kube-runtime's, kept)
+//!
+//! - No reconcile starts before the main resource's first list is in the store; triggers from
+//!   owned or watched objects wait too. While the main watch relists (after a broken watch), no
+//!   reconcile starts either: the store holds the previous list until the new one is complete,
+//!   and an object the new list lacks must not be reconciled.
+//! - An object is reconciled only if it is in the store: a key due for an object that is not is
+//!   reported as [`Error::ObjectNotFound`] and forgotten. Deletion is handled by finalizers
+//!   ([`finalizer()`](crate::finalizer::finalizer())).
+//! - An object is never reconciled twice at once.
+//!
+//! # What the queue adds
+//!
+//! - Priorities as controller-runtime sets them: objects of an initial list, and relisted
+//!   objects that did not change, are served after real changes.
+//! - Aging (an object due for 60 s is served first, whatever its priority), and with
+//!   [`Config::fair_namespaces`], fairness across namespaces.
+//! - Per-key backoff ([`Config::per_key_backoff`]) and outage-aware retries
+//!   ([`Config::outage_detection`]).
+//! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
+//!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
+
+mod config;
+mod dispatch;
+mod error;
+mod triggers;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures_util::future::{BoxFuture, FutureExt, TryFuture, ready};
+use futures_util::stream::{self, Stream, StreamExt};
+use k8s_openapi::serde::de::DeserializeOwned;
+use kube::Resource;
+use kube::api::Api;
+#[allow(deprecated)]
+// as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
+use kube::runtime::metadata_watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use workqueue_tokio::__private::Source;
+use workqueue_tokio::{AddOptions, WorkQueue};
+
+pub use config::Config;
+pub use error::{Error, RunnerError};
+pub use workqueue_tokio::runner::Action;
+
+use dispatch::{Dispatch, Setup};
+use triggers::{Readiness, Trigger};
+
+/// A controller for the objects of kind `K`: watches them (and the objects they own or relate
+/// to), and reconciles each one that changed, one at a time per object, through a work queue.
+///
+/// Built like kube-runtime's `Controller` ([`Controller::new`], [`owns`](Controller::owns),
+/// [`watches`](Controller::watches), [`run`](Controller::run)); see the
+/// [module](self) for what differs and what the queue adds. [`run`](Controller::run) returns a
+/// stream that does nothing until it is polled, and yields one item per reconcile.
+#[must_use = "a controller does nothing until the stream `run` returns is polled"]
+pub struct Controller<K>
+where
+    K: Clone + Resource + Debug + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    triggers: Vec<(String, Trigger<K>)>,
+    reader: Store<K>,
+    dyntype: K::DynamicType,
+    config: Config,
+    gate: watch::Receiver<Readiness>,
+    tasks: Vec<BoxFuture<'static, ()>>,
+    graceful: Vec<BoxFuture<'static, ()>>,
+    forceful: Vec<BoxFuture<'static, ()>>,
+}
+
+impl<K> Controller<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Debug + Send + Sync + 'static,
+{
+    /// A controller for the objects `main_api` sees, selected by `wc`
+    /// (`watcher::Config::default()`: all of them).
+    pub fn new(main_api: Api<K>, wc: watcher::Config) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::new_with(main_api, wc, Default::default())
+    }
+
+    /// [`Controller::new`] for a dynamic type (found by discovery).
+    pub fn new_with(main_api: Api<K>, wc: watcher::Config, dyntype: K::DynamicType) -> Self {
+        let writer = reflector::store::Writer::<K>::new(dyntype.clone());
+        let reader = writer.as_reader();
+        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
+        let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
+        let name = K::kind(&dyntype).to_lowercase();
+        Controller {
+            triggers: vec![(name, main)],
+            reader,
+            dyntype,
+            config: Config::default(),
+            gate,
+            tasks: Vec::new(),
+            graceful: Vec::new(),
+            forceful: Vec::new(),
+        }
+    }
+
+    /// A controller fed by a stream of applied objects (a watcher's `applied_objects`, say)
+    /// whose reflector `reader` reads; reconciles wait until that store is ready. Every object
+    /// is queued at the default priority (the stream does not tell a list from a change).
+    pub fn for_stream(
+        trigger: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+        reader: Store<K>,
+    ) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_stream_with(trigger, reader, Default::default())
+    }
+
+    /// [`Controller::for_stream`] for a dynamic type.
+    pub fn for_stream_with(
+        trigger: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let ready = {
+            let reader = reader.clone();
+            async move {
+                if reader.wait_until_ready().await.is_ok() {
+                    gate_tx.send_replace(Readiness::Ready);
+                }
+            }
+        };
+        let name = K::kind(&dyntype).to_lowercase();
+        let main = triggers::applied(trigger, dyntype.clone()).boxed();
+        Controller {
+            triggers: vec![(name, main)],
+            reader,
+            dyntype,
+            config: Config::default(),
+            gate,
+            tasks: vec![ready.boxed()],
+            graceful: Vec::new(),
+            forceful: Vec::new(),
+        }
+    }
+
+    /// The controller's options.
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The store of the main resource's objects (ready once the first list is complete).
+    pub fn store(&self) -> Store<K> {
+        self.reader.clone()
+    }
+
+    /// Reconciles the owner (of kind `K`) of every `Child` that `api` sees and `wc` selects when
+    /// the child changes. Children need an owner reference to a `K`.
+    pub fn owns<Child>(self, api: Api<Child>, wc: watcher::Config) -> Self
+    where
+        Child: Clone + Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + 'static,
+    {
+        self.owns_with(api, (), wc)
+    }
+
+    /// [`Controller::owns`] for a dynamic child type.
+    pub fn owns_with<Child>(
+        mut self,
+        api: Api<Child>,
+        dyntype: Child::DynamicType,
+        wc: watcher::Config,
+    ) -> Self
+    where
+        Child: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
+        Child::DynamicType: Debug + Eq + Hash + Clone + Send + 'static,
+    {
+        let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
+        #[allow(deprecated)]
+        let events = metadata_watcher(api, wc).default_backoff();
+        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype).boxed();
+        self.triggers.push((name, keys));
+        self
+    }
+
+    /// Reconciles the objects `mapper` relates each `Other` that `api` sees to, when it changes.
+    pub fn watches<Other, I>(
+        self,
+        api: Api<Other>,
+        wc: watcher::Config,
+        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
+    ) -> Self
+    where
+        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
+        Other::DynamicType: Default + Debug + Clone + Eq + Hash,
+        I: 'static + IntoIterator<Item = ObjectRef<K>>,
+        I::IntoIter: Send,
+    {
+        self.watches_with(api, Default::default(), wc, mapper)
+    }
+
+    /// [`Controller::watches`] for a dynamic type.
+    pub fn watches_with<Other, I>(
+        mut self,
+        api: Api<Other>,
+        dyntype: Other::DynamicType,
+        wc: watcher::Config,
+        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
+    ) -> Self
+    where
+        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
+        I: 'static + IntoIterator<Item = ObjectRef<K>>,
+        I::IntoIter: Send,
+        Other::DynamicType: Debug + Clone + Eq + Hash,
+    {
+        let name = format!("watches:{}", Other::kind(&dyntype).to_lowercase());
+        let events = watcher(api, wc).default_backoff();
+        self.triggers
+            .push((name, triggers::related(events, mapper).boxed()));
+        self
+    }
+
+    /// Reconciles every object in the store each time `trigger` yields (behind real changes,
+    /// like a resync).
+    pub fn reconcile_all_on(mut self, trigger: impl Stream<Item = ()> + Send + 'static) -> Self {
+        let keys = triggers::all_of(trigger, self.reader.clone(), self.dyntype.clone()).boxed();
+        self.triggers.push(("reconcile_all".into(), keys));
+        self
+    }
+
+    /// Reconciles each object `trigger` yields.
+    pub fn reconcile_on(
+        mut self,
+        trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> Self {
+        let keys = trigger.map(|key| Ok((key, AddOptions::default()))).boxed();
+        self.triggers.push(("reconcile_on".into(), keys));
+        self
+    }
+
+    /// Shuts down gracefully once `trigger` completes: no reconcile starts any more, the
+    /// watches stop, running reconciles finish (within [`Config::shutdown_grace`]), and the
+    /// stream ends.
+    pub fn graceful_shutdown_on(
+        mut self,
+        trigger: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Self {
+        self.graceful.push(trigger.boxed());
+        self
+    }
+
+    /// Shuts down gracefully on SIGINT (Ctrl+C) or SIGTERM, and at once on a second one, as
+    /// kube-runtime does.
+    pub fn shutdown_on_signal(mut self) -> Self {
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+        self.graceful.push(first_rx.map(|_| ()).boxed());
+        self.forceful.push(
+            async move {
+                shutdown_signal().await;
+                tracing::info!("graceful shutdown requested; a second signal forces it");
+                let _ = first_tx.send(());
+                shutdown_signal().await;
+                tracing::info!("forced shutdown requested");
+            }
+            .boxed(),
+        );
+        self
+    }
+
+    /// Runs the controller: a stream with one item per reconcile (the object and the action
+    /// taken, or why there was none), which does nothing until it is polled.
+    ///
+    /// `reconciler` and `error_policy` are called on the task that polls the stream, so they
+    /// need not be `Send` or `Sync`; the reconciles' futures run as tasks of their own (hence
+    /// `Send + 'static`). The stream ends after a shutdown ([`Controller::graceful_shutdown_on`],
+    /// [`Controller::shutdown_on_signal`]), or once every trigger has ended and the objects due
+    /// were reconciled. Must be polled inside a tokio runtime.
+    pub fn run<ReconcilerFut, Ctx>(
+        self,
+        reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+        context: Arc<Ctx>,
+    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), Error<ReconcilerFut::Error, watcher::Error>>>
+    where
+        K::DynamicType: Debug + Unpin,
+        ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+        ReconcilerFut::Error: std::error::Error + Send + 'static,
+        Ctx: Send + Sync + 'static,
+    {
+        let config = &self.config;
+        let name = K::kind(&self.dyntype).to_lowercase();
+        let mut queue = WorkQueue::builder().name(name);
+        if let Some(wait) = config.max_ready_wait {
+            queue = queue.max_ready_wait(wait);
+        }
+        if config.fair_namespaces {
+            queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
+        }
+        if let Some(outage) = config.outage {
+            queue = queue.outage_detection(outage);
+        }
+        let queue = queue.build();
+        let (errors_tx, errors) = mpsc::unbounded_channel();
+        let debounce = config.debounce;
+        let sources = self
+            .triggers
+            .into_iter()
+            .map(|(name, trigger)| {
+                let errors_tx = errors_tx.clone();
+                let keys = trigger.filter_map(move |item| {
+                    ready(match item {
+                        Ok((key, opts)) => Some((key, debounced(opts, debounce))),
+                        Err(error) => {
+                            let _ = errors_tx.send(error);
+                            None
+                        }
+                    })
+                });
+                Source::new(&name, keys)
+            })
+            .collect();
+        let setup = Setup {
+            queue,
+            sources,
+            concurrency: config.concurrency,
+            shutdown_grace: config.shutdown_grace,
+            gate: self.gate,
+            tasks: self.tasks,
+            errors,
+            graceful: self.graceful,
+            forceful: self.forceful,
+        };
+        let dispatch = Dispatch::new(setup, self.reader, reconciler, error_policy, context);
+        stream::unfold(dispatch, |mut dispatch| async move {
+            let item = dispatch.next().await?;
+            Some((item, dispatch))
+        })
+    }
+}
+
+/// How a trigger is added with `debounce`.
+fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
+    if debounce.is_zero() {
+        return opts;
+    }
+    AddOptions {
+        after: debounce,
+        ..opts
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c().map(|_| ());
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    () = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => interrupt.await,
+        }
+    }
+    #[cfg(not(unix))]
+    interrupt.await;
+}
+
+impl<K> Debug for Controller<K>
+where
+    K: Clone + Resource + Debug + 'static,
+    K::DynamicType: Eq + Hash + Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field(
+                "triggers",
+                &self.triggers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
