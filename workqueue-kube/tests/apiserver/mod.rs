@@ -1,118 +1,114 @@
 #![allow(dead_code)] // each test binary uses part of the scripted server
-//! A scripted Kubernetes API server in memory, behind a `kube::Client`: a `tower::service_fn`
-//! that serves list, watch, get, create, merge-patch and delete from a store (how kube-rs tests
-//! itself, but answering any number of concurrent requests in any order, which two watchers
-//! plus patches need; `tower_test`'s mock answers strictly in order). No network: the client's
-//! requests are function calls.
+//! A scripted Kubernetes API server in memory, behind `kube::Client`s: a `tower::service_fn`
+//! that serves any resource of any group from one store (how kube-rs tests itself, but
+//! answering any number of concurrent requests in any order, which watchers plus writes need;
+//! `tower_test`'s mock answers strictly in order). No network: a client's requests are
+//! function calls, and every delay is on tokio's clock, so tests on paused time are exact.
 //!
-//! What it models (kube's watcher ends and renews each watch after about five minutes, so
-//! watches are requests that recur over a long test): one resourceVersion counter for all objects; watches from a resourceVersion
-//! (replayed from the history; "410 Gone" after a `compact`, which makes the watchers relist); a `generation` bumped when a Deployment's
-//! spec changes; an outage (`set_down`) that fails every request with 503 and breaks the open
-//! watches. Not modelled: selectors, bookmarks, pagination, admission,
-//! garbage collection.
+//! # What it models
+//!
+//! - **Routing**: `/api/v1/...` and `/apis/{group}/{version}/...`, namespaced
+//!   (`namespaces/{ns}/{plural}[/{name}]`), across namespaces and cluster-scoped, for any
+//!   plural: built-in types, Leases and custom resources alike (a hand-written
+//!   `kube::Resource` is served like a derived one). Storage is keyed by group and plural;
+//!   versions of a group share it, unconverted.
+//! - **Reads**: get (404 `NotFound`); list with label selectors (`=`, `==`, `!=`, `in`,
+//!   `notin`, `key`, `!key`) and field selectors (`=`, `!=` on any dotted path); pages with
+//!   `limit` and `continue` over a snapshot taken at the first page (later writes do not shift
+//!   it; every page reports the snapshot's resourceVersion; `remainingItemCount` without a
+//!   selector), 410 `Expired` for a token whose snapshot is gone (see [`ApiServer::compact`])
+//!   and 400 for a malformed one. `resourceVersion=0` lists come whole, as the watch cache
+//!   serves them (it ignores `limit`). Items come in etcd's order (namespace, then name) unless
+//!   a test sets another ([`ApiServer::set_list_order`]).
+//! - **Watches**: without a resourceVersion (or with `0`), the current objects as synthetic
+//!   ADDED events first; from a resourceVersion, the changes after it from the history, or one
+//!   410 `Expired` ERROR event when it was compacted; `sendInitialEvents=true` ends the initial
+//!   events with the `k8s.io/initial-events-end` BOOKMARK (kube's streaming lists); with a
+//!   selector, an object that starts or stops matching is ADDED or DELETED; the server closes
+//!   a watch after its `timeoutSeconds` (kube asks for 290 s).
+//! - **Writes**: create (201; 409 `AlreadyExists`; `generateName`; 500 when a
+//!   `resourceVersion` is set, as the storage layer answers), replace by PUT (404 for a missing
+//!   object unless the resource allows create-on-update), merge patch, JSON Patch (RFC 6902,
+//!   all six operations, atomic; a failed `test` or an operation that does not apply is 422
+//!   `Invalid` with a Status; a `test` of a missing path against `null` passes, as the API
+//!   server's patch library has it), strategic merge patch (as a merge patch: list merge keys
+//!   are not modelled; 415 for custom resources), server-side apply (create, or merge onto the
+//!   stored object), the `/status` subresource, `dryRun=All`, delete and delete-collection.
+//! - **Optimistic concurrency**: one resourceVersion counter for all objects; a PUT or patch
+//!   whose result carries a `metadata.resourceVersion` other than the stored one is 409
+//!   `Conflict`, and so is a `uid` or a delete precondition that does not match; a PUT without
+//!   one is 422 for resources that forbid unconditional updates (Leases, custom resources).
+//!   A write that changes nothing writes nothing (no new resourceVersion, no event).
+//! - **System fields**: `uid`, `creationTimestamp` (2025-01-01 plus the tokio time since the
+//!   server was made), `resourceVersion`, `generation` (see [`ResourceRules`]), and
+//!   `deletionTimestamp` are the server's: writes cannot change them. Empty `finalizers` and
+//!   `ownerReferences` are dropped and `managedFields` are not kept.
+//! - **Deletion**: without finalizers, at once (DELETED carries the deletion's
+//!   resourceVersion); with finalizers, the object gets `deletionTimestamp` and
+//!   `deletionGracePeriodSeconds: 0` (MODIFIED) and stays until a write empties its
+//!   finalizers, which deletes it (DELETED); adding a finalizer to it is 422 `Invalid`
+//!   (`FieldValueForbidden`). A second DELETE changes nothing.
+//! - **Faults**: an outage ([`ApiServer::set_down`]: every request 503, watches broken);
+//!   compaction ([`ApiServer::compact`]); per client ([`ApiServer::client_named`]): latency
+//!   each way ([`ApiServer::set_latency`], watch events included) and partitions
+//!   ([`ApiServer::set_partition`]: refused, or blackholed until healed); slow and held lists
+//!   ([`ApiServer::set_list_delay`], [`ApiServer::gate_lists`]) and a server page size
+//!   ([`ApiServer::set_max_page_size`]).
+//!
+//! # What it does not model
+//!
+//! Field managers and apply conflicts (apply is a merge: fields dropped from an applied
+//! configuration are not removed, `force` changes nothing); strategic merge's list merge keys;
+//! admission, validation of object contents and defaulting; namespaces' existence and
+//! lifecycle; garbage collection (owner references do nothing, propagation policies are
+//! ignored) and graceful deletion of Pods; watch bookmarks other than the initial-events end;
+//! `resourceVersionMatch=Exact` lists of the past (lists are of now, or of a page's snapshot);
+//! authentication and RBAC; the `/scale` and other subresources; conversion between versions;
+//! Protobuf, compression, HTTP/2 flow control and TLS.
+//!
+//! Only a real cluster shows the timing of a real API server and etcd (how stale a
+//! `resourceVersion=0` list from a lagging watch cache is, when compaction happens, how long
+//! a list of thousands of objects takes), what a real network partition does to a TCP
+//! connection (kube's client timeouts and keep-alives), and how several API server replicas
+//! behind a load balancer disagree for a moment.
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+mod list;
+mod net;
+pub(crate) mod patch;
+mod serve;
+mod store;
+mod wire;
 
-use bytes::Bytes;
-use futures_util::stream::{self, StreamExt};
-use http::{Method, Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use std::any::type_name;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::Method;
 use kube::Resource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use serde_json::Value;
 
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+// Each test binary uses part of the server's vocabulary.
+#[allow(unused_imports)]
+pub use list::{ListGate, ListOrder};
+#[allow(unused_imports)]
+pub use net::{Logged, Partition};
+#[allow(unused_imports)]
+pub use store::{Generation, ResourceRules};
 
-/// Where an object lives: resource (plural), namespace, name.
-type Key = (String, String, String);
+use net::ClientLink;
+use store::{How, ObjKey, Preconditions, Store};
+use wire::Gr;
 
 #[derive(Default)]
-struct Inner {
-    objects: BTreeMap<Key, Value>,
-    version: u64,
-    uids: u64,
-    /// Every watch event so far: its resourceVersion, resource, namespace and JSON line.
-    history: Vec<(u64, String, String, Bytes)>,
-    /// Open watches: resource, namespace (`None`: all), sender of JSON lines.
-    watches: Vec<(String, Option<String>, mpsc::UnboundedSender<Bytes>)>,
-    /// Requests so far: method, resource, and the request line.
-    requests: Vec<(Method, String, String)>,
+pub(crate) struct Inner {
+    store: Store,
+    clients: HashMap<String, Arc<ClientLink>>,
+    /// Every request any client sent, in order.
+    log: Vec<Logged>,
     down: bool,
-    /// Watches from a resourceVersion below this one are answered "410 Gone" (compacted).
-    compacted: u64,
-}
-
-impl Inner {
-    fn bump(&mut self) -> u64 {
-        self.version += 1;
-        self.version
-    }
-
-    /// Records a watch event and sends it to the open watches of its resource.
-    fn emit(&mut self, kind: &str, key: &Key, object: &Value) {
-        let version = self.version;
-        let mut line = serde_json::to_vec(&json!({ "type": kind, "object": object })).unwrap();
-        line.push(b'\n');
-        let line = Bytes::from(line);
-        self.history
-            .push((version, key.0.clone(), key.1.clone(), line.clone()));
-        self.watches.retain(|(resource, ns, tx)| {
-            if *resource != key.0 || ns.as_ref().is_some_and(|ns| *ns != key.1) {
-                return !tx.is_closed();
-            }
-            tx.send(line.clone()).is_ok()
-        });
-    }
-
-    /// Creates or replaces an object; sets its uid, resourceVersion and generation.
-    fn put(&mut self, key: Key, mut object: Value) -> Value {
-        let old = self.objects.get(&key).cloned();
-        let version = self.bump();
-        let meta = object["metadata"].as_object_mut().unwrap();
-        meta.insert("resourceVersion".into(), json!(version.to_string()));
-        let uid = match &old {
-            Some(old) => old["metadata"]["uid"].clone(),
-            None => {
-                self.uids += 1;
-                json!(format!("uid-{}", self.uids))
-            }
-        };
-        meta.insert("uid".into(), uid);
-        if key.0 == "deployments" {
-            let generation = match &old {
-                None => 1,
-                Some(old) => {
-                    let g = old["metadata"]["generation"].as_u64().unwrap_or(1);
-                    if old["spec"] == object["spec"] {
-                        g
-                    } else {
-                        g + 1
-                    }
-                }
-            };
-            object["metadata"]["generation"] = json!(generation);
-        }
-        self.objects.insert(key.clone(), object.clone());
-        let kind = if old.is_some() { "MODIFIED" } else { "ADDED" };
-        self.emit(kind, &key, &object);
-        object
-    }
-
-    fn delete(&mut self, key: &Key) -> Option<Value> {
-        let mut object = self.objects.remove(key)?;
-        // The API server stamps the deletion's resourceVersion on the deleted object.
-        let version = self.bump();
-        object["metadata"]["resourceVersion"] = json!(version.to_string());
-        self.emit("DELETED", key, &object);
-        Some(object)
-    }
 }
 
 /// The scripted API server. Clones share it.
@@ -121,46 +117,25 @@ pub struct ApiServer {
     inner: Arc<Mutex<Inner>>,
 }
 
-fn key_of<K: Resource<DynamicType = ()>>(namespace: &str, name: &str) -> Key {
-    (K::plural(&()).into_owned(), namespace.into(), name.into())
-}
-
-fn body(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed_unsync()
-}
-
-fn respond(code: StatusCode, value: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(body(serde_json::to_vec(value).unwrap()))
-        .unwrap()
-}
-
-fn status(code: StatusCode, reason: &str) -> Response<Body> {
-    let value = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": reason, "reason": reason, "code": code.as_u16(),
-    });
-    respond(code, &value)
-}
-
-/// Recursive JSON merge patch (RFC 7386).
-fn merge(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let target = target.as_object_mut().unwrap();
-    for (k, v) in patch {
-        if v.is_null() {
-            target.remove(k);
+/// The store key of a typed object: cluster-scoped types (k8s-openapi's
+/// `ClusterResourceScope`) have no namespace, namespaced ones default to `default`.
+fn key_of<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> ObjKey {
+    let cluster = type_name::<K::Scope>().ends_with("ClusterResourceScope");
+    ObjKey {
+        gr: gr_of::<K>(),
+        ns: if cluster {
+            String::new()
         } else {
-            merge(target.entry(k.clone()).or_insert(Value::Null), v);
-        }
+            namespace.unwrap_or("default").into()
+        },
+        name: name.into(),
+    }
+}
+
+fn gr_of<K: Resource<DynamicType = ()>>() -> Gr {
+    Gr {
+        group: K::group(&()).into_owned(),
+        plural: K::plural(&()).into_owned(),
     }
 }
 
@@ -170,235 +145,254 @@ impl ApiServer {
         Self::default()
     }
 
-    /// A client of this server (default namespace `default`).
-    pub fn client(&self) -> kube::Client {
-        let server = self.clone();
-        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
-            let server = server.clone();
-            async move { Ok::<_, Infallible>(server.handle(request).await) }
-        });
-        kube::Client::new(service, "default")
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap()
     }
 
-    /// Creates or replaces an object, as a user would (`kubectl apply`).
+    // Clients and the network.
+
+    /// A client of this server (default namespace `default`), named `"default"`.
+    pub fn client(&self) -> kube::Client {
+        self.client_named("default")
+    }
+
+    /// A client whose requests carry its name (in [`ApiServer::request_log`]) and go through
+    /// its own link: its latency and partitions. Clients of one name share the link.
+    pub fn client_named(&self, name: &str) -> kube::Client {
+        self.client_on(self.link(name))
+    }
+
+    /// Sets a client's link: [`Partition::Refused`] fails its requests and open watches at
+    /// once, [`Partition::Blackholed`] holds them until the link is
+    /// [`Partition::Connected`] again and then fails them. A response the server produced
+    /// while the link went down is lost on the way back (the write happened; the client sees
+    /// a transport error). The name need not have a client yet.
+    pub fn set_partition(&self, client: &str, partition: Partition) {
+        self.link(client).partition.send_replace(partition);
+    }
+
+    /// Latency of a client's link, on tokio's clock: `to_server` before each request
+    /// reaches the server, `to_client` before each answer and each watch event reaches the
+    /// client.
+    pub fn set_latency(&self, client: &str, to_server: Duration, to_client: Duration) {
+        self.link(client).set_latency(to_server, to_client);
+    }
+
+    // A test's own reads and writes: no request, no log entry.
+
+    /// Creates or replaces an object, unconditionally (its resourceVersion is ignored), as a
+    /// user or another controller would; its `status` is taken as given.
     pub fn put<K: Resource<DynamicType = ()> + Serialize>(&self, object: &K) {
         let meta = object.meta();
-        let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
-        let key = key_of::<K>(&ns, meta.name.as_deref().unwrap());
-        let mut value = serde_json::to_value(object).unwrap();
-        value["metadata"]["namespace"] = json!(ns);
-        self.inner.lock().unwrap().put(key, value);
+        let key = key_of::<K>(meta.namespace.as_deref(), meta.name.as_deref().unwrap());
+        let value = serde_json::to_value(object).unwrap();
+        let how = How {
+            forced: true,
+            ..How::default()
+        };
+        let mut inner = self.lock();
+        let store = &mut inner.store;
+        let result = if store.objects.contains_key(&key) {
+            store.update(&key, value, how)
+        } else {
+            store.create(&key.gr, &key.ns, value, &K::api_version(&()), how, true)
+        };
+        if let Err(e) = result {
+            panic!("ApiServer::put of {}/{}: {}", key.ns, key.name, e.message);
+        }
     }
 
-    /// Deletes an object, as a user would.
+    /// Deletes an object in namespace `default`, as `kubectl delete` would: with finalizers,
+    /// it is only marked as being deleted.
     pub fn delete<K: Resource<DynamicType = ()>>(&self, name: &str) {
-        let key = key_of::<K>("default", name);
-        self.inner.lock().unwrap().delete(&key);
+        self.delete_in::<K>("default", name);
     }
 
-    /// An object as stored now.
+    /// Deletes an object of a namespace (ignored for cluster-scoped types), as
+    /// [`ApiServer::delete`] does.
+    pub fn delete_in<K: Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
+        let key = key_of::<K>(Some(namespace), name);
+        let _ = self
+            .lock()
+            .store
+            .delete(&key, &Preconditions::default(), How::default());
+    }
+
+    /// An object of namespace `default` as stored now.
     pub fn get<K: Resource<DynamicType = ()> + DeserializeOwned>(&self, name: &str) -> Option<K> {
-        let key = key_of::<K>("default", name);
-        let value = self.inner.lock().unwrap().objects.get(&key).cloned()?;
+        self.get_in("default", name)
+    }
+
+    /// An object of a namespace (ignored for cluster-scoped types) as stored now.
+    pub fn get_in<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
+        let key = key_of::<K>(Some(namespace), name);
+        let value = self.lock().store.objects.get(&key)?.value.clone();
         Some(serde_json::from_value(value).unwrap())
     }
 
-    /// The objects of one resource (`"events"`), as stored now.
+    /// The objects of one resource (`"events"`, or qualified: `"leases.coordination.k8s.io"`),
+    /// as stored now, in etcd's order.
     pub fn all(&self, resource: &str) -> Vec<Value> {
-        let inner = self.inner.lock().unwrap();
-        let objects = inner.objects.iter();
+        let inner = self.lock();
+        let objects = inner.store.objects.iter();
         objects
-            .filter(|(k, _)| k.0 == resource)
-            .map(|(_, v)| v.clone())
+            .filter(|(k, _)| k.gr.is(resource))
+            .map(|(_, s)| s.value.clone())
             .collect()
     }
 
-    /// Requests served so far.
+    /// The current resourceVersion (of the last write).
+    pub fn version(&self) -> u64 {
+        self.lock().store.version
+    }
+
+    /// The changes to one resource since the last compaction, as watches see them: event
+    /// type (`ADDED`, `MODIFIED`, `DELETED`) and object.
+    pub fn events(&self, resource: &str) -> Vec<(String, Value)> {
+        let inner = self.lock();
+        let history = inner.store.history.iter();
+        history
+            .filter(|c| c.key.gr.is(resource))
+            .map(|c| (c.kind.to_string(), c.object.clone()))
+            .collect()
+    }
+
+    /// Watches of one resource open now.
+    pub fn open_watches(&self, resource: &str) -> usize {
+        let inner = self.lock();
+        let watches = inner.store.watches.iter();
+        watches
+            .filter(|w| w.gr.is(resource) && !w.tx.is_closed())
+            .count()
+    }
+
+    // The request log.
+
+    /// Requests that reached the server so far.
     pub fn requests(&self) -> usize {
-        self.inner.lock().unwrap().requests.len()
+        self.lock().log.iter().filter(|l| l.reached).count()
     }
 
-    /// Writes (requests other than GET: lists, watches and reads) served so far.
+    /// Writes (requests other than GET: lists, watches and reads) that reached the server.
     pub fn writes(&self) -> usize {
-        let inner = self.inner.lock().unwrap();
+        let inner = self.lock();
         inner
-            .requests
+            .log
             .iter()
-            .filter(|(m, _, _)| *m != Method::GET)
+            .filter(|l| l.reached && l.is_write())
             .count()
     }
 
-    /// Requests served so far with this method to this resource.
+    /// Requests with this method to this resource that reached the server.
     pub fn requests_to(&self, method: Method, resource: &str) -> usize {
-        let inner = self.inner.lock().unwrap();
-        let requests = inner.requests.iter();
-        requests
-            .filter(|(m, r, _)| *m == method && r == resource)
+        let inner = self.lock();
+        let log = inner.log.iter();
+        log.filter(|l| l.reached && l.method == method && l.is_to(resource))
             .count()
     }
 
-    /// The requests served so far, one line each (method and URI): for failure messages.
+    /// Every request so far, one line each (client, method, URI, status): for failure
+    /// messages.
     pub fn log(&self) -> Vec<String> {
-        let inner = self.inner.lock().unwrap();
-        inner
-            .requests
-            .iter()
-            .map(|(_, _, line)| line.clone())
-            .collect()
+        let inner = self.lock();
+        let log = inner.log.iter();
+        log.map(|l| {
+            let outcome = match (l.reached, l.status) {
+                (_, Some(code)) => code.to_string(),
+                (true, None) => "pending".into(),
+                (false, None) => "not reached".into(),
+            };
+            format!("[{}] {} {} -> {outcome}", l.client, l.method, l.uri)
+        })
+        .collect()
     }
+
+    /// Every request so far, sent or not, in the order the clients sent them.
+    pub fn request_log(&self) -> Vec<Logged> {
+        self.lock().log.clone()
+    }
+
+    /// The requests one client sent (see [`ApiServer::client_named`]).
+    pub fn requests_of(&self, client: &str) -> Vec<Logged> {
+        let inner = self.lock();
+        let log = inner.log.iter();
+        log.filter(|l| l.client == client).cloned().collect()
+    }
+
+    // Faults.
 
     /// An outage: while down, every request fails with 503; going down breaks the open watches.
     pub fn set_down(&self, down: bool) {
-        let mut inner = self.inner.lock().unwrap();
+        let mut inner = self.lock();
         inner.down = down;
         if down {
-            inner.watches.clear();
+            inner.store.watches.clear();
         }
     }
 
     /// Compaction: the history so far is forgotten and the open watches break, so that each
-    /// watcher's next watch is answered "410 Gone" and it relists.
+    /// watcher's next watch is answered "410 Gone" and it relists; every list snapshot is
+    /// forgotten too, so each outstanding `continue` token is answered 410 `Expired`.
     pub fn compact(&self) {
-        let mut inner = self.inner.lock().unwrap();
-        inner.compacted = inner.version;
-        inner.history.clear();
-        inner.watches.clear();
+        let mut inner = self.lock();
+        let store = &mut inner.store;
+        store.compacted = store.version;
+        store.history.clear();
+        store.watches.clear();
+        store.lists.expire();
     }
 
-    async fn handle(&self, request: Request<kube::client::Body>) -> Response<Body> {
-        let (parts, request_body) = request.into_parts();
-        let bytes = request_body.collect().await.unwrap().to_bytes();
-        let path: Vec<&str> = parts
-            .uri
-            .path()
-            .trim_start_matches('/')
-            .split('/')
-            .collect();
-        let query: BTreeMap<&str, &str> = parts
-            .uri
-            .query()
-            .unwrap_or("")
-            .split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .collect();
-        // `/api/v1/...` or `/apis/<group>/<version>/...`, then `namespaces/<ns>/` or not.
-        let mut rest = match path.first() {
-            Some(&"api") => &path[2..],
-            _ => &path[3..],
-        };
-        let mut namespace = None;
-        if rest.len() >= 3 && rest[0] == "namespaces" {
-            namespace = Some(rest[1].to_string());
-            rest = &rest[2..];
-        }
-        let resource = rest[0].to_string();
-        let name = rest.get(1).map(|n| n.to_string());
-        let mut inner = self.inner.lock().unwrap();
-        let line = format!("{} {}", parts.method, parts.uri);
-        inner
-            .requests
-            .push((parts.method.clone(), resource.clone(), line));
-        if inner.down {
-            return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable");
-        }
-        let ns = namespace.clone().unwrap_or_else(|| "default".into());
-        match (parts.method.clone(), name) {
-            (Method::GET, None) if query.get("watch") == Some(&"true") => {
-                let from: u64 = query
-                    .get("resourceVersion")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                let (tx, rx) = mpsc::unbounded_channel();
-                if from < inner.compacted {
-                    // What etcd's compaction makes an API server say: the watcher must relist.
-                    let gone = json!({ "type": "ERROR", "object": {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": "too old resource version", "reason": "Expired", "code": 410,
-                    }});
-                    let mut line = serde_json::to_vec(&gone).unwrap();
-                    line.push(b'\n');
-                    tx.send(Bytes::from(line)).unwrap();
-                    drop(tx); // the stream ends after it
-                    let lines = stream::unfold(rx, |mut rx| async move {
-                        let line = rx.recv().await?;
-                        Some((Ok::<_, Infallible>(Frame::data(line)), rx))
-                    });
-                    return Response::builder()
-                        .status(StatusCode::OK)
-                        .body(StreamBody::new(lines.boxed()).boxed_unsync())
-                        .unwrap();
-                }
-                for (version, r, n, line) in &inner.history {
-                    if *version > from
-                        && *r == resource
-                        && namespace.as_ref().is_none_or(|ns| ns == n)
-                    {
-                        tx.send(line.clone()).unwrap();
-                    }
-                }
-                inner.watches.push((resource, namespace, tx));
-                let lines = stream::unfold(rx, |mut rx| async move {
-                    let line = rx.recv().await?;
-                    Some((Ok::<_, Infallible>(Frame::data(line)), rx))
-                });
-                Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/json")
-                    .body(StreamBody::new(lines.boxed()).boxed_unsync())
-                    .unwrap()
-            }
-            (Method::GET, None) => {
-                let items: Vec<Value> = inner
-                    .objects
-                    .iter()
-                    .filter(|(k, _)| {
-                        k.0 == resource && namespace.as_ref().is_none_or(|ns| *ns == k.1)
-                    })
-                    .map(|(_, v)| v.clone())
-                    .collect();
-                let list = json!({
-                    "apiVersion": "v1", "kind": "List",
-                    "metadata": { "resourceVersion": inner.version.to_string() },
-                    "items": items,
-                });
-                respond(StatusCode::OK, &list)
-            }
-            (Method::GET, Some(name)) => match inner.objects.get(&(resource, ns, name)) {
-                Some(object) => respond(StatusCode::OK, object),
-                None => status(StatusCode::NOT_FOUND, "NotFound"),
-            },
-            (Method::POST, None) => {
-                let mut object: Value = serde_json::from_slice(&bytes).unwrap();
-                object["metadata"]["namespace"] = json!(ns);
-                let name = object["metadata"]["name"].as_str().unwrap().to_string();
-                let key = (resource, ns, name);
-                if inner.objects.contains_key(&key) {
-                    return status(StatusCode::CONFLICT, "AlreadyExists");
-                }
-                let object = inner.put(key, object);
-                respond(StatusCode::CREATED, &object)
-            }
-            (Method::PATCH, Some(name)) => {
-                let key = (resource, ns, name);
-                let Some(mut object) = inner.objects.get(&key).cloned() else {
-                    return status(StatusCode::NOT_FOUND, "NotFound");
-                };
-                let patch: Value = serde_json::from_slice(&bytes).unwrap();
-                let old = object.clone();
-                merge(&mut object, &patch);
-                // A patch that changes nothing is no write: no new resourceVersion, no event.
-                let object = if object == old {
-                    old
-                } else {
-                    inner.put(key, object)
-                };
-                respond(StatusCode::OK, &object)
-            }
-            (Method::DELETE, Some(name)) => match inner.delete(&(resource, ns, name)) {
-                Some(object) => respond(StatusCode::OK, &object),
-                None => status(StatusCode::NOT_FOUND, "NotFound"),
-            },
-            _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-        }
+    // Lists.
+
+    /// The order a resource's lists come in (default [`ListOrder::Key`], etcd's).
+    pub fn set_list_order(&self, resource: &str, order: ListOrder) {
+        self.lock()
+            .store
+            .lists
+            .set(resource, |k| k.order = Some(order));
+    }
+
+    /// The most items the server puts in one page of a resource's list, whatever larger
+    /// `limit` the client asks for (a client that sends no `limit` still gets everything, as
+    /// from a real server).
+    pub fn set_max_page_size(&self, resource: &str, max: usize) {
+        assert!(max > 0, "a page holds at least one item");
+        self.lock()
+            .store
+            .lists
+            .set(resource, |k| k.max_page = Some(max));
+    }
+
+    /// Delays each page of a resource's lists (after its snapshot is taken), on tokio's clock.
+    pub fn set_list_delay(&self, resource: &str, delay: Duration) {
+        self.lock()
+            .store
+            .lists
+            .set(resource, |k| k.delay = Some(delay));
+    }
+
+    /// Holds each page of a resource's lists (after its snapshot is taken) until the returned
+    /// gate lets it through: a list that is still running while others finish. A later gate
+    /// for the same resource replaces this one for later lists.
+    pub fn gate_lists(&self, resource: &str) -> ListGate {
+        let gate = ListGate::new();
+        let held = gate.clone();
+        self.lock()
+            .store
+            .lists
+            .set(resource, |k| k.gate = Some(held));
+        gate
+    }
+
+    // Rules.
+
+    /// Overrides the write rules of a resource (`"widgets"` or `"widgets.example.com"`);
+    /// [`ResourceRules::for_resource`] has the defaults.
+    pub fn set_rules(&self, resource: &str, rules: ResourceRules) {
+        self.lock().store.set_rules(resource, rules);
     }
 }
