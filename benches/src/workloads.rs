@@ -1202,7 +1202,8 @@ pub mod w12 {
 /// R1 runner-cycle: `workqueue_tokio::runner::Runner` with 8 workers over N distinct keys, all
 /// queued (and the queue shut down) before the run, with a reconcile that succeeds at once. Times
 /// `Runner::run` from its start until it returns, the queue drained: per key, a `get`, a
-/// reconcile (its span, context and future) and the finish the reconcile's [`action`] maps to.
+/// reconcile (its span, context and future) and the finish that the reconcile's
+/// [`action`](r1::action) maps to.
 pub mod r1 {
     use std::convert::Infallible;
     use std::future::{Ready, ready};
