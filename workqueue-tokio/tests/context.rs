@@ -2,17 +2,15 @@
 //! from the error policy, and the two failure counts (the runner's `failures`, which every
 //! failure advances, and the limiter's `attempt`). On tokio's paused clock.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+mod common;
 
+use std::sync::{Arc, Mutex};
+
+use common::secs;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Decision, Failure, MaxRetries, Runner};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// The shared data: what the reconcile and the policy saw, as (who, attempt, failures).
 #[derive(Default)]

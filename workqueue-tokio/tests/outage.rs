@@ -5,20 +5,19 @@
 //! The simulated API is the storm demo's: each request takes 20 ms plus 1 ms per request the
 //! server received in the last second, and fails while the server is down.
 
+mod common;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::secs;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::{OutageConfig, default_controller_rate_limiter};
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Decision, Failure, MaxRetries, Report, Runner};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 #[derive(Debug)]
 enum ApiError {
