@@ -1,5 +1,5 @@
-//! Benchmarks of the workqueue crates: workloads W1–W12 of `BENCHMARKS.md`, run side by side with
-//! their peers.
+//! Benchmarks of the workqueue crates: workloads W1–W13 and R1 of `BENCHMARKS.md`, run side by
+//! side with their peers.
 //!
 //! - [`naive`] is the in-run baseline: a faithful port of client-go's work queue, delaying queue and
 //!   rate limiters (one `std` mutex, `VecDeque` + `HashSet`s, a timer thread).

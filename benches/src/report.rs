@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
+use crate::workloads::{r1, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
 use crate::{Key, keys};
 
 /// Which direction of a metric is better.
@@ -131,6 +131,8 @@ pub struct Sizes {
     pub w9: usize,
     /// W10 keys.
     pub w10: usize,
+    /// R1 keys.
+    pub r1: usize,
 }
 
 impl Sizes {
@@ -146,6 +148,7 @@ impl Sizes {
         limiter_calls: 1_000_000,
         w9: 1_000_000,
         w10: 100_000,
+        r1: 100_000,
     };
 
     /// A smoke test (CI): a tenth of most sizes.
@@ -160,6 +163,7 @@ impl Sizes {
         limiter_calls: 100_000,
         w9: 100_000,
         w10: 10_000,
+        r1: 10_000,
     };
 }
 
@@ -176,7 +180,7 @@ const NS_ITEM: Metric = Metric {
     better: Better::Lower,
 };
 
-/// The workloads W1–W12 at `sizes`.
+/// The workloads W1–W13 (W13 with the `metrics` feature) and R1 at `sizes`.
 pub fn catalog(sizes: Sizes) -> Vec<Workload> {
     let s = sizes;
     vec![
@@ -461,6 +465,24 @@ pub fn catalog(sizes: Sizes) -> Vec<Workload> {
                         vec![per(crate::workloads::w13::ours(&k1), n)]
                     }),
                     row(W1_OURS, true, move || vec![per(w1::ours(&k2), n)]),
+                ]
+            }),
+        },
+        Workload {
+            id: "R1".into(),
+            name: "runner-cycle",
+            metrics: vec![NS_ITEM],
+            // No target: watched for regressions.
+            targets: Vec::new(),
+            build: Box::new(move || {
+                let k = shared_keys(s.r1);
+                let n = s.r1;
+                let (k1, k2) = (k.clone(), k);
+                vec![
+                    row("ours", true, move || vec![per(r1::ours(&k1), n)]),
+                    row("ours (2 threads)", true, move || {
+                        vec![per(r1::ours_multi_thread(&k2), n)]
+                    }),
                 ]
             }),
         },

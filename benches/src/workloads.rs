@@ -6,7 +6,7 @@
 //! `Duration` of the whole timed region; the report divides it into the figure).
 //!
 //! Implementations: `ours` (`workqueue_core::WorkQueue` and `workqueue_ratelimit`),
-//! `ours_async` (`workqueue_tokio::WorkQueue`, in [`w5`] and [`w10`]), `naive`
+//! `ours_async` (`workqueue_tokio::WorkQueue`, in [`w5`] and [`w10`]; [`r1`] runs its runner), `naive`
 //! ([`crate::naive`]), and the floors `crossbeam` (`crossbeam_channel::unbounded`),
 //! `delay_queue` (`tokio_util::time::DelayQueue`) and `governor` (direct `RateLimiter::check`).
 
@@ -1199,6 +1199,81 @@ pub mod w12 {
     }
 }
 
+/// R1 runner-cycle: `workqueue_tokio::runner::Runner` with 8 workers over N distinct keys, all
+/// queued (and the queue shut down) before the run, with a reconcile that succeeds at once. Times
+/// `Runner::run` from its start until it returns, the queue drained: per key, a `get`, a
+/// reconcile (its span, context and future) and the finish that the reconcile's
+/// [`action`](r1::action) maps to.
+pub mod r1 {
+    use std::convert::Infallible;
+    use std::future::{Ready, ready};
+
+    use tokio::runtime::Runtime;
+    use workqueue_tokio::CancellationToken;
+    use workqueue_tokio::runner::{Action, Context, Report, Runner};
+
+    use super::*;
+
+    /// The runner's workers (reconciles at once).
+    pub const WORKERS: usize = 8;
+
+    /// What every reconcile returns: success, nothing to do for the key until it changes.
+    #[inline]
+    pub fn action() -> Action {
+        Action::await_change()
+    }
+
+    /// The reconcile: succeeds at once with [`action`].
+    fn reconcile(_key: Key, _ctx: Context) -> Ready<Result<Action, Infallible>> {
+        ready(Ok(action()))
+    }
+
+    /// On a current-thread runtime: every worker and the run itself on the calling thread
+    /// (deterministic, for callgrind: `--toggle-collect='*r1*timed_run*'`).
+    pub fn ours(keys: &[Key]) -> Duration {
+        ours_on(&current_thread_runtime(), keys)
+    }
+
+    /// On a multi-thread runtime with 2 worker threads.
+    pub fn ours_multi_thread(keys: &[Key]) -> Duration {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("a tokio runtime");
+        ours_on(&rt, keys)
+    }
+
+    fn ours_on(rt: &Runtime, keys: &[Key]) -> Duration {
+        let q: OursAsync = {
+            let _entered = rt.enter();
+            OursAsync::new()
+        };
+        for k in keys {
+            q.add(k.clone());
+        }
+        q.shut_down();
+        let runner = Runner::new(q.clone(), reconcile).workers(WORKERS);
+        let (d, report) = timed_run(rt, runner.run(CancellationToken::new()));
+        let failed = report.errors + report.panics + report.timeouts + report.interrupted;
+        assert_eq!(
+            (report.processed, failed, report.still_queued),
+            (keys.len() as u64, 0, 0),
+            "ours: R1 keys reconciled, failed, left queued: {report:?}"
+        );
+        assert_ours_async_empty(&q);
+        d
+    }
+
+    /// The timed region alone, out of line so that a profiler can collect exactly it.
+    #[inline(never)]
+    fn timed_run(rt: &Runtime, run: impl Future<Output = Report>) -> (Duration, Report) {
+        let t = Instant::now();
+        let report = rt.block_on(run);
+        (t.elapsed(), report)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1294,6 +1369,13 @@ mod tests {
         w10::naive(&k);
         w10::delay_queue(&k);
         w10::ours_async(&k);
+    }
+
+    #[test]
+    fn runner_workload_checks_out_on_small_inputs() {
+        let k = keys(1_000);
+        r1::ours(&k);
+        r1::ours_multi_thread(&k);
     }
 }
 

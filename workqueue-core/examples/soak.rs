@@ -39,92 +39,34 @@ use clap::Parser;
 use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
 use workqueue_core::state::COMPACT_MIN;
 use workqueue_core::{Builder, Lease, Outcome, WorkQueue};
-use workqueue_model::{Ledger, SplitMix64};
-
-/// Keys per burst of fresh keys (from a range of their own).
-const BURST: usize = 4096;
-/// Most leases one thread holds at once (`try_get_batch` takes up to this many).
-const MAX_BATCH: usize = 8;
-/// The key held processing throughout, and the key waiting throughout (outside the book).
-const HELD: &str = "residual/held";
-const WAITING: &str = "residual/waiting";
-/// Keys a drain leaves: `HELD` and `WAITING`.
-const RESIDUAL: usize = 2;
-/// After a drain the queue holds at most this many times a fresh queue's bytes.
-const BOUND: usize = 4;
+use workqueue_model::SplitMix64;
+use workqueue_model::soak::{
+    self, BOUND, BURST, Book, HELD, Key, MAX_BATCH, RESIDUAL, Tally, WAITING, rss_kib, show_kib,
+};
 
 /// Soak test: many threads hammer one blocking work queue with random operations.
 #[derive(Debug, Clone, Copy, Parser)]
 #[command(name = "soak")]
 struct Config {
-    /// Seconds to run, all rounds together.
-    #[arg(long, default_value_t = 10.0, value_parser = non_negative_seconds)]
-    seconds: f64,
+    #[command(flatten)]
+    common: soak::Args,
     /// Threads running random operations (at least 1).
     #[arg(long, default_value_t = 4)]
     threads: usize,
-    /// Distinct keys (at least 1), besides bursts of fresh keys.
-    #[arg(long, default_value_t = 256)]
-    keys: usize,
     /// Rounds, each ending in a drain (at least 1).
     #[arg(long, default_value_t = 4)]
     rounds: usize,
-    /// Seed of the random operations.
-    #[arg(long, default_value_t = 0x5eed)]
-    seed: u64,
     /// A named queue: keeps per-key timing for metrics as well.
     #[arg(long)]
     named: bool,
-    /// Passed by `cargo bench`-style runners; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
-
-fn non_negative_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("not a non-negative number of seconds: {s}")),
-    }
 }
 
 fn parse_args() -> Config {
     let mut c = Config::parse();
+    c.common = c.common.normalized();
     c.threads = c.threads.max(1);
-    c.keys = c.keys.max(1);
     c.rounds = c.rounds.max(1);
     c
-}
-
-type Key = Arc<str>;
-
-/// The keys (`ns/obj-{i}`, indexed by `i`) and the [`Ledger`] that checks them.
-struct Book {
-    names: Vec<Key>,
-    ledger: Ledger,
-}
-
-impl Book {
-    fn new(keys: usize) -> Self {
-        let n = keys + BURST;
-        Book {
-            names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
-            ledger: Ledger::new(n, "soak"),
-        }
-    }
-
-    /// A lease was handed out: records it in the ledger; returns the key's index.
-    fn leased(&self, lease: &Lease<Key>) -> usize {
-        let i = lease.rsplit('-').next().unwrap().parse().unwrap();
-        self.ledger.leased(i);
-        i
-    }
-}
-
-#[derive(Default)]
-struct Tally {
-    ops: u64,
-    gets: u64,
-    adds: u64,
 }
 
 fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
@@ -155,7 +97,7 @@ fn worker(
 ) -> Tally {
     let mut rng = SplitMix64::new(seed);
     let mut t = Tally::default();
-    let keys = cfg.keys as u64;
+    let keys = cfg.common.keys as u64;
     while !stop.load(Relaxed) {
         t.ops += 1;
         let k = rng.below(keys) as usize;
@@ -194,7 +136,7 @@ fn worker(
             }
             490..492 => {
                 // A burst of fresh keys: grows every buffer of the queue.
-                let base = cfg.keys;
+                let base = cfg.common.keys;
                 let batch: Vec<Key> = (base..base + BURST)
                     .map(|k| {
                         book.ledger.adding(k);
@@ -298,23 +240,17 @@ fn drain(q: &WorkQueue<Key>, book: &Book, limit: Duration) -> Result<u64, String
     }
 }
 
-fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn main() -> ExitCode {
     let cfg = parse_args();
     let q: WorkQueue<Key> = builder(&cfg).build();
     let held = hold_residual(&q);
     let bound = BOUND * fresh_bytes(&cfg, COMPACT_MIN);
-    let book = Arc::new(Book::new(cfg.keys));
-    let per_round = Duration::from_secs_f64(cfg.seconds / cfg.rounds as f64);
+    let book = Arc::new(Book::new(cfg.common.keys, "soak"));
+    let per_round = Duration::from_secs_f64(cfg.common.seconds / cfg.rounds as f64);
     println!(
         "soak: {} threads, {} keys (+{BURST} burst keys), {} rounds of {per_round:?}, {} queue",
         cfg.threads,
-        cfg.keys,
+        cfg.common.keys,
         cfg.rounds,
         if cfg.named { "named" } else { "unnamed" }
     );
@@ -331,7 +267,7 @@ fn main() -> ExitCode {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
                 let (q, book, stop) = (q.clone(), book.clone(), stop.clone());
-                let seed = cfg.seed ^ ((round as u64) << 32) ^ (t as u64 + 1);
+                let seed = cfg.common.seed_of(round, t);
                 thread::spawn(move || worker(q, book, stop, cfg, seed))
             })
             .collect();
@@ -342,10 +278,7 @@ fn main() -> ExitCode {
         stop.store(true, Relaxed);
         let mut round_tally = Tally::default();
         for h in handles {
-            let t = h.join().expect("worker panicked");
-            round_tally.ops += t.ops;
-            round_tally.gets += t.gets;
-            round_tally.adds += t.adds;
+            round_tally.merge(h.join().expect("worker panicked"));
         }
         let drained = match drain(&q, &book, Duration::from_secs(30)) {
             Ok(n) => n,
@@ -367,18 +300,7 @@ fn main() -> ExitCode {
         book.ledger.check_processed("");
         let bytes = q.allocated_bytes();
         after_drain.push(bytes);
-        let c = q.counts();
-        if (c.tracked, c.processing, c.waiting, c.ready) != (RESIDUAL, 1, 1, 0) {
-            book.ledger.violation(format_args!(
-                "round {round}: after the drain the queue holds {c:?}, not the residual keys"
-            ));
-        }
-        if bytes > bound {
-            book.ledger.violation(format_args!(
-                "round {round}: {bytes} bytes after the drain, above {BOUND}x a fresh queue with \
-                 {COMPACT_MIN} keys ({bound})"
-            ));
-        }
+        book.check_drained(round, q.counts(), bytes, bound);
         let secs = round_start.elapsed().as_secs_f64();
         println!(
             "soak: round {round}: {} ops ({:.0} ops/s), {} adds, {} gets ({drained} in the drain), allocated_bytes after drain {bytes}",
@@ -387,9 +309,7 @@ fn main() -> ExitCode {
             round_tally.adds,
             round_tally.gets,
         );
-        total.ops += round_tally.ops;
-        total.gets += round_tally.gets;
-        total.adds += round_tally.adds;
+        total.merge(round_tally);
     }
     let secs = started.elapsed().as_secs_f64();
     let rss_end = rss_kib();
@@ -416,9 +336,9 @@ fn main() -> ExitCode {
         total.gets
     );
     println!(
-        "soak: allocated_bytes idle {idle_bytes}, peak {peak_bytes}, after each drain {after_drain:?} (bound {bound}), {compactions} compactions; RSS {} KiB -> {} KiB",
-        rss_start.map_or("?".into(), |v| v.to_string()),
-        rss_end.map_or("?".into(), |v| v.to_string()),
+        "soak: allocated_bytes idle {idle_bytes}, peak {peak_bytes}, after each drain {after_drain:?} (bound {bound}), {compactions} compactions; RSS {} -> {}",
+        show_kib(rss_start),
+        show_kib(rss_end),
     );
     if violations > 0 {
         eprintln!("soak: FAILED with {violations} violation(s)");

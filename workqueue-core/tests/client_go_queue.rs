@@ -251,12 +251,11 @@ fn collapse_while_processing() {
 
     // Go sleeps 100 ms here; instead, wait until the getter has looked at the queue and is about
     // to wait (it reads the clock under the lock just before waiting).
-    if clock.wait_for_reads(getter.thread().id(), 1) {
-        assert!(
-            !getter.is_finished(),
-            "the second get returned while foo was in flight"
-        );
-    }
+    clock.wait_for_reads(getter.thread().id(), 1);
+    assert!(
+        !getter.is_finished(),
+        "the second get returned while foo was in flight"
+    );
     assert_eq!(processed.load(Ordering::SeqCst), 0);
     assert!(queue.try_get().is_none(), "foo handed out twice at once");
 

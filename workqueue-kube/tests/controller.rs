@@ -193,7 +193,9 @@ impl Running {
     }
 }
 
-fn describe(item: &Result<(ObjectRef<ConfigMap>, Action), Error<Failed, watcher::Error>>) -> String {
+fn describe(
+    item: &Result<(ObjectRef<ConfigMap>, Action), Error<Failed, watcher::Error>>,
+) -> String {
     match item {
         Ok((key, action)) => format!("ok {} {action:?}", key.name),
         Err(Error::ObjectNotFound(key)) => format!("not found {}", key.name),
@@ -336,7 +338,9 @@ async fn reconcile_all_on_and_reconcile_on() {
     sleep(secs(1)).await;
     assert_eq!((c.ledger.count("a"), c.ledger.count("b")), (2, 2));
     one_tx.send(ObjectRef::new("b").within("default")).unwrap();
-    one_tx.send(ObjectRef::new("nope").within("default")).unwrap();
+    one_tx
+        .send(ObjectRef::new("nope").within("default"))
+        .unwrap();
     sleep(secs(1)).await;
     assert_eq!((c.ledger.count("a"), c.ledger.count("b")), (2, 3));
     assert_eq!(c.not_found(), ["not found nope"]);
@@ -404,14 +408,17 @@ async fn an_object_is_reconciled_one_at_a_time() {
 async fn debounce_reconciles_a_burst_once_after_the_last_change() {
     let server = ApiServer::new();
     server.put(&cm("a"));
-    let controller =
-        configmaps(&server).with_config(Config::default().debounce(secs(3)));
+    let controller = configmaps(&server).with_config(Config::default().debounce(secs(3)));
     let start = Instant::now();
     let c = Running::start(controller, Behaviour::default());
     sleep(secs(10)).await;
     assert_eq!(c.ledger.count("a"), 1);
     let first = c.ledger.starts.lock().unwrap()[0].2;
-    assert_eq!(first - start, secs(3), "the initial list waits the debounce too");
+    assert_eq!(
+        first - start,
+        secs(3),
+        "the initial list waits the debounce too"
+    );
     let burst = Instant::now();
     for v in 2..6 {
         let mut changed = cm("a");
@@ -423,7 +430,11 @@ async fn debounce_reconciles_a_burst_once_after_the_last_change() {
     let starts = c.ledger.starts.lock().unwrap().clone();
     assert_eq!(starts.len(), 2, "{starts:?}");
     assert_eq!(starts[1].1, "5");
-    assert_eq!(starts[1].2 - burst, secs(3) + secs(3), "3 s after the last change (at 3 s)");
+    assert_eq!(
+        starts[1].2 - burst,
+        secs(3) + secs(3),
+        "3 s after the last change (at 3 s)"
+    );
     c.stop().await;
 }
 
@@ -447,7 +458,11 @@ async fn results_map_onto_the_queue() {
     sleep(secs(25)).await;
     // poll: at 0, 10, 20; fail: every 1 s (the policy's fixed requeue); done: once.
     assert_eq!(c.ledger.count("poll"), 3);
-    assert!((24..=26).contains(&c.ledger.count("fail")), "{}", c.ledger.count("fail"));
+    assert!(
+        (24..=26).contains(&c.ledger.count("fail")),
+        "{}",
+        c.ledger.count("fail")
+    );
     assert_eq!(c.ledger.count("done"), 1);
     assert!(c.items().iter().any(|i| i == "failed fail down"));
     c.stop().await;
@@ -463,8 +478,7 @@ async fn per_key_backoff_makes_a_failing_object_wait_longer_each_time() {
         takes: Duration::ZERO,
         result: |_| Err(Failed("down".into())),
     };
-    let controller =
-        configmaps(&server).with_config(Config::default().per_key_backoff(true));
+    let controller = configmaps(&server).with_config(Config::default().per_key_backoff(true));
     let c = Running::start(controller, behaviour);
     sleep(secs(600)).await;
     let starts = c.ledger.starts.lock().unwrap().clone();
@@ -472,7 +486,11 @@ async fn per_key_backoff_makes_a_failing_object_wait_longer_each_time() {
     assert!(gaps.iter().all(|g| *g >= secs(1)), "{gaps:?}");
     assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "{gaps:?}");
     // 1 s until 5 ms · 2^n passes it (n = 8: 1.28 s), then doubling: about 17 in ten minutes.
-    assert!((12..=20).contains(&starts.len()), "{} retries: {gaps:?}", starts.len());
+    assert!(
+        (12..=20).contains(&starts.len()),
+        "{} retries: {gaps:?}",
+        starts.len()
+    );
     c.stop().await;
 }
 
@@ -532,10 +550,13 @@ async fn for_stream_waits_for_its_store_and_ends_with_its_stream() {
         server.put(&cm(name));
     }
     let (reader, writer) = reflector::store::<ConfigMap>();
-    let objects = watcher(Api::<ConfigMap>::all(server.client()), watcher::Config::default())
-        .reflect(writer)
-        .applied_objects()
-        .take(2);
+    let objects = watcher(
+        Api::<ConfigMap>::all(server.client()),
+        watcher::Config::default(),
+    )
+    .reflect(writer)
+    .applied_objects()
+    .take(2);
     let ledger = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let reconcile = {
         let ledger = ledger.clone();
@@ -562,11 +583,8 @@ async fn fair_namespaces_serves_a_small_namespace_promptly() {
         server.put(&cm_in("a", &format!("cm-{i:02}")));
     }
     server.put(&cm_in("b", "lonely"));
-    let controller = configmaps(&server).with_config(
-        Config::default()
-            .concurrency(1)
-            .fair_namespaces(true),
-    );
+    let controller =
+        configmaps(&server).with_config(Config::default().concurrency(1).fair_namespaces(true));
     let behaviour = Behaviour {
         takes: secs(1),
         ..Behaviour::default()

@@ -27,7 +27,8 @@
 //!
 //! The crate also holds the small helpers that the stress tests and the soak examples share:
 //! [`SplitMix64`], a seeded generator, and [`Ledger`], the per-key bookkeeping that checks
-//! exclusive leases and "every add is processed afterwards" under concurrency.
+//! exclusive leases and "every add is processed afterwards" under concurrency; and, with the
+//! `soak` feature, the rest of what the two soak examples share (`soak`).
 //!
 //! [`QueueState`]: workqueue_core::state::QueueState
 
@@ -37,6 +38,8 @@ mod ledger;
 mod parking;
 mod ready;
 mod rng;
+#[cfg(feature = "soak")]
+pub mod soak;
 
 pub use ledger::Ledger;
 pub use parking::{ModelEvent, PARKED};

@@ -29,7 +29,7 @@
 //!   waits (an hour's delay) throughout, so after each drain the queue tracks exactly those two
 //!   and must give the bursts' memory back by compacting, not by emptying: `allocated_bytes()`
 //!   after one more get (which finds nothing ready, and compacts) is at most 4x what a fresh queue holds with `COMPACT_MIN` keys in that shape (states
-//!   under `COMPACT_MIN` live keys do not compact); and the process RSS (from `/proc/self/statm`)
+//!   under `COMPACT_MIN` live keys do not compact); and the process RSS (`VmRSS` of `/proc/self/status`)
 //!   after the last drain is at most twice the RSS after the first one (a generous bound
 //!   against leaks, not a measurement);
 //! - the final `shut_down_with_drain().await` completes and `get().await` then returns `None`.
@@ -44,25 +44,17 @@ use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 use workqueue_core::state::COMPACT_MIN;
-use workqueue_model::{Ledger, SplitMix64};
+use workqueue_model::SplitMix64;
+use workqueue_model::soak::{
+    self, BOUND, BURST, Book, HELD, Key, MAX_BATCH, RESIDUAL, Tally, WAITING, rss_kib, show_kib,
+};
 use workqueue_tokio::ratelimit::ExponentialFailure;
 use workqueue_tokio::{CancellationToken, Lease, Outcome, WorkQueue};
 
-/// Keys per burst of fresh keys (from a range of their own).
-const BURST: usize = 4096;
-/// Most leases one task holds at once (`try_get_batch` takes up to this many).
-const MAX_BATCH: usize = 8;
 /// A round's producers must stop, and its drain must finish, within this long.
 const WATCHDOG: Duration = Duration::from_secs(30);
 /// RSS after the last drain may be at most this many times the RSS after the first.
 const RSS_FACTOR: u64 = 2;
-/// The key held processing throughout, and the key waiting throughout (outside the book).
-const HELD: &str = "residual/held";
-const WAITING: &str = "residual/waiting";
-/// Keys a drain leaves: `HELD` and `WAITING`.
-const RESIDUAL: usize = 2;
-/// After a drain the queue holds at most this many times a fresh queue's bytes.
-const BOUND: usize = 4;
 
 fn queue() -> WorkQueue<Key> {
     let limiter = ExponentialFailure::new(Duration::from_micros(1), Duration::from_millis(1));
@@ -95,88 +87,29 @@ fn fresh_bytes(n: usize) -> usize {
 #[derive(Debug, Clone, Copy, Parser)]
 #[command(name = "soak_async")]
 struct Config {
-    /// Seconds to run, all rounds together.
-    #[arg(long, default_value_t = 10.0, value_parser = non_negative_seconds)]
-    seconds: f64,
+    #[command(flatten)]
+    common: soak::Args,
     /// The runtime's worker threads (at least 1).
     #[arg(long, default_value_t = 4)]
     threads: usize,
     /// Tasks running random operations (at least 1).
     #[arg(long, default_value_t = 16)]
     tasks: usize,
-    /// Distinct keys (at least 1), besides bursts of fresh keys.
-    #[arg(long, default_value_t = 256)]
-    keys: usize,
     /// Rounds, each ending in a drain; 0: one per second, at least 2.
     #[arg(long, default_value_t = 0)]
     rounds: usize,
-    /// Seed of the random operations.
-    #[arg(long, default_value_t = 0x5eed)]
-    seed: u64,
-    /// Passed by `cargo bench`-style runners; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
-
-fn non_negative_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("not a non-negative number of seconds: {s}")),
-    }
 }
 
 fn parse_args() -> Config {
     let mut c = Config::parse();
+    c.common = c.common.normalized();
     c.threads = c.threads.max(1);
     c.tasks = c.tasks.max(1);
-    c.keys = c.keys.max(1);
     if c.rounds == 0 {
         // One round per second: many drains, each checked.
-        c.rounds = (c.seconds as usize).clamp(2, 1000);
+        c.rounds = (c.common.seconds as usize).clamp(2, 1000);
     }
     c
-}
-
-type Key = Arc<str>;
-
-/// The keys (`ns/obj-{i}`, indexed by `i`) and the [`Ledger`] that checks them.
-struct Book {
-    names: Vec<Key>,
-    ledger: Ledger,
-}
-
-impl Book {
-    fn new(keys: usize) -> Self {
-        let n = keys + BURST;
-        Book {
-            names: (0..n).map(|i| Key::from(format!("ns/obj-{i}"))).collect(),
-            ledger: Ledger::new(n, "soak_async"),
-        }
-    }
-
-    /// A lease was handed out: records it in the ledger; returns the key's index.
-    fn leased(&self, lease: &Lease<Key>) -> usize {
-        let i = lease.rsplit('-').next().unwrap().parse().unwrap();
-        self.ledger.leased(i);
-        i
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct Tally {
-    ops: u64,
-    gets: u64,
-    adds: u64,
-    cancelled: u64,
-}
-
-impl Tally {
-    fn merge(&mut self, o: Tally) {
-        self.ops += o.ops;
-        self.gets += o.gets;
-        self.adds += o.adds;
-        self.cancelled += o.cancelled;
-    }
 }
 
 /// Processes a lease (sometimes holding it across an `.await`) and finishes it some way.
@@ -214,7 +147,7 @@ async fn hammer(
 ) -> Tally {
     let mut rng = SplitMix64::new(seed);
     let mut t = Tally::default();
-    let keys = cfg.keys as u64;
+    let keys = cfg.common.keys as u64;
     while !stop.is_cancelled() {
         t.ops += 1;
         // Operations that do not wait never yield: let the other tasks (and the timers) run.
@@ -260,7 +193,7 @@ async fn hammer(
             }
             405 if rng.below(4) == 0 => {
                 // A rare burst of fresh keys: grows every buffer of the queue.
-                let base = cfg.keys;
+                let base = cfg.common.keys;
                 let batch: Vec<Key> = (base..base + BURST)
                     .map(|k| {
                         book.ledger.adding(k);
@@ -395,49 +328,16 @@ async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
     gets
 }
 
-/// Resident set size in KiB, from `/proc/self/statm` (Linux only).
-fn rss_kib() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * page_size() / 1024)
-}
-
-/// The page size, from the auxiliary vector (`AT_PAGESZ`); 4 KiB if it cannot be read.
-fn page_size() -> u64 {
-    const AT_PAGESZ: u64 = 6;
-    let word = size_of::<usize>();
-    let read = || -> Option<u64> {
-        let auxv = std::fs::read("/proc/self/auxv").ok()?;
-        let words: Vec<u64> = auxv
-            .chunks_exact(word)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b[..word].copy_from_slice(c);
-                u64::from_ne_bytes(b)
-            })
-            .collect();
-        words
-            .chunks_exact(2)
-            .find(|p| p[0] == AT_PAGESZ)
-            .map(|p| p[1])
-    };
-    read().filter(|&p| p.is_power_of_two()).unwrap_or(4096)
-}
-
-fn show(kib: Option<u64>) -> String {
-    kib.map_or("?".into(), |v| format!("{v} KiB"))
-}
-
 async fn run(cfg: Config) -> ExitCode {
     let q = queue();
     let held = hold_residual(&q);
     let bound = BOUND * fresh_bytes(COMPACT_MIN);
     let mut bytes_after = Vec::with_capacity(cfg.rounds);
-    let book = Arc::new(Book::new(cfg.keys));
-    let per_round = Duration::from_secs_f64(cfg.seconds / cfg.rounds as f64);
+    let book = Arc::new(Book::new(cfg.common.keys, "soak_async"));
+    let per_round = Duration::from_secs_f64(cfg.common.seconds / cfg.rounds as f64);
     println!(
         "soak_async: {} worker threads, {} tasks, {} keys (+{BURST} burst keys), {} rounds of {per_round:?}",
-        cfg.threads, cfg.tasks, cfg.keys, cfg.rounds
+        cfg.threads, cfg.tasks, cfg.common.keys, cfg.rounds
     );
 
     let rss_start = rss_kib();
@@ -452,7 +352,7 @@ async fn run(cfg: Config) -> ExitCode {
         let mut set = JoinSet::new();
         for t in 0..cfg.tasks {
             let (q, book, stop) = (q.clone(), book.clone(), stop.clone());
-            let seed = cfg.seed ^ ((round as u64) << 32) ^ (t as u64 + 1);
+            let seed = cfg.common.seed_of(round, t);
             set.spawn(hammer(q, book, stop, cfg, seed));
         }
         while round_start.elapsed() < per_round {
@@ -494,20 +394,9 @@ async fn run(cfg: Config) -> ExitCode {
                 lease.key()
             ));
         }
-        let c = q.counts();
-        if (c.tracked, c.processing, c.waiting, c.ready) != (RESIDUAL, 1, 1, 0) {
-            book.ledger.violation(format_args!(
-                "round {round}: after the drain the queue holds {c:?}, not the residual keys"
-            ));
-        }
         let bytes = q.allocated_bytes();
         bytes_after.push(bytes);
-        if bytes > bound {
-            book.ledger.violation(format_args!(
-                "round {round}: {bytes} bytes after the drain, above {BOUND}x a fresh queue with \
-                 {COMPACT_MIN} keys ({bound})"
-            ));
-        }
+        book.check_drained(round, q.counts(), bytes, bound);
         // Every key was processed after its last add, and none is still held.
         let context = format!("round {round}: ");
         book.ledger.check_processed(&context);
@@ -522,7 +411,7 @@ async fn run(cfg: Config) -> ExitCode {
             tally.adds,
             tally.gets,
             tally.cancelled,
-            show(rss),
+            show_kib(rss),
         );
         total.merge(tally);
     }
@@ -575,13 +464,13 @@ async fn run(cfg: Config) -> ExitCode {
     println!(
         "soak_async: allocated_bytes after each drain {bytes_after:?} (bound {bound}), {compactions} compactions"
     );
-    let after: Vec<String> = rss_after.iter().map(|r| show(*r)).collect();
+    let after: Vec<String> = rss_after.iter().map(|r| show_kib(*r)).collect();
     println!(
         "soak_async: RSS start {}, peak {}, after first drain {}, after last drain {} (bound {RSS_FACTOR}x); after each drain [{}]",
-        show(rss_start),
-        show(rss_peak),
-        show(first),
-        show(last),
+        show_kib(rss_start),
+        show_kib(rss_peak),
+        show_kib(first),
+        show_kib(last),
         after.join(", "),
     );
     if violations > 0 {

@@ -6,6 +6,8 @@
 //! or after a deadline. The multi-thread tests make no timing assertions; their only timeout is a
 //! generous watchdog that turns a hang (a lost wake-up) into a failure.
 
+mod common;
+
 use std::collections::HashSet;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -14,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
+use common::{ms, ns, secs, within};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 use workqueue_core::state::{AddStatus, Counts};
@@ -21,27 +24,6 @@ use workqueue_core::{DrainIncomplete, DrainStop};
 use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::{Lease, WorkQueue};
-
-fn ns(n: u64) -> Duration {
-    Duration::from_nanos(n)
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Awaits `fut`, failing instead of hanging if it is not done within a virtual day: with the
-/// clock paused, a test whose tasks all wait forever (a lost wake-up) jumps straight to this
-/// deadline.
-async fn within<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(86_400), fut)
-        .await
-        .expect("hung: not done within a virtual day (lost wake-up?)")
-}
 
 /// Polls `fut` once with the current task's waker.
 async fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {

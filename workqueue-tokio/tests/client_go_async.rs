@@ -10,37 +10,19 @@
 //! client-go's `Touch` trace (TestCollapse, TestCollapseWhileProcessing) corresponds to
 //! `AddStatus::AlreadyQueued`: the add found the key sitting in the queue.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{ms, ns, secs, within};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use workqueue_core::state::{AddStatus, Counts};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::WorkQueue;
-
-fn ns(n: u64) -> Duration {
-    Duration::from_nanos(n)
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Awaits `fut`, failing instead of hanging if it is not done within a virtual day: with the
-/// clock paused, a test whose tasks all wait forever (a lost wake-up) jumps straight to this
-/// deadline.
-async fn within<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(86_400), fut)
-        .await
-        .expect("hung: not done within a virtual day (lost wake-up?)")
-}
 
 /// The two shutdown variants client-go's concurrent tests run with.
 #[derive(Debug, Clone, Copy)]

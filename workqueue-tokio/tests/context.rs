@@ -5,17 +5,12 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use common::max_retries;
+use common::{max_retries, secs};
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Failure, Runner};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// The shared data: what the reconcile and the policy saw, as (who, attempt, failures).
 #[derive(Default)]

@@ -9,8 +9,9 @@ mod api;
 #[path = "../examples/counter/controller.rs"]
 mod controller;
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
@@ -18,11 +19,8 @@ use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::Report;
 
 use api::{Api, ConfigMap, Deployment};
+use common::secs;
 use controller::{APPLIED, INVALID_RETRIES, REPLICAS};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 fn configmap(name: &str, replicas: &str) -> ConfigMap {
     ConfigMap {

@@ -12,16 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::max_retries;
+use common::{max_retries, secs};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::{OutageConfig, default_controller_rate_limiter};
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 #[derive(Debug)]
 enum ApiError {

@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Fragile;
-use common::{GET_PANIC_PAUSE, max_retries};
+use common::{Fragile, GET_PANIC_PAUSE, max_retries, ms, secs, within};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::Counts;
@@ -24,23 +23,6 @@ use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
 use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-/// Awaits `fut`, failing instead of hanging if it is not done within a virtual day: with the
-/// clock paused, a test whose tasks all wait forever (a lost wake-up) jumps straight to this
-/// deadline.
-async fn within<F: std::future::Future>(fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(86_400), fut)
-        .await
-        .expect("hung: not done within a virtual day (lost wake-up?)")
-}
 
 type Key = &'static str;
 

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::{Action, Context, Report, Runner};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
-use common::Fragile;
-use sources_common::{WatchError, channel, recording, secs, taken};
+use common::{Fragile, secs};
+use sources_common::{WatchError, channel, recording, taken};
 
 /// The backpressure claim: a source far faster than the workers (100k events for 1k keys, one
 /// worker taking 10 ms a key) never makes the queue hold more than one entry per key, and each

@@ -2,6 +2,7 @@
 //! `reasons`), and a source's end, errors and panic. Its own test binary: every test here sets a
 //! scoped subscriber, so no test without one races tracing's per-callsite interest cache.
 
+mod common;
 #[allow(dead_code)] // not every helper is used here
 mod sources_common;
 
@@ -15,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Runner};
 
-use sources_common::{WatchError, channel, recording, secs};
+use common::secs;
+use sources_common::{WatchError, channel, recording};
 
 /// Records the `key` and `reasons` fields of every `reconcile` span, and the `source` and
 /// `message` of every event that names a source.

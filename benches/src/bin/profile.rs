@@ -11,7 +11,8 @@
 //! workload `crossbeam`, `delay_queue`, `governor`, `add_ref` (W2), `shared_now` (W8),
 //! `presized` (W1, W4), `named` (W1), `async` (W5, W10: the tokio queue),
 //! `tokio_sleep` (W5), `aging` and `aging-exact-clock` (W11). W12 and W13 (built with `--features metrics`) have `ours`
-//! only (the peer of W11, W12 and W13 is `W1 ours`).
+//! only (the peer of W11, W12 and W13 is `W1 ours`). R1 has `ours` (a current-thread runtime)
+//! and `multi_thread` (2 worker threads).
 //! Prints the figure of each run on stderr.
 
 use std::process::ExitCode;
@@ -20,7 +21,7 @@ use std::time::Duration;
 use workqueue_benches::alloc::CountingAlloc;
 use workqueue_benches::keys;
 use workqueue_benches::report::Sizes;
-use workqueue_benches::workloads::{w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
+use workqueue_benches::workloads::{r1, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -153,6 +154,15 @@ fn main() -> ExitCode {
                 let k = keys(n.unwrap_or(s.w1));
                 let d = match imp {
                     "ours" => w12::ours(&k),
+                    _ => return unknown(&w, imp),
+                };
+                ns(d, k.len())
+            }
+            "R1" => {
+                let k = keys(n.unwrap_or(s.r1));
+                let d = match imp {
+                    "ours" => r1::ours(&k),
+                    "multi_thread" => r1::ours_multi_thread(&k),
                     _ => return unknown(&w, imp),
                 };
                 ns(d, k.len())

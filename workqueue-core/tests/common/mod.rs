@@ -56,11 +56,12 @@ pub const SENTINEL_ONLY: Counts = Counts {
     tracked: 1,
 };
 
-/// How long [`ProbeClock::wait_for_reads`] waits for a thread that never reads the clock.
+/// How long [`ProbeClock::wait_for_reads`] waits for a thread's reads before it fails the test.
 ///
-/// Only a safety net for a changed implementation: with the current one the reads come at once.
-/// No test's verdict depends on this bound (see `wait_for_reads`).
-const PROBE_PATIENCE: Duration = Duration::from_secs(10);
+/// With a correct queue the reads come as soon as the thread runs, so this bound is not a
+/// measurement: it only turns a thread that never looks at the queue into a failure, and is
+/// generous enough for a machine too loaded to run the thread for a while.
+const PROBE_PATIENCE: Duration = Duration::from_secs(60);
 
 /// A clock that records which threads read it, wrapped around another clock.
 ///
@@ -107,11 +108,14 @@ impl<C: Clock + Clone> ProbeClock<C> {
             .unwrap_or(0)
     }
 
-    /// Waits until `thread` has read this clock at least `n` times; returns whether it has.
+    /// Waits until `thread` has read this clock at least `n` times.
     ///
-    /// Tests use the answer only to decide whether they may assert that the thread is blocked;
-    /// every other assertion holds whatever it is, so a `false` never fails a correct queue.
-    pub fn wait_for_reads(&self, thread: ThreadId, n: usize) -> bool {
+    /// # Panics
+    ///
+    /// If it has not within [`PROBE_PATIENCE`]: the thread never got as far as the test expects
+    /// (it returned early, or hangs before it looks at the queue), so what the test asserts next
+    /// would not be tested.
+    pub fn wait_for_reads(&self, thread: ThreadId, n: usize) {
         let map = self.reads.by_thread.lock().unwrap();
         let (map, _) = self
             .reads
@@ -120,7 +124,12 @@ impl<C: Clock + Clone> ProbeClock<C> {
                 m.get(&thread).copied().unwrap_or(0) < n
             })
             .unwrap();
-        map.get(&thread).copied().unwrap_or(0) >= n
+        let reads = map.get(&thread).copied().unwrap_or(0);
+        assert!(
+            reads >= n,
+            "thread {thread:?} read the clock {reads} times in {PROBE_PATIENCE:?}, not the {n} \
+             the test waits for: it never got that far"
+        );
     }
 }
 

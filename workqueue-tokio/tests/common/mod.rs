@@ -1,10 +1,39 @@
-//! Test helpers shared by the runner's test binaries.
-#![allow(dead_code)] // each test binary uses part of them
+//! Test helpers shared by the test binaries (each includes them with `mod common;`).
+#![allow(
+    dead_code,
+    reason = "not every test binary that shares this module uses all of it"
+)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::Duration;
 
 use workqueue_tokio::runner::{Action, Context, Failure};
+
+/// `n` nanoseconds.
+pub fn ns(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
+
+/// `n` milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `n` seconds.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Awaits `fut`, failing instead of hanging if it is not done within a virtual day: with the
+/// clock paused, a test whose tasks all wait forever (a lost wake-up) jumps straight to this
+/// deadline.
+pub async fn within<F: Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(86_400), fut)
+        .await
+        .expect("hung: not done within a virtual day (lost wake-up?)")
+}
 
 /// What makes a [`Fragile`] key's `Clone` or `Display` panic: the 1-based number of the call.
 pub struct Trap {
@@ -46,10 +75,6 @@ impl Fragile {
     }
 
     /// The same key with another id (a distinct key of the same name and behaviour).
-    #[allow(
-        dead_code,
-        reason = "not every test binary that shares this module uses it"
-    )]
     pub fn with_id(mut self, id: u32) -> Self {
         self.id = id;
         self

@@ -4,15 +4,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
-use std::time::Duration;
 
 use futures_util::stream::Stream;
 use tokio::sync::mpsc;
 use workqueue_tokio::runner::{Action, Context};
-
-pub fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// A stream of an mpsc receiver's messages; `dropped` is set when the stream is dropped.
 pub struct Channel<T> {
