@@ -541,22 +541,12 @@ async fn graceful_shutdown_lets_in_flight_reconciles_finish() {
     assert_eq!(items.lock().unwrap().len(), 2, "both results reported");
 }
 
-/// `for_stream` reconciles the objects of a stream whose reflector's store is given, once that
-/// store is ready; the stream ending drains the queue and ends the controller's stream.
+/// `for_stream` reconciles the objects of a stream, reading them from the store it is given, once
+/// that store is ready; the stream ending drains the queue and ends the controller's stream.
 #[tokio::test(start_paused = true)]
 async fn for_stream_waits_for_its_store_and_ends_with_its_stream() {
-    let server = ApiServer::new();
-    for name in ["a", "b"] {
-        server.put(&cm(name));
-    }
-    let (reader, writer) = reflector::store::<ConfigMap>();
-    let objects = watcher(
-        Api::<ConfigMap>::all(server.client()),
-        watcher::Config::default(),
-    )
-    .reflect(writer)
-    .applied_objects()
-    .take(2);
+    let (reader, mut writer) = reflector::store::<ConfigMap>();
+    let (a, b) = (cm("a"), cm("b"));
     let ledger = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let reconcile = {
         let ledger = ledger.clone();
@@ -565,10 +555,23 @@ async fn for_stream_waits_for_its_store_and_ends_with_its_stream() {
             async { Ok::<_, Failed>(Action::await_change()) }
         }
     };
-    let items: Vec<_> = Controller::for_stream(objects, reader)
-        .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
-        .collect()
-        .await;
+    let objects = stream::iter([Ok(a.clone()), Ok(b.clone())]);
+    let run = tokio::spawn(
+        Controller::for_stream(objects, reader)
+            .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+            .collect::<Vec<_>>(),
+    );
+    sleep(secs(10)).await;
+    assert!(ledger.lock().unwrap().is_empty(), "the store is not ready");
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(a),
+        watcher::Event::InitApply(b),
+        watcher::Event::InitDone,
+    ] {
+        writer.apply_watcher_event(&event);
+    }
+    let items = run.await.unwrap();
     assert_eq!(items.len(), 2);
     assert!(items.iter().all(Result::is_ok));
     assert_eq!(ledger.lock().unwrap().len(), 2);

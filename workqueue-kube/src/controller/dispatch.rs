@@ -89,6 +89,8 @@ where
     error_policy: P,
     context: Arc<C>,
     running: JoinSet<Finished<K, E, C>>,
+    /// Leases taken while the store could not be read: dispatched once it can.
+    held: Vec<Lease<ObjectRef<K>>>,
     limit: usize,
     errors: Option<mpsc::UnboundedReceiver<watcher::Error>>,
     graceful: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -132,6 +134,7 @@ where
             error_policy,
             context,
             running: JoinSet::new(),
+            held: Vec::new(),
             limit: usize::MAX,
             errors: None,
             graceful: Box::pin(future::pending()),
@@ -194,11 +197,19 @@ where
     pub(crate) async fn next(&mut self) -> Option<Item<K, E>> {
         let engine = self.start();
         loop {
+            if self.readiness() == Readiness::Ready
+                && let Some(lease) = self.held.pop()
+            {
+                if let Some(item) = self.dispatch(&engine, lease) {
+                    return Some(item);
+                }
+                continue;
+            }
             if self.phase != Phase::Running && self.running.is_empty() {
                 let draining = self.phase == Phase::Draining;
-                let readable = self.readiness() == Readiness::Ready;
-                // Draining ends when the queue is empty (or can never be read).
-                if !draining || !readable || self.forced {
+                let unreadable = self.readiness() != Readiness::Ready && self.gate_final;
+                // Draining ends when the queue is empty, or when the store can never be read.
+                if !draining || unreadable || self.forced {
                     self.stop(&engine).await;
                     return None;
                 }
@@ -207,7 +218,7 @@ where
             let take = self.phase != Phase::Stopping
                 && !self.forced
                 && readable
-                && self.running.len() < self.limit;
+                && self.running.len() + self.held.len() < self.limit;
             let gate_open = self.gate.is_some() && !self.gate_final;
             let deadline = self.next_deadline();
             tokio::select! {
@@ -250,7 +261,9 @@ where
                         }
                     }
                 }
-                changed = changed(&mut self.gate), if gate_open && !readable => {
+                // Any change of readiness (a relist starting, too) stops or resumes the taking of
+                // keys before the next one is taken.
+                changed = changed(&mut self.gate), if gate_open => {
                     if changed.is_err() {
                         // The main watch ended: readiness stays as it last was.
                         self.gate_final = true;
@@ -258,6 +271,9 @@ where
                 }
                 got = engine.queue().get(), if take => {
                     match got {
+                        // The store may have stopped being readable since `take` was decided
+                        // (the gate's change is seen only at the next turn): hold the lease.
+                        Some(lease) if self.readiness() != Readiness::Ready => self.held.push(lease),
                         Some(lease) => {
                             if let Some(item) = self.dispatch(&engine, lease) {
                                 return Some(item);
