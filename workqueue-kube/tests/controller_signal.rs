@@ -29,7 +29,8 @@ struct Message(bool);
 
 impl tracing::field::Visit for Message {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" && format!("{value:?}").contains("graceful shutdown requested") {
+        if field.name() == "message" && format!("{value:?}").contains("graceful shutdown requested")
+        {
             self.0 = true;
         }
     }
@@ -97,13 +98,18 @@ async fn sigterm_shuts_down_gracefully_and_in_flight_reconciles_finish() {
             }
         }
     };
-    let stream = Controller::new(Api::<ConfigMap>::all(server.client()), watcher::Config::default())
-        .with_config(Config::default().concurrency(1))
-        .shutdown_on_signal()
-        .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()));
+    let stream = Controller::new(
+        Api::<ConfigMap>::all(server.client()),
+        watcher::Config::default(),
+    )
+    .with_config(Config::default().concurrency(1))
+    .shutdown_on_signal()
+    .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()));
     let run = tokio::spawn(stream.collect::<Vec<_>>());
     let guard = Duration::from_secs(60);
-    timeout(guard, started.notified()).await.expect("a reconcile starts");
+    timeout(guard, started.notified())
+        .await
+        .expect("a reconcile starts");
     let requested = watch.1.notified();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &std::process::id().to_string()])

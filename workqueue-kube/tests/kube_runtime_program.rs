@@ -65,9 +65,15 @@ where
         Some(vec!["example.com/cleanup".to_string()])
     );
     server.delete::<ConfigMap>("web");
-    assert!(server.get::<ConfigMap>("web").is_some(), "held by its finalizer");
+    assert!(
+        server.get::<ConfigMap>("web").is_some(),
+        "held by its finalizer"
+    );
     sleep(Duration::from_secs(10)).await;
-    assert!(server.get::<ConfigMap>("web").is_none(), "gone after the cleanup");
+    assert!(
+        server.get::<ConfigMap>("web").is_none(),
+        "gone after the cleanup"
+    );
     let _ = stop.send(());
     let items = task.await.unwrap();
     let log = log.lock().unwrap().clone();
@@ -83,7 +89,14 @@ async fn the_same_program_runs_on_kube_runtime_and_on_workqueue_kube() {
         });
         let shared = ctx.clone();
         async move {
-            let items = on_kube_runtime::run(client, async move { let _ = stopped.await; }, ctx).await;
+            let items = on_kube_runtime::run(
+                client,
+                async move {
+                    let _ = stopped.await;
+                },
+                ctx,
+            )
+            .await;
             *log.lock().unwrap() = shared.log.lock().unwrap().clone();
             items
         }
@@ -96,12 +109,24 @@ async fn the_same_program_runs_on_kube_runtime_and_on_workqueue_kube() {
         });
         let shared = ctx.clone();
         async move {
-            let items = on_workqueue_kube::run(client, async move { let _ = stopped.await; }, ctx).await;
+            let items = on_workqueue_kube::run(
+                client,
+                async move {
+                    let _ = stopped.await;
+                },
+                ctx,
+            )
+            .await;
             *log.lock().unwrap() = shared.log.lock().unwrap().clone();
             items
         }
     })
     .await;
-    assert_eq!(kube.0, ["apply web", "cleanup web"], "kube-runtime: {:?}", kube.1);
+    assert_eq!(
+        kube.0,
+        ["apply web", "cleanup web"],
+        "kube-runtime: {:?}",
+        kube.1
+    );
     assert_eq!(ours.0, kube.0, "ours: {:?}", ours.1);
 }
