@@ -23,13 +23,16 @@ use workqueue_kube::controller::{Action, Config, Controller};
 /// A request for a ConfigMap with the given content.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct ConfigMapGenerator {
+    /// Its name, namespace, uid...
     pub metadata: ObjectMeta,
+    /// What it asks for.
     pub spec: GeneratorSpec,
 }
 
 /// What a generator asks for.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct GeneratorSpec {
+    /// The `content` key of the ConfigMap.
     pub content: String,
 }
 
@@ -60,8 +63,10 @@ impl Resource for ConfigMapGenerator {
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// A generator without a namespace cannot own a ConfigMap.
     #[error("the generator has no namespace")]
     NoNamespace,
 }
