@@ -5,7 +5,7 @@
 #[test]
 fn the_readme_kube_block_is_the_examples_code() {
     let readme = include_str!("../../README.md");
-    let example = include_str!("../examples/counter/controller.rs");
+    let example = include_str!("../examples/counter/main.rs");
     let section = readme
         .split("## Use with kube-rs")
         .nth(1)
@@ -17,10 +17,10 @@ fn the_readme_kube_block_is_the_examples_code() {
         .expect("the section has a rust,ignore block");
     assert!(
         block.lines().count() > 20,
-        "the block is the controller's wiring"
+        "the block is the controller's error policy and wiring"
     );
     assert!(
         example.contains(block),
-        "the README's kube-rs block differs from examples/counter/controller.rs:\n{block}"
+        "the README's kube-rs block differs from examples/counter/main.rs:\n{block}"
     );
 }

@@ -33,23 +33,30 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use workqueue_kube::controller::{Action, Controller};
 
+/// The annotation that asks for a number of replicas.
 pub const REPLICAS: &str = "counter.example/replicas";
+/// The annotation where the controller records the replicas it applied.
 pub const APPLIED: &str = "counter.example/applied";
 
-pub struct State {
-    pub client: Client,
-    pub recorder: Recorder,
+/// What every reconcile and the error policy share.
+pub(crate) struct State {
+    pub(crate) client: Client,
+    pub(crate) recorder: Recorder,
 }
 
+/// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// The annotation is not a number: the object's own error.
     #[error("invalid {REPLICAS} annotation {0:?}")]
     Invalid(String),
 }
 
-pub async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<State>) -> Result<Action, Error> {
+/// Brings the Deployment of the ConfigMap to the replicas it asks for.
+pub(crate) async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<State>) -> Result<Action, Error> {
     let ns = cm.namespace().unwrap_or_else(|| "default".into());
     let name = cm.name_any();
     let Some(raw) = cm.annotations().get(REPLICAS) else {
@@ -89,7 +96,7 @@ pub async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<State>) -> Result<Action, Er
 }
 
 /// Per-key exponential backoff: 5 ms doubling per failure of this object, up to 1000 s.
-pub fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<State>) -> Action {
+pub(crate) fn error_policy(_cm: Arc<ConfigMap>, _error: &Error, _ctx: Arc<State>) -> Action {
     Action::backoff()
 }
 
