@@ -49,12 +49,11 @@ impl ManualClock {
 
     /// Moves time forward by `d` (saturating) and wakes the waiters.
     pub fn advance(&self, d: Duration) {
-        let d = workqueue_ratelimit::duration_to_nanos(d);
         let _ = self
             .inner
             .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                Some(n.saturating_add(d))
+                Some(Instant::from_nanos(n).saturating_add(d).as_nanos())
             });
         self.wake_all();
     }

@@ -104,7 +104,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use hashbrown::{HashMap, HashTable};
-use workqueue_ratelimit::{Instant, duration_to_nanos};
+use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
 use aging::Aging;
@@ -1805,6 +1805,12 @@ fn set_group(groups: &mut Vec<u64>, slot: SlotId, group: u64) {
         groups.resize(i + 1, 0);
     }
     groups[i] = group;
+}
+
+/// `d` in nanoseconds, saturating at `u64::MAX` ([`Instant::NEVER`]'s).
+#[inline]
+pub(crate) const fn duration_to_nanos(d: Duration) -> u64 {
+    Instant::from_duration(d).as_nanos()
 }
 
 /// A bucket index as a slot records it: `NO_POS` when it is not below `limit` (which is at most

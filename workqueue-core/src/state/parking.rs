@@ -21,12 +21,10 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use workqueue_ratelimit::{
-    Instant, OutageConfig, OutageDetector, Signal, Transition, duration_to_nanos,
-};
+use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
 
 use super::slots::Remap;
-use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket};
+use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket, duration_to_nanos};
 use crate::Outcome;
 
 /// The sentinel deadline of a parked key: never reached by any clock (584 years of nanoseconds),
@@ -189,7 +187,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// use workqueue_core::{Instant, Outcome};
     ///
     /// let mut q: QueueState<u32> = QueueState::new();
-    /// q.enable_outage_detection(OutageConfig::default().min_first_failures(1));
+    /// q.enable_outage_detection(OutageConfig::default().with_min_first_failures(1));
     /// let t0 = Instant::ZERO;
     /// q.add(1, t0);
     /// let Get::Ready(ticket, _) = q.get(t0) else { panic!() };
