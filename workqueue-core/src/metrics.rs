@@ -62,9 +62,7 @@ pub const PRIORITY_LABEL: &str = "priority";
 /// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first [`PRIORITY_LABELS`]
 /// (controller-runtime's value).
 pub const EXCEEDED_CARDINALITY_LIMIT: &str = "exceeded_cardinality_limit";
-/// How many distinct priorities get a [`PRIORITY_LABEL`] value of their own (controller-runtime's
-/// limit).
-pub const PRIORITY_LABELS: usize = 25;
+pub use crate::state::timing::PRIORITY_LABELS;
 /// Gauge: current depth of the queue (client-go).
 pub const DEPTH: &str = "workqueue_depth";
 /// Counter: adds handled by the queue (client-go).

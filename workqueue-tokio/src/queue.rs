@@ -152,7 +152,7 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     // The operations every driver offers unchanged (adds, non-waiting gets, observation,
-    // shut_down) are defined once, in workqueue-core's `queue/handle_methods.rs`.
+    // shut_down) are defined once, in workqueue-core's `driver/handle_methods.rs`.
     workqueue_core::queue_handle_methods!();
 
     /// The queue's clock (tokio's, from the queue's epoch).

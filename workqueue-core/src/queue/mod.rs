@@ -1,7 +1,6 @@
 //! The blocking, thread-safe work queue: [`QueueCore`] with condition variables.
 
 mod builder;
-mod handle_methods;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -150,7 +149,7 @@ where
     }
 
     // The operations every driver offers unchanged (adds, non-waiting gets, observation,
-    // shut_down) are defined once, in `queue/handle_methods.rs`.
+    // shut_down) are defined once, in `driver/handle_methods.rs`.
     crate::queue_handle_methods!();
 
     /// The current time on the queue's clock.

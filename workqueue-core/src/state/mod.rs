@@ -16,52 +16,18 @@
 //! # Memory follows the live size
 //!
 //! A burst (an initial list, an outage in which every key fails) grows every buffer; when it
-//! passes, the state gives the memory back. When the number of live keys has fallen below half
-//! of what it was when the buffers were last sized (at a growth of the hash index, or at the
-//! last compaction) **and has settled there**, a [`QueueState::get`] compacts: every live slot
-//! that is **not being processed** moves to the lowest free slot, the slot arrays are cut after
-//! the last slot still in use, and the hash index, the ready set, the waiting heap and every
-//! per-slot side array (timing, priorities, ages, groups, positions, parked keys) are renamed
-//! and rebuilt at the live size.
-//!
-//! Settled means: since the live count was last seen below the threshold at `n` keys, it has
-//! not fallen below `3n / 4`, and at least half as many `get`s as there are live keys have been
-//! made. A compaction costs O(live keys), so waiting that many gets amortizes it to O(1) per
-//! get. A drain under way keeps falling, which restarts the wait every quarter: a pure drain
-//! (W1: distinct keys in, then get and done until empty) reaches empty, where everything is
-//! freed anyway, without compacting once; a drain that stops at a size (a controller's resync
-//! settling to its steady state) compacts within about that many gets. `get` checks the live
-//! count only every `max(live / 8, 64)` gets (a countdown: the hot path is one decrement and one
-//! branch), so the wait is seen to begin up to that many gets late. A `get` that finds nothing
-//! ready does not wait: the drain is over, and the keys still live are waiting or processing
-//! (a controller after its initial list, one key waiting an hour); below the threshold it
-//! compacts at once. Either way a compaction at `n` live keys follows at least `n` finished keys
-//! (each after a get) or `n / 2` gets, so its cost is O(1) per get.
-//!
-//! The rule: **a processing slot never moves.** A [`Ticket`] names its slot from outside the
-//! lock, so it must stay where it is until the lease ends. Queued and waiting slots move; the
-//! slot arrays end after the highest processing slot if it is above the live count. When that
-//! leaves them more than twice the live size (workers hold keys from the top of a FIFO that
-//! drained from the bottom), the compaction still moves every other key down and rebuilds
-//! everything else; the next `get` after the last such lease ends finishes the job (a scan of
-//! the slot words, then one more compaction).
-//!
-//! Hysteresis: after a compaction at `n` live keys the next one waits until fewer than `n / 2`
-//! are live, and a growth of the index to room for `m` keys only raises that threshold to
-//! `m / 4`, so a queue that swings around a size does not rebuild on every swing: at most one
-//! rebuild per halving of the live size (and one to finish a pinned one, which is checked at
-//! every get and does not wait to settle: its lease has ended). States under
-//! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once, as
-//! before. [`QueueState::set_shrink`] turns compaction off.
-//!
-//! Compacting hashes every live key (the index's buckets depend on its size, and the index keeps
-//! no hashes), which is user code: it runs before the compaction changes anything, so a `Hash`
-//! that panics leaves the state as it was. That is why compaction runs in `get` (which may call
-//! user code) and never in `finish`, which calls none.
+//! passes, the state gives the memory back. Once the live keys have fallen below half of what the
+//! buffers were last sized for, and have settled there, a [`QueueState::get`] compacts the state
+//! to the live size: at most once per halving, at a cost of O(1) per get amortized. A key being
+//! processed never moves (its [`Ticket`] names its slot), and a drain to empty never compacts (an
+//! empty state frees its large buffers at once). Compacting hashes every live key before it
+//! changes anything, so a `Hash` that panics leaves the state as it was; that is why it runs in
+//! `get`, which may call user code, and never in `finish`, which calls none.
+//! [`QueueState::set_shrink`] turns compaction off; [`QueueState::compact`] compacts
+//! when you ask.
 //!
 //! Priorities, aging and fairness cost nothing until they are used: until then the ready set is
-//! one FIFO and no per-key bytes are kept for them (`priorities.rs`, `aging.rs` and the slots'
-//! groups are side arrays allocated on first use).
+//! one FIFO and no per-key bytes are kept for them.
 //!
 //! ```
 //! use std::time::Duration;
@@ -89,11 +55,15 @@
 //! ```
 
 mod aging;
+mod compaction;
+mod index;
+mod invariants;
 mod parking;
 mod priorities;
 mod ready;
 mod slots;
-mod timing;
+pub(crate) mod timing;
+mod types;
 mod waiting;
 
 use std::borrow::Borrow;
@@ -108,6 +78,7 @@ use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
 use aging::Aging;
+pub use compaction::COMPACT_MIN;
 pub use parking::OutageEvent;
 use parking::{PARKED, Parking};
 use priorities::Priorities;
@@ -115,141 +86,8 @@ use ready::{OVERDUE, ReadyQueue};
 pub(crate) use slots::SlotId;
 use slots::{MAX_SLOTS, NO_POS, Slots};
 pub use timing::Timing;
+pub use types::{AddStatus, Counts, DefaultHashBuilder, Finished, ForeignTicket, Get, Ticket};
 use waiting::{Waiting, WaitingHeap};
-
-/// The default hasher: foldhash, randomly seeded per queue.
-///
-/// Fast, with minimal resistance to hash flooding. Keys that tenants control (object names) can be
-/// chosen to collide for a known hasher, but not for a random seed they cannot observe; where that
-/// is not enough, use `std::hash::RandomState` (SipHash) as the hasher type parameter.
-pub type DefaultHashBuilder = foldhash::fast::RandomState;
-
-/// What [`QueueState::add`] and its relatives did with a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AddStatus {
-    /// The key was pushed to the tail of the ready FIFO.
-    Queued,
-    /// The key was already in the ready FIFO: nothing changed.
-    AlreadyQueued,
-    /// The key is being processed: it was marked dirty and is queued again when its lease finishes.
-    Dirty,
-    /// The key is being processed and was already marked dirty: nothing changed.
-    AlreadyDirty,
-    /// The key now waits for its deadline (a new waiting entry, or an earlier deadline for an
-    /// existing one).
-    Waiting,
-    /// The key already waits for an earlier (or equal) deadline, at a higher (or equal)
-    /// priority: nothing changed.
-    AlreadyWaiting,
-    /// The key was queued at a lower priority: it moved to the tail of the new priority's FIFO.
-    Raised,
-    /// The deadline is never reached (a delay of about 584 years or more): nothing was stored.
-    Never,
-    /// The queue is shutting down: the add was ignored.
-    ShutDown,
-}
-
-impl AddStatus {
-    /// Whether the add counts as an add in client-go's metrics: the key became newly dirty
-    /// (queued, or marked to be queued again after processing).
-    pub fn is_new_add(self) -> bool {
-        matches!(self, AddStatus::Queued | AddStatus::Dirty)
-    }
-}
-
-/// The result of [`QueueState::get`].
-#[derive(Debug)]
-pub enum Get<T> {
-    /// A key was handed out; finish it with its ticket.
-    Ready(Ticket, T),
-    /// Nothing is ready. A key becomes due at `next_deadline`, if it is `Some`.
-    Empty {
-        /// When the earliest waiting key becomes due.
-        next_deadline: Option<Instant>,
-    },
-    /// The queue is shutting down and nothing is ready: the getter should stop.
-    ShutDown,
-}
-
-/// Proof that a key was handed out: finishing it requires giving the ticket back.
-///
-/// A ticket is neither `Copy` nor `Clone`, so a key cannot be finished twice (client-go's
-/// "spurious Done" that let two workers hold one key). It only fits the state that issued it.
-#[must_use = "a ticket that is never finished keeps its key in flight forever"]
-pub struct Ticket {
-    slot: SlotId,
-    /// Never zero, so `Option<Ticket>` (in every lease) is no larger than a ticket.
-    state: NonZeroU32,
-    priority: i32,
-}
-
-impl Ticket {
-    /// The priority of the handed-out key: the priority it was handed out at, unless
-    /// [`Ticket::set_priority`] changed it. Re-adds that finishing asks for use it.
-    pub fn priority(&self) -> i32 {
-        self.priority
-    }
-
-    /// Sets the priority at which re-adds that finishing asks for (a retry, a requeue) queue the
-    /// key. By default they keep the priority it was handed out at (controller-runtime #3157).
-    pub fn set_priority(&mut self, priority: i32) {
-        self.priority = priority;
-    }
-}
-
-impl fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("slot", &self.slot)
-            .field("priority", &self.priority)
-            .finish()
-    }
-}
-
-/// A [`Ticket`] was given to a state that did not issue it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "this ticket was issued by another queue state; finish each ticket on the state it came from"
-)]
-pub struct ForeignTicket;
-
-/// What [`QueueState::finish`] did.
-#[derive(Debug)]
-#[must_use = "the freed key should be dropped outside any lock"]
-pub struct Finished<T> {
-    /// Whether the key went back to the ready FIFO (it was dirty, or re-added without delay).
-    pub requeued: bool,
-    /// Whether the key now waits for a deadline.
-    pub waiting: bool,
-    /// The key, when the state no longer tracks it. Drivers drop it after releasing their lock,
-    /// so user `Drop` code does not run under it.
-    pub released: Option<T>,
-}
-
-impl<T> Finished<T> {
-    /// What finishing a foreign ticket did: nothing.
-    fn nothing() -> Self {
-        Finished {
-            requeued: false,
-            waiting: false,
-            released: None,
-        }
-    }
-}
-
-/// Counters that describe the state at a glance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counts {
-    /// Keys in the ready FIFO.
-    pub ready: usize,
-    /// Keys handed out and not finished.
-    pub processing: usize,
-    /// Keys waiting for a deadline.
-    pub waiting: usize,
-    /// Keys the state tracks (each counted once, whatever it is doing).
-    pub tracked: usize,
-}
 
 /// The work queue's semantics, with no locks, threads or clock reads.
 ///
@@ -320,14 +158,6 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     /// turn it off to compact at the first check below the threshold).
     settle: bool,
 }
-
-/// States with fewer live keys than this do not compact: their buffers are small, and an empty
-/// state frees its large ones anyway.
-pub const COMPACT_MIN: usize = 512;
-
-/// Buffers at least this large are freed when the state becomes empty; smaller ones are kept, so
-/// an idle queue that sees one key at a time does not allocate on every add.
-const SHRINK_ABOVE: usize = 1024;
 
 fn next_state_id() -> NonZeroU32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
@@ -527,42 +357,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     #[inline]
     pub fn has_aging(&self) -> bool {
         self.aging.is_some()
-    }
-
-    /// Whether the state gives memory back when its live keys fall well below the size its
-    /// buffers grew to (see the [module documentation](self)). Default: on. Off keeps the peak
-    /// until the state is empty, as a state that never compacts; [`QueueState::compact`] still
-    /// compacts when asked.
-    pub fn set_shrink(&mut self, on: bool) {
-        self.shrink = on;
-        if !on {
-            self.shrink_below = 0;
-            self.pin = NO_POS;
-            self.settle_live = 0;
-        }
-    }
-
-    /// How many times the state compacted (see the [module documentation](self)).
-    pub fn compactions(&self) -> u64 {
-        self.compactions
-    }
-
-    /// Testing seam, not a stable API: compacts from `min` live keys instead of
-    /// [`COMPACT_MIN`], so tests and fuzzers reach compaction with a handful of keys.
-    #[doc(hidden)]
-    pub fn set_compact_min(&mut self, min: usize) {
-        self.compact_min = min.max(1);
-        // Check at the next get, at the new scale.
-        self.schedule_check(1);
-    }
-
-    /// Testing seam, not a stable API: `false` compacts at the first get below the threshold,
-    /// without waiting for the live count to settle there, so that tests and fuzzers whose
-    /// operations rarely settle still compact often. Default: `true`.
-    #[doc(hidden)]
-    pub fn set_settle(&mut self, on: bool) {
-        self.settle = on;
-        self.schedule_check(1);
     }
 
     /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
@@ -774,176 +568,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                     next_deadline: self.next_deadline(),
                 }
             }
-        }
-    }
-
-    /// The check `get` makes every `period` gets (see the module docs): whether the live count
-    /// has settled below the compaction threshold, and if so, the compaction. Out of line.
-    #[cold]
-    #[inline(never)]
-    fn check_shrink(&mut self) {
-        let elapsed = self.period;
-        let live = self.slots.live();
-        // The next check at the next get, unless rescheduled below: a compaction whose `Hash`
-        // panics is tried again there.
-        self.schedule_check(1);
-        if self.shrink_below == usize::MAX {
-            // A pinned compaction: check every get, finish at the first after the lease ends.
-            self.compact_on_get();
-            return;
-        }
-        if live >= self.shrink_below {
-            self.settle_live = 0;
-        } else if self.settle_live == 0 || live < self.settle_live - self.settle_live / 4 {
-            // Crossed the threshold, or fell a quarter further since the wait began (a drain
-            // under way): wait from here. A pure drain restarts every quarter and never compacts.
-            self.settle_live = live.max(1);
-            self.settle_gets = 0;
-            if !self.settle {
-                self.compact_on_get();
-                return;
-            }
-        } else {
-            self.settle_gets = self.settle_gets.saturating_add(elapsed);
-            if self.settle_gets >= live / 2 {
-                // Settled for half as many gets as there are live keys: the compaction's
-                // O(live) cost is amortized over them.
-                self.compact_on_get();
-                return;
-            }
-        }
-        let mut next = self.check_period(live);
-        if self.settle_live != 0 {
-            next = next.min((live / 2 - self.settle_gets).max(1));
-        }
-        self.schedule_check(next);
-    }
-
-    /// The gets between two checks at `live` keys: an eighth of them, so a crossing is seen
-    /// within a small share of the wait, and at least an eighth of the smallest compacting
-    /// size, so a small queue hovering at a threshold pays a check only every few dozen gets.
-    /// Without a threshold, never (whatever sets one schedules a check).
-    fn check_period(&self, live: usize) -> usize {
-        match self.shrink_below {
-            0 => usize::MAX,
-            _ if !self.settle => 1,
-            _ => (live / 8).max(self.compact_min / 8).max(1),
-        }
-    }
-
-    /// The next compaction check in `gets` gets (at least 1).
-    fn schedule_check(&mut self, gets: usize) {
-        self.tick = gets;
-        self.period = gets;
-    }
-
-    /// The compaction `get` makes once few keys are live and settled (see the module docs).
-    #[cold]
-    #[inline(never)]
-    fn compact_on_get(&mut self) {
-        // The moves of time this get makes anyway, first: a `Hash` that panics below leaves the
-        // state as a `get` interrupted by user code does.
-        if self.aging.is_some() {
-            self.move_overdue();
-        }
-        if self.pin != NO_POS {
-            if self.slots.is_live(self.pin) && self.slots.is_processing(self.pin) {
-                return;
-            }
-            // That lease ended: is another one still above twice the live size?
-            if let Some(pin) = self.slots.highest_processing_from(2 * self.slots.live()) {
-                self.pin = pin;
-                return;
-            }
-        }
-        self.compact();
-    }
-
-    /// Gives memory back now: moves every live slot that is not being processed to the lowest
-    /// free slots and rebuilds the index, the ready set, the waiting heap and the per-slot side
-    /// arrays at the live size (see the [module documentation](self)). `get` does this on its
-    /// own when few keys are live; call it after a burst to do it at a time of your choosing.
-    ///
-    /// It hashes every live key (user code) before it changes anything: a `Hash` that panics
-    /// leaves the state as it was.
-    pub fn compact(&mut self) {
-        let live = self.slots.live();
-        // User code first, in slot order: every live key's hash.
-        let hashes: Vec<(SlotId, u64)> = self
-            .slots
-            .iter_live()
-            .map(|(slot, key)| (slot, self.hasher.hash_one(key)))
-            .collect();
-        // A processing slot stays where it is: the arrays end after it.
-        let top = self
-            .slots
-            .highest_processing_from(live)
-            .map_or(live, |s| s as usize + 1);
-        self.prune_parking();
-        if let Some(a) = &mut self.aging {
-            a.prune(age_status(&self.slots));
-        }
-        let remap = self.slots.compact(top);
-        self.ready.remap(&remap);
-        if let Some(p) = &mut self.parking {
-            p.remap(&remap);
-        }
-        self.waiting.remap(&remap);
-        if let Some(t) = &mut self.timing {
-            t.remap(&remap);
-        }
-        if let Some(p) = &mut self.priorities {
-            p.remap(&remap);
-        }
-        if let Some(a) = &mut self.aging {
-            a.remap(&remap);
-        }
-        if let Some(g) = &mut self.groups {
-            remap.side(g, 0);
-        }
-        // The index at the live size, from the hashes taken above, in the old slot order: the
-        // slots that stayed, then the moved ones in the order of their new ids.
-        self.unrecorded = HashMap::new();
-        let mut index = HashTable::with_capacity(live);
-        for (old, hash) in hashes {
-            let slot = remap.slot(old);
-            // Sized for every live key: never grows, never calls the re-hash function.
-            let bucket = index
-                .insert_unique(hash, slot, |_| {
-                    unreachable!("the new index was sized for every live key")
-                })
-                .bucket_index();
-            let stored = stored_bucket(bucket, self.bucket_limit);
-            if stored == NO_POS {
-                self.unrecorded.insert(slot, hash);
-            }
-            match self.slots.heap_pos(slot) {
-                Some(pos) => self.waiting.set_bucket(pos, stored),
-                None => self.slots.set_bucket(slot, stored),
-            }
-        }
-        self.index = index;
-        self.compactions += 1;
-        self.pin = NO_POS;
-        self.settle_live = 0;
-        self.shrink_below = self.threshold(live);
-        let next = self.check_period(live);
-        self.schedule_check(next);
-        if top > 2 * live && self.shrink {
-            // Pinned by a lease (see the module docs): finish once it ends. (With compaction
-            // off, an explicit `compact` is not followed up.)
-            self.pin = (top - 1) as SlotId;
-            self.shrink_below = usize::MAX;
-            self.schedule_check(1);
-        }
-    }
-
-    /// The compaction threshold for buffers sized for `n` live keys: half of it (so at most one
-    /// compaction per halving), or 0 below [`COMPACT_MIN`] or with compaction off.
-    fn threshold(&self, n: usize) -> usize {
-        match self.shrink && n >= self.compact_min {
-            true => n / 2,
-            false => 0,
         }
     }
 
@@ -1210,187 +834,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 .map_or(0, |g| g.capacity() * size_of::<u64>())
     }
 
-    /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
-    /// every slot.
-    pub fn check_invariants(&self) {
-        let mut queued = 0;
-        let mut processing = 0;
-        let mut waiting = 0;
-        let mut unrecorded = 0;
-        assert_eq!(
-            self.index.len(),
-            self.slots.live(),
-            "index and slots disagree"
-        );
-        for &slot in self.index.iter() {
-            assert!(self.slots.is_live(slot), "index points at a free slot");
-            let key = self.slots.key(slot);
-            let hash = self.hasher.hash_one(key);
-            assert_eq!(
-                self.find(hash, key),
-                Some(slot),
-                "key not found under its hash"
-            );
-            let bucket = match self.slots.heap_pos(slot) {
-                Some(pos) => self.waiting.get(pos).bucket,
-                None => self.slots.bucket(slot),
-            };
-            let actual = self.index.find_bucket_index(hash, |&s| s == slot);
-            if bucket == NO_POS {
-                assert_eq!(
-                    self.unrecorded.get(&slot),
-                    Some(&hash),
-                    "a slot without a recorded bucket has no stored hash"
-                );
-                unrecorded += 1;
-            } else {
-                assert_eq!(
-                    Some(bucket as usize),
-                    actual,
-                    "a slot's recorded bucket is stale"
-                );
-            }
-            let q = self.slots.is_queued(slot);
-            let p = self.slots.is_processing(slot);
-            let w = self.slots.heap_pos(slot).is_some();
-            assert!(!(q && p), "a slot is both queued and processing");
-            assert!(
-                !self.slots.is_dirty(slot) || p,
-                "a dirty slot is not processing"
-            );
-            assert!(q || p || w, "a live slot is referenced by nothing");
-            queued += q as usize;
-            processing += p as usize;
-            waiting += w as usize;
-        }
-        assert_eq!(
-            queued,
-            self.ready.len(),
-            "FIFO length and queued slots disagree"
-        );
-        let mut seen = std::collections::HashSet::new();
-        let mut overdue = 0;
-        for (slot, level) in self.ready.iter() {
-            assert!(
-                self.slots.is_queued(slot),
-                "FIFO holds a slot that is not queued"
-            );
-            assert!(seen.insert(slot), "FIFO holds a slot twice");
-            assert_eq!(
-                level,
-                self.level_of(slot),
-                "a slot is queued at another level than it records"
-            );
-            overdue += usize::from(level == OVERDUE);
-        }
-        self.ready.check();
-        if let Some(a) = &self.aging {
-            let live = a.live(age_status(&self.slots));
-            assert_eq!(
-                live.len() + overdue,
-                queued,
-                "a queued key is missing from the age order, or twice"
-            );
-            assert!(
-                live.iter().all(|&(s, _)| !a.is_overdue(s)),
-                "an overdue key is still in the age order"
-            );
-            assert!(
-                live.iter().all(|&(_, since)| since <= self.now),
-                "a key became ready after the state's time"
-            );
-            a.check();
-            assert!(
-                self.ready.has_positions(),
-                "aging without the ready set's positions"
-            );
-        }
-        assert!(
-            self.priorities.is_none() || self.ready.has_positions(),
-            "priorities are kept without the ready set's positions"
-        );
-        assert_eq!(processing, self.processing, "processing count is off");
-        assert_eq!(
-            unrecorded,
-            self.unrecorded.len(),
-            "hashes stored for slots that record their bucket"
-        );
-        assert_eq!(
-            waiting,
-            self.waiting.len(),
-            "waiting heap and slots disagree"
-        );
-        assert!(
-            !self.shutting_down || waiting == 0,
-            "waiting keys after shutdown"
-        );
-        if let Some(w) = self.waiting.peek() {
-            assert!(w.deadline > self.now, "a due key was not promoted");
-        }
-        self.waiting.check(&self.slots);
-        self.check_parking();
-        if let Some(t) = &self.timing {
-            self.check_depths(t);
-        }
-        self.slots.check();
-        assert_eq!(
-            self.pin != NO_POS,
-            self.shrink_below == usize::MAX,
-            "a pinned compaction without its pin, or the reverse"
-        );
-        if self.pin != NO_POS {
-            assert!(
-                (self.pin as usize) < self.slots.len(),
-                "the pin is past the slot arrays"
-            );
-        }
-        assert!(
-            self.shrink || self.shrink_below == 0,
-            "compaction is off but armed"
-        );
-        assert!(
-            1 <= self.tick && self.tick <= self.period,
-            "the next compaction check is not scheduled"
-        );
-        assert!(
-            self.settle_live == 0 || (self.shrink_below != 0 && self.shrink_below != usize::MAX),
-            "waiting to compact without a threshold, or while pinned"
-        );
-    }
-
-    /// The depth per priority kept for metrics matches a recount of the dirty keys.
-    fn check_depths(&self, timing: &Timing) {
-        let mut expected = std::collections::HashMap::<i32, u64>::new();
-        for &slot in self.index.iter() {
-            let dirty = self.slots.is_queued(slot)
-                || (self.slots.is_processing(slot) && self.slots.is_dirty(slot));
-            if dirty {
-                *expected.entry(self.queued_priority(slot)).or_default() += 1;
-            }
-        }
-        assert_eq!(
-            timing.depth(),
-            expected.values().sum::<u64>(),
-            "the metrics depth is off"
-        );
-        let mut overflow = None;
-        for (priority, depth) in timing.depth_by_priority() {
-            match priority {
-                Some(p) => assert_eq!(
-                    expected.remove(&p).unwrap_or(0),
-                    depth,
-                    "the metrics depth of priority {p} is off"
-                ),
-                None => overflow = Some(depth),
-            }
-        }
-        assert_eq!(
-            expected.values().sum::<u64>(),
-            overflow.unwrap_or(0),
-            "the metrics depth of the priorities beyond the label limit is off"
-        );
-    }
-
     // ---- internals -----------------------------------------------------------------------------
 
     /// Clamps `now` to the latest seen and moves every waiting key due at `now` to the ready FIFO,
@@ -1415,101 +858,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             // Ready from its deadline, not from when an operation noticed it.
             self.enqueue_at(w.slot, priority, w.deadline);
         }
-    }
-
-    #[inline]
-    fn find<Q>(&self, hash: u64, key: &Q) -> Option<SlotId>
-    where
-        T: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let slots = &self.slots;
-        self.index
-            .find(hash, |&s| slots.key(s).borrow() == key)
-            .copied()
-    }
-
-    #[inline]
-    fn insert_new(&mut self, hash: u64, key: T) -> SlotId {
-        if self.index.len() == self.index.capacity() {
-            self.grow_index();
-        }
-        let slot = self.slots.insert(key);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        let bucket = self
-            .index
-            .insert_unique(hash, slot, |&s| hasher.hash_one(slots.key(s)))
-            .bucket_index();
-        let stored = stored_bucket(bucket, self.bucket_limit);
-        if stored == NO_POS {
-            self.unrecorded.insert(slot, hash);
-        }
-        self.slots.set_bucket(slot, stored);
-        slot
-    }
-
-    /// Replaces a full index with one of twice the room, filled by walking the slots in order.
-    ///
-    /// hashbrown would grow by walking its own buckets, which visits the keys in random order:
-    /// each moved entry then costs a cache miss on its slot and another on its key's bytes, and at
-    /// a million keys that was a third of all misses of an add/get/done cycle. Walking the slots
-    /// reads the keys sequentially; only the writes into the new table are random, and they do
-    /// not depend on each other, so they overlap. The old and new tables are briefly both
-    /// allocated, as in hashbrown's own resize.
-    ///
-    /// Panic safety: hashing is user code, so every key is hashed first, into a vector, before
-    /// anything changes. A `Hash` that panics leaves the old index and every recorded bucket as
-    /// they were; the build after it calls no user code.
-    ///
-    /// The new table holds twice the live keys: with no tombstones that doubles the bucket count,
-    /// as hashbrown does; with many (erased entries in full groups use up room), it shrinks.
-    #[cold]
-    #[inline(never)]
-    fn grow_index(&mut self) {
-        let live = self.index.len();
-        let mut hashes = Vec::with_capacity(live);
-        hashes.extend(
-            self.slots
-                .iter_live()
-                .map(|(_, key)| self.hasher.hash_one(key)),
-        );
-        let mut hashes = hashes.into_iter();
-        self.rebuild_index((2 * live).max(live + 1), |_| {
-            hashes.next().expect("one hash per live slot")
-        });
-        // Room for twice the live keys: compact once fewer than half of them are live (and
-        // settled there). Check at the next get: the threshold may be new.
-        self.shrink_below = self.shrink_below.max(self.threshold(live));
-        self.settle_live = 0;
-        self.schedule_check(1);
-    }
-
-    /// Replaces the index with one of room for `capacity` keys, filled by walking the live slots
-    /// in order; `hash(slot)` is each one's hash, computed beforehand (no user code runs here).
-    fn rebuild_index(&mut self, capacity: usize, mut hash: impl FnMut(SlotId) -> u64) {
-        let mut index = HashTable::with_capacity(capacity);
-        let (limit, unrecorded, waiting) =
-            (self.bucket_limit, &mut self.unrecorded, &mut self.waiting);
-        unrecorded.clear();
-        self.slots.reindex(
-            |slot| {
-                let hash = hash(slot);
-                // The table has room for every live key, so it never grows here and never
-                // calls the re-hash function.
-                let bucket = index
-                    .insert_unique(hash, slot, |_| {
-                        unreachable!("the new index was sized for every live key")
-                    })
-                    .bucket_index();
-                let stored = stored_bucket(bucket, limit);
-                if stored == NO_POS {
-                    unrecorded.insert(slot, hash);
-                }
-                stored
-            },
-            |pos, bucket| waiting.set_bucket(pos, bucket),
-        );
-        self.index = index;
     }
 
     /// The add rule for a tracked slot (`add`, re-add without delay), at `priority`.
@@ -1719,79 +1067,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         self.priorities.as_deref_mut()
     }
-
-    /// Frees `slot` if nothing refers to it, returning its key.
-    #[inline]
-    fn release_if_unreferenced(&mut self, slot: SlotId) -> Option<T> {
-        if !self.slots.is_unreferenced(slot) {
-            return None;
-        }
-        let bucket = self.slots.bucket(slot);
-        // No user code here: the slot is already unreferenced, and a panic now would leave it
-        // live with nothing pointing at it. A slot without a recorded bucket has its hash stored.
-        let entry = if bucket != NO_POS {
-            self.index.get_bucket_entry(bucket as usize).ok()
-        } else {
-            let hash = self.unrecorded.remove(&slot);
-            debug_assert!(hash.is_some(), "a slot without a bucket has no stored hash");
-            hash.and_then(|hash| self.index.find_entry(hash, |&s| s == slot).ok())
-        };
-        if let Some(entry) = entry {
-            debug_assert_eq!(
-                *entry.get(),
-                slot,
-                "a slot's recorded bucket holds another slot"
-            );
-            // Only the control byte is touched: the entry's own value is never read.
-            entry.remove();
-        }
-        let key = self.slots.remove(slot);
-        if self.slots.live() == 0 {
-            self.shrink_if_large();
-        }
-        Some(key)
-    }
-
-    /// Gives a burst's memory back once the state is empty. Out of line: `finish` calls it on
-    /// every last key, and inlined it costs `finish` registers on every key.
-    #[inline(never)]
-    fn shrink_if_large(&mut self) {
-        // No lease is out: nothing pins the slot arrays.
-        self.pin = NO_POS;
-        if self.index.capacity() > SHRINK_ABOVE {
-            self.index = HashTable::new();
-            // Nothing left to compact: the next growth sets the threshold again.
-            self.shrink_below = 0;
-            self.settle_live = 0;
-        }
-        if self.shrink_below == usize::MAX {
-            self.shrink_below = 0;
-            self.settle_live = 0;
-        }
-        if self.unrecorded.capacity() > SHRINK_ABOVE {
-            self.unrecorded = HashMap::new();
-        }
-        if self.slots.allocated_bytes() > SHRINK_ABOVE * size_of::<T>() {
-            self.slots.reset();
-        }
-        if self.ready.allocated_bytes() > SHRINK_ABOVE * size_of::<SlotId>() {
-            self.ready.shrink();
-        }
-        if self.waiting.len() == 0 && self.waiting.allocated_bytes() > SHRINK_ABOVE * 24 {
-            self.waiting.shrink();
-        }
-        if let Some(t) = &mut self.timing {
-            t.shrink_if_large(SHRINK_ABOVE);
-        }
-        if let Some(p) = &mut self.priorities {
-            p.shrink_if_large(SHRINK_ABOVE);
-        }
-        if let Some(a) = &mut self.aging {
-            // No key is queued: every entry is stale, and slot ids may be reused from 0.
-            a.clear();
-            a.shrink_if_large(SHRINK_ABOVE);
-        }
-    }
 }
 
 /// What the age order asks of a slot: whether it is queued, and whether it is processing.
@@ -1811,17 +1086,6 @@ fn set_group(groups: &mut Vec<u64>, slot: SlotId, group: u64) {
 #[inline]
 pub(crate) const fn duration_to_nanos(d: Duration) -> u64 {
     Instant::from_duration(d).as_nanos()
-}
-
-/// A bucket index as a slot records it: `NO_POS` when it is not below `limit` (which is at most
-/// `NO_POS`, the largest value the slot word's field holds).
-#[inline]
-fn stored_bucket(bucket: usize, limit: u32) -> u32 {
-    if bucket < limit as usize {
-        bucket as u32
-    } else {
-        NO_POS
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,10 @@ use std::time::Duration;
 use workqueue_ratelimit::Instant;
 
 use super::slots::{Remap, SlotId};
-use crate::metrics::PRIORITY_LABELS;
+
+/// How many distinct priorities get a [`PRIORITY_LABEL`](crate::metrics::PRIORITY_LABEL) value
+/// of their own (controller-runtime's limit).
+pub const PRIORITY_LABELS: usize = 25;
 
 const NONE: u64 = u64::MAX;
 
