@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use workqueue_core::{AddOptions, Clock, DrainStop, Lease, ManualClock, Outcome, WorkQueue};
+use workqueue_core::{AddOptions, Clock, DrainStop, Lease, ManualClock, WorkQueue};
 use workqueue_fuzz::{FDelay, FOutcome};
 use workqueue_model::faults::{self, Fault};
-use workqueue_model::{Model, ModelGet};
+use workqueue_model::{Model, ModelGet, Outcome};
 use workqueue_ratelimit::{
     ExponentialFailure, FastSlow, Instant, RateLimiter, TokenBucket,
     default_controller_rate_limiter,
@@ -230,7 +230,7 @@ impl Harness {
             Finish::Retry => lease.retry(),
             Finish::RetryAfter(d) => lease.retry_after(d.get()),
             Finish::RequeueAfter(d) => lease.requeue_after(d.get()),
-            Finish::Outcome(o) => lease.finish(o.get()),
+            Finish::Outcome(o) => lease.finish(o.get().to_queue()),
         }));
         let delay = self.answer();
         if finished.is_err() {

@@ -114,6 +114,7 @@ pub use workqueue_ratelimit as ratelimit;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::driver::{CoreConfig, Drain, GroupFn, Locked, Notifier, OutageHook, QueueCore};
+    pub use crate::outcome::consult_limiter;
 
     /// Seals [`BuildQueue`](crate::BuildQueue): only the queue crates of this family implement
     /// it.

@@ -268,10 +268,10 @@ fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
         lease.retry();
         q.add("x");
         let lease = q.try_get().unwrap();
-        lease.finish(Outcome::RetryAfter(Duration::from_secs(1)));
+        lease.finish(Outcome::retry_after(Duration::from_secs(1)));
         q.add("d");
         let lease = q.try_get().unwrap();
-        lease.finish(Outcome::RequeueAfter(Duration::from_secs(1)));
+        lease.finish(Outcome::requeue_after(Duration::from_secs(1)));
         q.add("e");
         let lease = q.try_get().unwrap();
         lease.forget(); // not a retry

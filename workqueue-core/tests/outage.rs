@@ -212,7 +212,7 @@ fn give_ups_while_open_are_not_parked() {
     queue
         .try_get()
         .unwrap()
-        .finish_signalled(Outcome::Forget, Signal::Failure);
+        .finish(Outcome::forget().with_signal(Signal::Failure));
     assert!(!queue.is_parked(&100));
     assert_eq!(queue.counts().tracked, 6);
     // A per-object failure retried on its backoff: not parked either.
@@ -220,7 +220,7 @@ fn give_ups_while_open_are_not_parked() {
     queue
         .try_get()
         .unwrap()
-        .finish_signalled(Outcome::Retry, Signal::Ignored);
+        .finish(Outcome::retry().with_signal(Signal::Ignored));
     assert!(!queue.is_parked(&101));
     assert_eq!(queue.parked_len(), 5);
 }

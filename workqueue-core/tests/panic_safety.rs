@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::{Get, QueueState};
-use workqueue_core::{Instant, ManualClock, WorkQueue};
+use workqueue_core::{Instant, ManualClock, Outcome, WorkQueue};
 use workqueue_model::faults::{self, Fault, FaultyKey, FaultyLimiter};
 
 fn key(name: &str) -> FaultyKey {
@@ -46,7 +46,7 @@ fn state_get_whose_clone_panics_leaves_the_key_at_the_head() {
         panic!("nothing ready")
     };
     assert_eq!(k.as_str(), "a", "the key stays at the head");
-    let _ = s.finish(ticket, workqueue_core::Outcome::Done, None, t);
+    let _ = s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO);
     s.check_invariants();
 }
 
@@ -126,7 +126,7 @@ fn a_hash_that_panics_while_the_index_grows_leaves_the_state_usable() {
     let mut got = Vec::new();
     while let Get::Ready(ticket, k) = s.get(t) {
         got.push(k.as_str().to_owned());
-        let _ = s.finish(ticket, workqueue_core::Outcome::Done, None, t);
+        let _ = s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO);
         s.check_invariants();
     }
     assert_eq!(got, added, "every key, once, in FIFO order");
@@ -144,9 +144,12 @@ fn finishing_a_key_never_hashes_it_even_without_a_recorded_bucket() {
     s.add_after(key("w"), Duration::from_secs(1), t);
     while let Get::Ready(ticket, _) = s.get(t) {
         let f = faults::with_fault(Fault::Hash, 1, || {
-            s.finish(ticket, workqueue_core::Outcome::Done, None, t)
+            s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO)
         });
-        assert!(f.expect("finish hashes no key").released.is_some());
+        let f = f
+            .expect("finish hashes no key")
+            .expect("a ticket of this state");
+        assert!(f.released.is_some());
         s.check_invariants();
     }
     let released = faults::with_fault(Fault::Hash, 1, || s.shut_down());

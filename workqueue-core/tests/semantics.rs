@@ -995,7 +995,7 @@ fn lease_outcomes() {
     queue
         .get()
         .unwrap()
-        .finish(Outcome::RetryAfter(Duration::ZERO));
+        .finish(Outcome::retry_after(Duration::ZERO));
     assert_eq!(take_all(&queue), ["k"]);
 
     // A retry of a key that was re-added meanwhile: queued now (dirty) and waiting (reminder).

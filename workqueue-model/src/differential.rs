@@ -44,9 +44,9 @@ pub enum Op {
     /// Finishes the held ticket at `index % held` with an outcome; the `Option` is the limiter's
     /// delay (used by `Retry`, ignored otherwise).
     Finish(usize, Outcome, Option<Duration>),
-    /// Like [`Op::Finish`], with the re-add at this priority (`Ticket::set_priority`).
+    /// Like [`Op::Finish`], with the re-add at this priority (`Outcome::with_priority`).
     FinishAt(usize, Outcome, Option<Duration>, i32),
-    /// Like [`Op::Finish`], through `finish_signalled` with the signal `signal % 4` (success,
+    /// Like [`Op::Finish`], with the signal `signal % 4` (`Outcome::with_signal`: success,
     /// first failure, failure, ignored); a release paces key `k` by `(k % 4) * 3` ms. Without
     /// outage detection ([`StateHarness::with_outage_detection`]) it is `Finish`.
     FinishSignalled(usize, Outcome, Option<Duration>, u8),
@@ -69,6 +69,12 @@ pub enum Op {
     /// first; 0 arms nothing). [`Fault::Drop`] and [`Fault::Limiter`] never strike here: the
     /// state drops no key and calls no limiter.
     Fault(Fault, u8),
+}
+
+/// The pacing of a finish that releases nothing (no outage detection, or a signal that cannot
+/// close the detector).
+fn no_pace(_: &FaultyKey) -> Duration {
+    Duration::ZERO
 }
 
 /// The queue-side name of key `k`.
@@ -355,7 +361,9 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.state.ticket_key(&ticket).is_none(),
                     "{ctx}: a foreign ticket names a key here"
                 );
-                let r = self.state.try_finish(ticket, Outcome::Done, None, now);
+                let r = self
+                    .state
+                    .finish(ticket, Outcome::Done.to_queue(), None, now, no_pace);
                 assert!(r.is_err(), "{ctx}: a foreign ticket was accepted");
             }
             Op::ShutDown => {
@@ -486,10 +494,11 @@ impl<S: BuildHasher> StateHarness<S> {
         priority: Option<i32>,
         now: Instant,
     ) {
-        let (mut ticket, key) = self.held.remove(i);
-        if let Some(p) = priority {
-            ticket.set_priority(p);
-        }
+        let (ticket, key) = self.held.remove(i);
+        let queue_outcome = match priority {
+            Some(p) => outcome.to_queue().with_priority(p),
+            None => outcome.to_queue(),
+        };
         assert_eq!(
             self.state.ticket_key(&ticket).map(FaultyKey::as_str),
             Some(key.as_str()),
@@ -497,11 +506,20 @@ impl<S: BuildHasher> StateHarness<S> {
         );
         let expected: ModelFinished = self
             .model
-            .finish_at(&key, outcome, delay, ticket.priority(), now)
+            .finish_at(
+                &key,
+                outcome,
+                delay,
+                priority.unwrap_or(ticket.priority()),
+                now,
+            )
             .unwrap_or_else(|| panic!("{ctx}: the model does not process {key}"));
         let f = self
-            .on_state(ctx, false, |s| s.finish(ticket, outcome, delay, now))
-            .expect("finish calls no user code");
+            .on_state(ctx, false, |s| {
+                s.finish(ticket, queue_outcome, delay, now, no_pace)
+            })
+            .expect("finish calls no user code")
+            .unwrap_or_else(|_| panic!("{ctx}: a held ticket was refused"));
         let got = ModelFinished {
             requeued: f.requeued,
             waiting: f.waiting,
@@ -552,15 +570,17 @@ impl<S: BuildHasher> StateHarness<S> {
             )
             .unwrap_or_else(|| panic!("{ctx}: the model does not process {key}"));
         let mut released = Vec::new();
+        let queue_outcome = outcome.to_queue().with_signal(signal);
         let result = self
             .on_state(ctx, false, |s| {
-                s.finish_signalled(ticket, outcome, delay, signal, now, &mut |k: &FaultyKey| {
+                s.finish(ticket, queue_outcome, delay, now, |k: &FaultyKey| {
                     released.push(k.as_str().to_owned());
                     pace(k.as_str())
                 })
             })
             .expect("finish calls no user code");
-        let (f, event) = result.unwrap_or_else(|_| panic!("{ctx}: a held ticket was refused"));
+        let mut f = result.unwrap_or_else(|_| panic!("{ctx}: a held ticket was refused"));
+        let event = f.outage.take();
         let got = ModelFinished {
             requeued: f.requeued,
             waiting: f.waiting,

@@ -199,7 +199,7 @@ async fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
         55..65 => lease.retry(),
         65..75 => lease.retry_after(us(rng.below(300))),
         75..80 => lease.requeue_after(us(rng.below(300))),
-        80..85 => lease.finish(Outcome::RetryAfter(Duration::ZERO)),
+        80..85 => lease.finish(Outcome::retry_after(Duration::ZERO)),
         _ => drop(lease),
     }
 }

@@ -17,7 +17,7 @@
 //! Priorities: higher is served first, and [`LOW_PRIORITY`] is the convention for keys from an
 //! initial list or a resync, so that changes are served before them (controller-runtime's
 //! priority queue). A requeue or retry keeps the priority the lease had
-//! ([`Lease::priority`]) unless it names another ([`Lease::with_priority`];
+//! ([`Lease::priority`]) unless it names another ([`Outcome::with_priority`];
 //! in a [`runner`], `Action::RequeueAfter(d).with_priority(p)`).
 //!
 //! ```

@@ -10,7 +10,7 @@ use workqueue_ratelimit::{Instant, Signal};
 
 use super::{Notifier, QueueCore};
 use crate::lease::LeaseOwner;
-use crate::outcome::Outcome;
+use crate::outcome::{Op, Outcome};
 use crate::state::{OutageEvent, Ticket};
 
 /// What finishing a lease learnt before taking the lock: the time (for outcomes that re-add),
@@ -31,7 +31,7 @@ where
     /// The clock and the limiter half of `outcome`, each caught: a `Retry` whose clock or limiter
     /// panicked gets no delay, so it is finished without a re-add.
     fn before_lock(&self, key: &T, outcome: Outcome) -> BeforeLock {
-        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
+        let needs_time = outcome.readds();
         let mut before = BeforeLock::default();
         if needs_time {
             match catch_unwind(AssertUnwindSafe(|| self.clock.now())) {
@@ -64,17 +64,17 @@ where
     S: BuildHasher + Send + Sync + 'static,
     N: Notifier<T, S>,
 {
-    /// [`LeaseOwner::finish`] with outage detection on: the key's [`Signal`] (the one given, or
-    /// the lease's own: `forget` and `requeue_after` succeed, `retry*` fail) goes to the state's
-    /// detector with the outcome. A release (a probe succeeded) forgets each released key in
-    /// the limiter and takes one bucket reservation for it, under the lock, once per outage.
+    /// [`LeaseOwner::finish`] with outage detection on: the key's [`Signal`] (the outcome's, or
+    /// the operation's own: `forget` and `requeue_after` succeed, `retry*` fail) goes to the
+    /// state's detector with the outcome. A release (a probe succeeded) forgets each released key
+    /// in the limiter and takes one bucket reservation for it, under the lock, once per outage.
     #[cold]
     #[inline(never)]
-    fn finish_observed(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
+    fn finish_observed(&self, ticket: Ticket, key: &T, outcome: Outcome) {
         let mut first_panic = None;
-        let signal = signal.unwrap_or_else(|| match outcome {
-            Outcome::Forget | Outcome::RequeueAfter(_) => Signal::Success,
-            Outcome::Retry | Outcome::RetryAfter(_) => {
+        let signal = outcome.signal.unwrap_or_else(|| match outcome.op {
+            Op::Forget | Op::RequeueAfter(_) => Signal::Success,
+            Op::Retry | Op::RetryAfter(_) => {
                 // Read before `when` records this failure.
                 match catch_unwind(AssertUnwindSafe(|| self.limiter.num_requeues(key))) {
                     Ok(0) => Signal::FirstFailure,
@@ -85,10 +85,11 @@ where
                     }
                 }
             }
-            _ => Signal::Ignored,
+            Op::Done => Signal::Ignored,
         });
-        let mut before = match outcome {
-            Outcome::Done => BeforeLock::default(),
+        let outcome = outcome.with_signal(signal);
+        let mut before = match outcome.op {
+            Op::Done => BeforeLock::default(),
             _ => self.before_lock(key, outcome),
         };
         if let Some(panic) = first_panic {
@@ -119,15 +120,18 @@ where
                     Duration::ZERO
                 })
             };
-            let result =
-                g.state
-                    .finish_signalled(ticket, outcome, before.delay, signal, now, &mut pace);
+            let result = g
+                .state
+                .finish(ticket, outcome, before.delay, now, &mut pace);
             if let Some(panic) = pace_panic {
                 before.panic.get_or_insert(panic);
             }
             let parked = g.state.parked_len();
             match result {
-                Ok((finished, event)) => (Some(finished), rejected, event, parked),
+                Ok(mut finished) => {
+                    let event = finished.outage.take();
+                    (Some(finished), rejected, event, parked)
+                }
                 Err(_) => (None, rejected, None, parked),
             }
         });
@@ -158,11 +162,7 @@ where
             resume_unwind(panic);
         }
         self.observe_limiter_delay(before.delay);
-        let readd = matches!(
-            outcome,
-            Outcome::Retry | Outcome::RetryAfter(_) | Outcome::RequeueAfter(_)
-        );
-        self.count_retry(readd && !rejected);
+        self.count_retry(outcome.readds() && !rejected);
         drop(released);
     }
 
@@ -208,19 +208,19 @@ where
     /// is finished without a re-add); the state's `finish` calls no user code. Only then do the
     /// metrics recorder and the released key's `Drop` run. The first panic of any of them
     /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
-    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome) {
         if self.outage_on.load(Ordering::Relaxed) {
-            return self.finish_observed(ticket, key, outcome, signal);
+            return self.finish_observed(ticket, key, outcome);
         }
-        // `Done`, the common case, needs neither the clock nor the limiter before the lock.
-        let mut before = match outcome {
-            Outcome::Done => BeforeLock::default(),
+        // `done`, the common case, needs neither the clock nor the limiter before the lock.
+        let mut before = match outcome.op {
+            Op::Done => BeforeLock::default(),
             _ => self.before_lock(key, outcome),
         };
-        let readd = match outcome {
-            Outcome::Retry => before.delay.is_some(),
-            Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
-            _ => false,
+        let readd = match outcome.op {
+            Op::Retry => before.delay.is_some(),
+            Op::RetryAfter(_) | Op::RequeueAfter(_) => true,
+            Op::Done | Op::Forget => false,
         };
         let (finished, rejected) = self.mutate(|g| {
             let now = match before.now {

@@ -235,8 +235,9 @@ impl<T, S, D> Builder<T, S, D> {
     ///
     /// What the detector sees: [`Lease::forget`](crate::Lease::forget) and `requeue_after` are
     /// successes; `retry` and `retry_after` (and a lease dropped while panicking) are failures;
-    /// `done` says nothing; [`Lease::finish_signalled`](crate::Lease::finish_signalled) says
-    /// what it is given (a per-object error: `Signal::Ignored`). The parameters and their
+    /// `done` says nothing; an outcome with a signal
+    /// ([`Outcome::with_signal`](crate::Outcome::with_signal)) says what it is given (a per-object
+    /// error: `Signal::Ignored`). The parameters and their
     /// defaults are [`OutageConfig`]'s; the rules are in `workqueue_ratelimit`'s `outage`
     /// module and the state's (parked keys are waiting entries at a deadline never reached).
     ///

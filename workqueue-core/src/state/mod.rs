@@ -46,7 +46,7 @@
 //! assert_eq!(key, "a");
 //! q.add("a", t0); // re-added while processing: runs again after it finishes
 //! assert_eq!(q.len(t0), 0);
-//! q.finish(ticket, Outcome::Done, None, t0);
+//! let _ = q.finish(ticket, Outcome::done(), None, t0, |_| Duration::ZERO);
 //! assert_eq!(q.len(t0), 1);
 //!
 //! // One second later "b" is due, behind "a".
@@ -77,6 +77,7 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
+use crate::outcome::Op;
 use aging::Aging;
 pub use compaction::COMPACT_MIN;
 pub use parking::OutageEvent;
@@ -88,6 +89,8 @@ use slots::{MAX_SLOTS, NO_POS, Slots};
 pub use timing::Timing;
 pub use types::{AddStatus, Counts, DefaultHashBuilder, Finished, ForeignTicket, Get, Ticket};
 use waiting::{Waiting, WaitingHeap};
+#[cfg(doc)]
+use workqueue_ratelimit::Signal;
 
 /// The work queue's semantics, with no locks, threads or clock reads.
 ///
@@ -605,49 +608,40 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// Finishes a handed-out key: the one place where an [`Outcome`] becomes queue operations.
     ///
-    /// `limiter_delay` is what [`Outcome::consult_limiter`] returned for this outcome (the driver
-    /// calls the limiter outside its lock): the delay of a [`Outcome::Retry`]. Processing is
-    /// cleared; a key re-added while processing goes to the FIFO tail; the re-add the outcome asks
-    /// for is applied as `add_after`, and dropped after shutdown.
+    /// Processing is cleared; a key re-added while processing goes to the FIFO tail; the re-add
+    /// the outcome asks for is applied as an add after its delay, at the outcome's priority
+    /// ([`Outcome::with_priority`]) or else the one the key was handed out at
+    /// ([`Ticket::priority`]), and dropped after shutdown. Calls no user code but `pace`.
+    ///
+    /// - `limiter_delay` is the rate limiter's delay for a [`Outcome::retry`] (`None`: it is
+    ///   not re-added), asked for by the driver outside its lock; ignored for other outcomes.
+    /// - With outage detection on ([`QueueState::enable_outage_detection`]), the outcome's
+    ///   signal ([`Outcome::with_signal`]; without one, [`Signal::Ignored`]: the state cannot
+    ///   tell a first failure from another, the limiter can) goes to the detector, which may
+    ///   park the key, and the detector's change is returned in [`Finished::outage`]. When a
+    ///   probe succeeds, `pace` is called for each parked key it releases, in the order they
+    ///   were parked, and returns the key's delay (the queues forget the key in the limiter and
+    ///   take one reservation of its bucket). It must not panic: a driver catches the panics of
+    ///   the user code it calls. Without outage detection it is never called.
+    ///
+    /// A ticket of another state is refused ([`ForeignTicket`]) and changes nothing.
+    #[inline]
     pub fn finish(
         &mut self,
         ticket: Ticket,
         outcome: Outcome,
         limiter_delay: Option<Duration>,
         now: Instant,
-    ) -> Finished<T> {
-        match self.try_finish(ticket, outcome, limiter_delay, now) {
-            Ok(f) => f,
-            Err(ForeignTicket) => Finished::nothing(),
-        }
-    }
-
-    /// [`QueueState::finish`] that reports a ticket from another state instead of ignoring it.
-    ///
-    /// With outage detection on, it is [`QueueState::finish_signalled`] with
-    /// [`Signal::Ignored`](workqueue_ratelimit::Signal::Ignored): the outcome says nothing
-    /// about an outage, but a finished probe is noticed.
-    pub fn try_finish(
-        &mut self,
-        ticket: Ticket,
-        outcome: Outcome,
-        limiter_delay: Option<Duration>,
-        now: Instant,
+        mut pace: impl FnMut(&T) -> Duration,
     ) -> Result<Finished<T>, ForeignTicket> {
         if self.parking.is_some() {
-            let ignored = workqueue_ratelimit::Signal::Ignored;
-            // An ignored signal never closes the detector: nothing is released, paced.
-            let mut pace = |_: &T| Duration::ZERO;
-            return self
-                .finish_signalled(ticket, outcome, limiter_delay, ignored, now, &mut pace)
-                .map(|(f, _)| f);
+            return self.finish_observed(ticket, outcome, limiter_delay, now, &mut pace);
         }
         self.finish_unobserved(ticket, outcome, limiter_delay, now)
     }
 
-    /// [`QueueState::finish`] for a driver that checked that outage detection is off (or that
-    /// finishes through [`QueueState::finish_signalled`] otherwise): the hot path, with no
-    /// branch for it.
+    /// [`QueueState::finish`] for a driver that checked that outage detection is off: the hot
+    /// path, with no branch for it (a foreign ticket finishes nothing).
     #[inline]
     pub(crate) fn finish_fast(
         &mut self,
@@ -685,21 +679,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             self.push_ready(slot, priority, self.now);
             requeued = true;
         }
-        let readd = match outcome {
-            Outcome::Done | Outcome::Forget => None,
-            Outcome::Retry => limiter_delay,
-            Outcome::RetryAfter(d) | Outcome::RequeueAfter(d) => Some(d),
+        let readd = match outcome.op {
+            Op::Done | Op::Forget => None,
+            Op::Retry => limiter_delay,
+            Op::RetryAfter(d) | Op::RequeueAfter(d) => Some(d),
         };
-        // A re-add keeps the priority the key was handed out at.
+        // A re-add keeps the priority the key was handed out at, unless the outcome names one.
         if let Some(delay) = readd
             && !self.shutting_down
         {
+            let priority = outcome.priority.unwrap_or(ticket.priority);
             if delay.is_zero() {
-                requeued |= self.enqueue(slot, ticket.priority) == AddStatus::Queued;
+                requeued |= self.enqueue(slot, priority) == AddStatus::Queued;
             } else {
                 let deadline = self.now.saturating_add(duration_to_nanos(delay));
                 if deadline != u64::MAX {
-                    self.schedule(slot, deadline, ticket.priority);
+                    self.schedule(slot, deadline, priority);
                 }
             }
         }
@@ -709,6 +704,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             requeued,
             waiting,
             released,
+            outage: None,
         })
     }
 

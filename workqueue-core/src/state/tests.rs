@@ -11,6 +11,11 @@ fn at(ms: u64) -> Instant {
     Instant::from_nanos(ms * 1_000_000)
 }
 
+/// The pacing of finishes that release no parked key.
+fn no_pace<K>(_: &K) -> Duration {
+    Duration::ZERO
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -26,7 +31,7 @@ fn drain_keys(q: &mut QueueState<&'static str>, now: Instant) -> Vec<&'static st
     let mut out = Vec::new();
     while let Get::Ready(t, k) = q.get(now) {
         out.push(k);
-        let _ = q.finish(t, Outcome::Done, None, now);
+        let _ = q.finish(t, Outcome::done(), None, now, no_pace).unwrap();
         q.check_invariants();
     }
     out
@@ -56,7 +61,7 @@ fn add_while_processing_marks_dirty_and_requeues_at_tail_on_finish() {
         "a dirty key is not counted until it is requeued"
     );
     q.check_invariants();
-    let f = q.finish(t, Outcome::Done, None, T0);
+    let f = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(f.requeued && f.released.is_none());
     assert_eq!(q.ready_keys(), ["b", "a"]);
     q.check_invariants();
@@ -69,10 +74,10 @@ fn a_key_is_never_handed_out_twice_at_once() {
     let (t, _) = take(&mut q, T0);
     q.add("a", T0);
     assert!(matches!(q.get(T0), Get::Empty { .. }));
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     let (t, k) = take(&mut q, T0);
     assert_eq!(k, "a");
-    let f = q.finish(t, Outcome::Done, None, T0);
+    let f = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert_eq!(f.released, Some("a"), "an idle key is no longer tracked");
     assert_eq!(q.counts(), Counts::default());
 }
@@ -102,9 +107,11 @@ fn finish_after_shutdown_still_requeues_a_dirty_key_but_drops_retries() {
     q.add("a", T0);
     let _ = q.shut_down();
     assert!(!q.is_drained(false));
-    let f = q.finish(ta, Outcome::Done, None, T0);
+    let f = q.finish(ta, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(f.requeued);
-    let f = q.finish(tb, Outcome::RetryAfter(ms(1)), None, T0);
+    let f = q
+        .finish(tb, Outcome::retry_after(ms(1)), None, T0, no_pace)
+        .unwrap();
     assert!(!f.requeued && !f.waiting);
     assert_eq!(f.released, Some("b"));
     assert!(q.is_drained(false));
@@ -197,7 +204,7 @@ fn a_reminder_that_fires_while_processing_marks_the_key_dirty() {
     q.add_after("a", ms(10), T0);
     assert_eq!(q.len(at(10)), 0);
     assert!(q.is_processing("a"));
-    let f = q.finish(t, Outcome::Done, None, at(10));
+    let f = q.finish(t, Outcome::done(), None, at(10), no_pace).unwrap();
     assert!(f.requeued);
 }
 
@@ -240,18 +247,37 @@ fn finish_outcomes_map_to_queue_operations() {
     }
     let mut tickets: Vec<_> = (0..5).map(|_| take(&mut q, T0)).collect();
     let (t, _) = tickets.remove(0);
-    assert_eq!(q.finish(t, Outcome::Done, None, T0).released, Some("done"));
+    assert_eq!(
+        q.finish(t, Outcome::done(), None, T0, no_pace)
+            .unwrap()
+            .released,
+        Some("done")
+    );
     let (t, _) = tickets.remove(0);
     assert_eq!(
-        q.finish(t, Outcome::Forget, None, T0).released,
+        q.finish(t, Outcome::forget(), None, T0, no_pace)
+            .unwrap()
+            .released,
         Some("forget")
     );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::Retry, Some(ms(5)), T0).waiting);
+    assert!(
+        q.finish(t, Outcome::retry(), Some(ms(5)), T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::RetryAfter(ms(7)), None, T0).waiting);
+    assert!(
+        q.finish(t, Outcome::retry_after(ms(7)), None, T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::RequeueAfter(ms(9)), None, T0).waiting);
+    assert!(
+        q.finish(t, Outcome::requeue_after(ms(9)), None, T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     assert_eq!(q.waiting_deadline("retry"), Some(at(5)));
     assert_eq!(q.waiting_deadline("retry_after"), Some(at(7)));
     assert_eq!(q.waiting_deadline("requeue_after"), Some(at(9)));
@@ -262,7 +288,8 @@ fn finish_outcomes_map_to_queue_operations() {
         take(&mut q, T0)
     };
     assert!(
-        q.finish(t, Outcome::Retry, Some(Duration::ZERO), T0)
+        q.finish(t, Outcome::retry(), Some(Duration::ZERO), T0, no_pace)
+            .unwrap()
             .requeued
     );
 }
@@ -308,7 +335,8 @@ fn foreign_tickets_are_rejected() {
     b.add("k", T0);
     let (ta, _) = take(&mut a, T0);
     assert_eq!(
-        b.try_finish(ta, Outcome::Done, None, T0).unwrap_err(),
+        b.finish(ta, Outcome::done(), None, T0, no_pace)
+            .unwrap_err(),
         ForeignTicket
     );
     assert!(b.is_queued("k"));
@@ -331,7 +359,7 @@ fn a_drained_state_gives_its_memory_back() {
     }
     let full = q.allocated_bytes();
     while let Get::Ready(t, _) = q.get(T0) {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert!(
         q.allocated_bytes() < full / 100,
@@ -350,7 +378,7 @@ fn slots_are_reused_without_confusing_keys() {
         q.add("a", T0);
         q.add("b", T0);
         let (ta, _) = take(&mut q, T0);
-        let _ = q.finish(ta, Outcome::Done, None, T0);
+        let _ = q.finish(ta, Outcome::done(), None, T0, no_pace).unwrap();
         q.add("c", T0);
         q.check_invariants();
         assert_eq!(drain_keys(&mut q, T0), ["b", "c"], "round {round}");
@@ -377,7 +405,7 @@ fn the_index_grows_like_hashbrown_and_keeps_every_key_findable() {
         let Get::Ready(t, _) = q.get(T0) else {
             panic!("a key")
         };
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     for k in 10_000..40_000u32 {
         q.add(k, T0);
@@ -450,7 +478,7 @@ fn rotate_u32(q: &mut QueueState<u32>, order: &mut std::collections::VecDeque<u3
     let (t, k) = take_u32(q, T0);
     assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
     q.add(k, T0);
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     order.push_back(k);
 }
 
@@ -473,7 +501,7 @@ fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
         while q.counts().tracked > level {
             let (t, k) = take_u32(&mut q, T0);
             assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
-            let _ = q.finish(t, Outcome::Done, None, T0);
+            let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         }
         for _ in 0..level {
             rotate_u32(&mut q, &mut order);
@@ -496,12 +524,12 @@ fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
     while let Some(next) = order.pop_front() {
         let (t, k) = take_u32(&mut q, T0);
         assert_eq!(k, next);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(q.compactions(), compactions);
     assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
     assert_eq!(q.waiting_deadline(&(u32::MAX - 1)), Some(at(3_600_000)));
-    let f = q.finish(held, Outcome::Done, None, T0);
+    let f = q.finish(held, Outcome::done(), None, T0, no_pace).unwrap();
     assert_eq!(f.released, Some(u32::MAX));
     q.check_invariants();
 }
@@ -517,7 +545,7 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     // Leases on the top ten slots stay out; the rest end.
     let top = tickets.split_off(1990);
     for t in tickets {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     // New keys take the freed slots, the most recently freed (highest) first.
     for k in 5000..5100 {
@@ -540,7 +568,7 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     );
     for (i, t) in top.into_iter().enumerate().rev() {
         assert_eq!(q.ticket_key(&t), Some(&(1990 + i as u32)));
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         // A pinned compaction is checked on every get: finished at the first after the last
         // lease ended.
         rotate_u32(&mut q, &mut order);
@@ -552,7 +580,7 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     let mut rest: Vec<u32> = Vec::new();
     while let Get::Ready(t, k) = q.get(T0) {
         rest.push(k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(rest, Vec::from(order));
     q.check_invariants();
@@ -568,7 +596,7 @@ fn a_queue_swinging_around_a_size_does_not_rebuild_on_every_swing() {
     // Down to 1000, then 40 swings between 1000 and 1900.
     while q.counts().tracked > 1000 {
         let (t, _) = take_u32(&mut q, T0);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     let settled = q.compactions();
     for _ in 0..40 {
@@ -578,7 +606,7 @@ fn a_queue_swinging_around_a_size_does_not_rebuild_on_every_swing() {
         }
         for _ in 0..900 {
             let (t, _) = take_u32(&mut q, T0);
-            let _ = q.finish(t, Outcome::Done, None, T0);
+            let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         }
     }
     q.check_invariants();
@@ -602,7 +630,7 @@ fn a_pure_drain_to_empty_never_compacts() {
     while let Get::Ready(t, k) = q.get(T0) {
         assert_eq!(k, next);
         next += 1;
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(next, 200_000);
     assert_eq!(q.compactions(), 0, "a pure drain compacted");
@@ -624,7 +652,7 @@ fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothin
     for k in 0..20_000 {
         let (t, got) = take_u32(&mut q, T0);
         assert_eq!(got, k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(q.compactions(), 0, "the drain itself never settled");
     // The workers' next get finds nothing ready: the drain is over.
@@ -635,7 +663,7 @@ fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothin
     assert!(matches!(q.get(T0), Get::Empty { .. }));
     assert_eq!(q.compactions(), 1, "one compaction per halving");
     assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
-    let _ = q.finish(held, Outcome::Done, None, T0);
+    let _ = q.finish(held, Outcome::done(), None, T0, no_pace).unwrap();
     q.check_invariants();
 }
 
@@ -650,7 +678,7 @@ fn shrink_off_keeps_the_peak_and_compact_still_works() {
     let peak = q.allocated_bytes();
     for _ in 0..4990 {
         let (t, _) = take_u32(&mut q, T0);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!((q.compactions(), q.allocated_bytes()), (0, peak));
     q.compact();
@@ -666,13 +694,13 @@ fn shrink_off_keeps_the_peak_and_compact_still_works() {
     let mut tickets = tickets.into_iter();
     let top = tickets.next_back().expect("3000 tickets");
     for t in tickets {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     q.compact();
     q.check_invariants();
     assert_eq!(q.compactions(), 2);
-    let _ = q.finish(top, Outcome::Done, None, T0);
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    let _ = q.finish(top, Outcome::done(), None, T0, no_pace).unwrap();
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(k < 5000);
     assert_eq!(drain_u32(&mut q).len(), 9);
     assert_eq!(q.compactions(), 2);
@@ -683,7 +711,7 @@ fn drain_u32(q: &mut QueueState<u32>) -> Vec<u32> {
     let mut out = Vec::new();
     while let Get::Ready(t, k) = q.get(T0) {
         out.push(k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     out
 }
@@ -712,11 +740,11 @@ fn compaction_keeps_priorities_aging_fairness_and_timing() {
             let t = held.remove(0);
             // Two in three come back: the live count falls slowly enough to settle.
             let outcome = if now % 3 != 0 {
-                Outcome::RequeueAfter(ms(1))
+                Outcome::requeue_after(ms(1))
             } else {
-                Outcome::Done
+                Outcome::done()
             };
-            let _ = q.finish(t, outcome, None, at(now / 10));
+            let _ = q.finish(t, outcome, None, at(now / 10), no_pace).unwrap();
         }
         q.check_invariants();
     }
@@ -739,7 +767,9 @@ fn the_age_order_stays_bounded_behind_an_old_queued_key() {
             other => panic!("expected a key, got {other:?}"),
         };
         assert_eq!(got, k, "priority 0 first");
-        let _ = q.finish(t, Outcome::Done, None, at(u64::from(k)));
+        let _ = q
+            .finish(t, Outcome::done(), None, at(u64::from(k)), no_pace)
+            .unwrap();
         longest = longest.max(q.aging.as_ref().unwrap().order_len());
         if k % 1000 == 0 {
             q.check_invariants();
@@ -767,7 +797,7 @@ fn the_overdue_search_steps_over_processing_keys_and_drops_stale_entries() {
         q.add(k, at(4));
         let (t, got) = take(&mut q, at(4));
         assert_eq!(got, k);
-        let _ = q.finish(t, Outcome::Done, None, at(4));
+        let _ = q.finish(t, Outcome::done(), None, at(4), no_pace).unwrap();
     }
     q.add("fresh", at(5));
     q.check_invariants();
@@ -776,6 +806,8 @@ fn the_overdue_search_steps_over_processing_keys_and_drops_stale_entries() {
     q.check_invariants();
     assert_eq!(take(&mut q, at(12)).1, "fresh");
     assert_eq!(take(&mut q, at(13)).1, "low-2");
-    let _ = q.finish(held, Outcome::Done, None, at(13));
+    let _ = q
+        .finish(held, Outcome::done(), None, at(13), no_pace)
+        .unwrap();
     q.check_invariants();
 }

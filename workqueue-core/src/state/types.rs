@@ -5,6 +5,7 @@ use std::num::NonZeroU32;
 
 use workqueue_ratelimit::Instant;
 
+use super::OutageEvent;
 #[cfg(doc)]
 use super::QueueState;
 use super::slots::SlotId;
@@ -77,16 +78,10 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// The priority of the handed-out key: the priority it was handed out at, unless
-    /// [`Ticket::set_priority`] changed it. Re-adds that finishing asks for use it.
+    /// The priority the key was handed out at. Re-adds that finishing asks for use it, unless
+    /// the outcome names another ([`Outcome::with_priority`](crate::Outcome::with_priority)).
     pub fn priority(&self) -> i32 {
         self.priority
-    }
-
-    /// Sets the priority at which re-adds that finishing asks for (a retry, a requeue) queue the
-    /// key. By default they keep the priority it was handed out at (controller-runtime #3157).
-    pub fn set_priority(&mut self, priority: i32) {
-        self.priority = priority;
     }
 }
 
@@ -108,6 +103,7 @@ pub struct ForeignTicket;
 
 /// What [`QueueState::finish`] did.
 #[derive(Debug)]
+#[non_exhaustive]
 #[must_use = "the freed key should be dropped outside any lock"]
 pub struct Finished<T> {
     /// Whether the key went back to the ready FIFO (it was dirty, or re-added without delay).
@@ -117,6 +113,8 @@ pub struct Finished<T> {
     /// The key, when the state no longer tracks it. Drivers drop it after releasing their lock,
     /// so user `Drop` code does not run under it.
     pub released: Option<T>,
+    /// What the finish changed in the outage detector, if it is on and changed.
+    pub outage: Option<OutageEvent>,
 }
 
 impl<T> Finished<T> {
@@ -126,6 +124,7 @@ impl<T> Finished<T> {
             requeued: false,
             waiting: false,
             released: None,
+            outage: None,
         }
     }
 }

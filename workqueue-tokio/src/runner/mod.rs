@@ -872,9 +872,11 @@ where
         if let Err(message) = catch(|| self.failures.record(key, verdict)) {
             let _ = catch(|| tracing::error!(panic = %message, "counting a failure panicked"));
         }
-        let reason = match (verdict, outcome) {
-            (_, Outcome::Done | Outcome::Forget) => return,
-            (Reconciled::Ok(_), _) => reasons::REQUEUE,
+        if outcome == Outcome::done() || outcome == Outcome::forget() {
+            return;
+        }
+        let reason = match verdict {
+            Reconciled::Ok(_) => reasons::REQUEUE,
             _ => reasons::RETRY,
         };
         if let Err(message) = catch(|| self.reasons.mark([key], reason)) {
@@ -1021,14 +1023,15 @@ impl Drop for ActiveWorker<'_> {
 /// the lease's own). The queue finishes the key even when the rate limiter panics, then re-raises
 /// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
 fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>, signal: Option<Signal>) {
-    let lease = match priority {
-        Some(p) => lease.with_priority(p),
-        None => lease,
+    let outcome = match priority {
+        Some(p) => outcome.with_priority(p),
+        None => outcome,
     };
-    let finished = catch(|| match signal {
-        Some(signal) => lease.finish_signalled(outcome, signal),
-        None => lease.finish(outcome),
-    });
+    let outcome = match signal {
+        Some(signal) => outcome.with_signal(signal),
+        None => outcome,
+    };
+    let finished = catch(|| lease.finish(outcome));
     if let Err(message) = finished {
         tracing::error!(
             panic = %message,
