@@ -318,11 +318,11 @@ impl Harness {
                 assert_eq!(status, expected, "add_rate_limited");
             }
             QOp::AddWith(k, p, d, rate_limited) => {
-                let opts = AddOptions {
-                    priority: i32::from(*p % 4),
-                    after: d.get(),
-                    rate_limited: *rate_limited,
-                };
+                let (priority, after) = (i32::from(*p % 4), d.get());
+                let opts = AddOptions::new()
+                    .priority(priority)
+                    .after(after)
+                    .rate_limited(*rate_limited);
                 let status = catch_unwind(AssertUnwindSafe(|| self.queue.add_with(key(*k), opts)));
                 let delay = self.answer();
                 let Ok(status) = status else {
@@ -331,12 +331,16 @@ impl Harness {
                 };
                 assert_eq!(
                     delay.is_some(),
-                    opts.rate_limited && !self.model.is_shutting_down(),
+                    *rate_limited && !self.model.is_shutting_down(),
                     "the limiter is consulted for a rate-limited add unless shutting down"
                 );
-                let expected =
-                    self.model
-                        .add_with(key(*k), opts.priority, opts.delay(delay), now);
+                // The limiter's delay, or the shorter of it and `after` (controller-runtime's).
+                let delay = match delay {
+                    Some(l) if after.is_zero() => l,
+                    Some(l) => l.min(after),
+                    None => after,
+                };
+                let expected = self.model.add_with(key(*k), priority, delay, now);
                 assert_eq!(status, expected, "add_with");
             }
             QOp::TryGet => {

@@ -36,8 +36,8 @@ use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use clap::Parser;
+use workqueue_core::__private::COMPACT_MIN;
 use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
-use workqueue_core::state::COMPACT_MIN;
 use workqueue_core::{Builder, Lease, Outcome, WorkQueue};
 use workqueue_model::{Ledger, SplitMix64};
 

@@ -157,7 +157,7 @@ impl<K: Ord + Clone> Model<K> {
         }
     }
 
-    /// Turns aging on (`QueueState::set_max_ready_wait`): keys already ready count as ready from
+    /// Turns aging on (`QueueState::enable_aging`): keys already ready count as ready from
     /// the latest time seen, in the order they are served.
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.ready.restart_ages(self.now);

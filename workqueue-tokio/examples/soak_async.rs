@@ -43,7 +43,7 @@ use std::time::{Duration, Instant as StdInstant};
 use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
-use workqueue_core::state::COMPACT_MIN;
+use workqueue_core::__private::COMPACT_MIN;
 use workqueue_model::{Ledger, SplitMix64};
 use workqueue_tokio::ratelimit::ExponentialFailure;
 use workqueue_tokio::{CancellationToken, Lease, Outcome, WorkQueue};

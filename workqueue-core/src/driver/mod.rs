@@ -95,7 +95,7 @@ pub struct CoreConfig<T, S> {
     pub outage: Option<OutageConfig>,
     /// Called after each change of the outage detector (see `Builder::on_outage_event`).
     pub outage_hook: Option<OutageHook>,
-    /// Whether the state gives memory back after a burst (`QueueState::set_shrink`).
+    /// Whether the state gives memory back after a burst (`QueueState::set_shrink_memory`).
     pub shrink: bool,
 }
 
@@ -176,15 +176,15 @@ where
             .unwrap_or_else(|| Arc::new(workqueue_ratelimit::default_controller_rate_limiter()));
         let mut state = QueueState::with_capacity_and_hasher(config.capacity, config.hasher);
         if let Some(max_wait) = config.max_ready_wait {
-            state.set_max_ready_wait(max_wait);
+            state.enable_aging(max_wait);
         }
         if config.group.is_some() {
-            state.set_fair();
+            state.enable_fairness();
         }
         if let Some(outage) = config.outage {
             state.enable_outage_detection(outage);
         }
-        state.set_shrink(config.shrink);
+        state.set_shrink_memory(config.shrink);
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -371,21 +371,21 @@ where
     /// See `WorkQueue::add`.
     pub fn add(&self, key: T) -> AddStatus {
         if self.group.is_some() {
-            return self.add_with(key, AddOptions::default());
+            return self.add_with(key, AddOptions::new());
         }
         let (status, unused) = self.mutate(|g| {
             let now = self.now_for(&g.state);
-            g.state.add_or_return(key, now)
+            g.state.add_or_return(key, AddOptions::new(), None, now)
         });
         drop(unused);
         status
     }
 
-    /// The fairness group of `key` (0 without fairness). The group function is user code: it
-    /// runs before the lock.
+    /// The fairness group of `key` (`None` without fairness). The group function is user code:
+    /// it runs before the lock.
     #[inline]
-    fn group_of(&self, key: &T) -> u64 {
-        self.group.as_ref().map_or(0, |f| f(key))
+    fn group_of(&self, key: &T) -> Option<u64> {
+        self.group.as_ref().map(|f| f(key))
     }
 
     /// See `WorkQueue::add_ref`.
@@ -400,19 +400,19 @@ where
         }
         self.mutate(|g| {
             let now = self.now_for(&g.state);
-            g.state.add_ref(key, now)
+            g.state.add_ref(key, AddOptions::new(), now)
         })
     }
 
     /// See `WorkQueue::add_batch`.
     pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
         if self.group.is_some() {
-            return self.add_batch_with(keys, AddOptions::default());
+            return self.add_batch_with(keys, AddOptions::new());
         }
         let unused: Vec<T> = self.mutate(|g| {
             let now = self.now_for(&g.state);
             keys.into_iter()
-                .filter_map(|k| g.state.add_or_return(k, now).1)
+                .filter_map(|k| g.state.add_or_return(k, AddOptions::new(), None, now).1)
                 .collect()
         });
         drop(unused);
@@ -424,12 +424,12 @@ where
             return AddStatus::ShutDown;
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
-        let delay = opts.delay(self.limiter_delay(&key, opts, now));
+        let after = opts.delay(self.limiter_delay(&key, opts, now));
         let group = self.group_of(&key);
+        let opts = AddOptions { after, ..opts };
         let (status, unused) = self.mutate(|g| {
             let now = now.unwrap_or_else(|| self.now_for(&g.state));
-            g.state
-                .add_in_group_or_return(key, group, opts.priority, delay, now)
+            g.state.add_or_return(key, opts, group, now)
         });
         drop(unused);
         self.count_retry(now.is_some() && status != AddStatus::ShutDown);
@@ -443,7 +443,7 @@ where
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
         // The limiter and the group function are asked outside the lock, key by key.
-        let keys: Vec<(T, Duration, u64)> = keys
+        let keys: Vec<(T, Duration, Option<u64>)> = keys
             .into_iter()
             .map(|key| {
                 let delay = opts.delay(self.limiter_delay(&key, opts, now));
@@ -456,10 +456,9 @@ where
             let mut added = 0;
             let unused = keys
                 .into_iter()
-                .filter_map(|(key, delay, group)| {
-                    let (status, unused) =
-                        g.state
-                            .add_in_group_or_return(key, group, opts.priority, delay, now);
+                .filter_map(|(key, after, group)| {
+                    let opts = AddOptions { after, ..opts };
+                    let (status, unused) = g.state.add_or_return(key, opts, group, now);
                     added += usize::from(status != AddStatus::ShutDown);
                     unused
                 })
@@ -513,10 +512,8 @@ where
 
     fn add_after_at(&self, key: T, delay: Duration, now: Instant) -> AddStatus {
         let group = self.group_of(&key);
-        let (status, unused) = self.mutate(|g| match self.group {
-            Some(_) => g.state.add_in_group_or_return(key, group, 0, delay, now),
-            None => g.state.add_after_or_return(key, delay, now),
-        });
+        let opts = AddOptions::new().after(delay);
+        let (status, unused) = self.mutate(|g| g.state.add_or_return(key, opts, group, now));
         drop(unused);
         status
     }
@@ -596,7 +593,7 @@ where
 
     /// A named queue joins the process-wide refresher (which also sends what its operations
     /// recorded, see `metrics::FLUSH_EVERY`); drivers call it once the core is in its `Arc`.
-    /// A no-op for an unnamed queue, one built with `refresh_thread(false)`, after shutdown, or
+    /// A no-op for an unnamed queue, one built with `metrics_refresh_thread(false)`, after shutdown, or
     /// without the `metrics` feature.
     pub fn join_refresher(self: &Arc<Self>) {
         #[cfg(feature = "metrics")]

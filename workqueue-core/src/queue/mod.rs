@@ -111,7 +111,7 @@ where
 
     /// A builder for a queue with a name, rate limiter, clock or hasher of your choice.
     pub fn builder() -> Builder<T> {
-        Builder::new()
+        Builder::default()
     }
 }
 
@@ -150,10 +150,10 @@ where
 
     // The operations every driver offers unchanged (adds, non-waiting gets, observation,
     // shut_down) are defined once, in `driver/handle_methods.rs`.
-    crate::queue_handle_methods!();
+    crate::__queue_handle_methods!();
 
     /// The current time on the queue's clock.
-    pub fn now(&self) -> Instant {
+    fn now(&self) -> Instant {
         self.core.clock().now()
     }
 

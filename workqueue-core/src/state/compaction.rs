@@ -36,8 +36,8 @@
 //! `m / 4`, so a queue that swings around a size does not rebuild on every swing: at most one
 //! rebuild per halving of the live size (and one to finish a pinned one, which is checked at
 //! every get and does not wait to settle: its lease has ended). States under
-//! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once, as
-//! before. [`QueueState::set_shrink`] turns compaction off.
+//! [`COMPACT_MIN`] live keys do not compact; an empty one frees its large buffers at once.
+//! [`QueueState::set_shrink_memory`] turns compaction off.
 //!
 //! Compacting hashes every live key (the index's buckets depend on its size, and the index keeps
 //! no hashes), which is user code: it runs before the compaction changes anything, so a `Hash`
@@ -62,38 +62,36 @@ pub(super) const SHRINK_ABOVE: usize = 1024;
 
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Whether the state gives memory back when its live keys fall well below the size its
-    /// buffers grew to (see the [state documentation](super#memory-follows-the-live-size)). Default: on. Off keeps the peak
-    /// until the state is empty, as a state that never compacts; [`QueueState::compact`] still
-    /// compacts when asked.
-    pub fn set_shrink(&mut self, on: bool) {
-        self.shrink = on;
-        if !on {
+    /// buffers grew to (see the [state documentation](super#memory-follows-the-live-size)).
+    /// Default: on. Off keeps the peak
+    /// until the state is empty.
+    pub fn set_shrink_memory(&mut self, enabled: bool) {
+        self.shrink = enabled;
+        if !enabled {
             self.shrink_below = 0;
             self.pin = NO_POS;
             self.settle_live = 0;
         }
     }
 
-    /// How many times the state compacted (see the [state documentation](super#memory-follows-the-live-size)).
-    pub fn compactions(&self) -> u64 {
+    /// How many times the state compacted.
+    pub(crate) fn compactions(&self) -> u64 {
         self.compactions
     }
 
-    /// Testing seam, not a stable API: compacts from `min` live keys instead of
-    /// [`COMPACT_MIN`], so tests and fuzzers reach compaction with a handful of keys.
-    #[doc(hidden)]
-    pub fn set_compact_min(&mut self, min: usize) {
+    /// Compacts from `min` live keys instead of [`COMPACT_MIN`], so tests and fuzzers reach
+    /// compaction with a handful of keys.
+    pub(crate) fn set_compact_min(&mut self, min: usize) {
         self.compact_min = min.max(1);
         // Check at the next get, at the new scale.
         self.schedule_check(1);
     }
 
-    /// Testing seam, not a stable API: `false` compacts at the first get below the threshold,
-    /// without waiting for the live count to settle there, so that tests and fuzzers whose
-    /// operations rarely settle still compact often. Default: `true`.
-    #[doc(hidden)]
-    pub fn set_settle(&mut self, on: bool) {
-        self.settle = on;
+    /// `false` compacts at the first get below the threshold, without waiting for the live count
+    /// to settle there, so that tests and fuzzers whose operations rarely settle still compact
+    /// often. Default: `true`.
+    pub(crate) fn set_settle(&mut self, enabled: bool) {
+        self.settle = enabled;
         self.schedule_check(1);
     }
 
@@ -181,12 +179,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// Gives memory back now: moves every live slot that is not being processed to the lowest
     /// free slots and rebuilds the index, the ready set, the waiting heap and the per-slot side
-    /// arrays at the live size (see the [state documentation](super#memory-follows-the-live-size)). `get` does this on its
-    /// own when few keys are live; call it after a burst to do it at a time of your choosing.
+    /// arrays at the live size. `get` does this on its own when few keys are live and settled.
     ///
     /// It hashes every live key (user code) before it changes anything: a `Hash` that panics
     /// leaves the state as it was.
-    pub fn compact(&mut self) {
+    pub(crate) fn compact(&mut self) {
         let live = self.slots.live();
         // User code first, in slot order: every live key's hash.
         let hashes: Vec<(SlotId, u64)> = self

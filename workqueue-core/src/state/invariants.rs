@@ -10,7 +10,7 @@ use super::{QueueState, age_status};
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Panics if an invariant of the state is broken. For tests, fuzzing and debugging: it walks
     /// every slot.
-    pub fn check_invariants(&self) {
+    pub(crate) fn check_invariants(&self) {
         let mut queued = 0;
         let mut processing = 0;
         let mut waiting = 0;

@@ -23,8 +23,7 @@
 //! empty state frees its large buffers at once). Compacting hashes every live key before it
 //! changes anything, so a `Hash` that panics leaves the state as it was; that is why it runs in
 //! `get`, which may call user code, and never in `finish`, which calls none.
-//! [`QueueState::set_shrink`] turns compaction off; [`QueueState::compact`] compacts
-//! when you ask.
+//! [`QueueState::set_shrink_memory`] turns compaction off.
 //!
 //! Priorities, aging and fairness cost nothing until they are used: until then the ready set is
 //! one FIFO and no per-key bytes are kept for them.
@@ -32,19 +31,19 @@
 //! ```
 //! use std::time::Duration;
 //! use workqueue_core::state::{Get, QueueState};
-//! use workqueue_core::{Instant, Outcome};
+//! use workqueue_core::{AddOptions, Instant, Outcome};
 //!
 //! let mut q: QueueState<&str> = QueueState::new();
 //! let t0 = Instant::ZERO;
-//! q.add("a", t0);
-//! q.add("a", t0); // de-duplicated
-//! q.add_after("b", Duration::from_secs(1), t0);
+//! q.add("a", AddOptions::new(), t0);
+//! q.add("a", AddOptions::new(), t0); // de-duplicated
+//! q.add("b", AddOptions::new().after(Duration::from_secs(1)), t0);
 //! assert_eq!(q.len(t0), 1);
 //! assert_eq!(q.next_deadline(), Some(Instant::from_nanos(1_000_000_000)));
 //!
 //! let Get::Ready(ticket, key) = q.get(t0) else { panic!() };
 //! assert_eq!(key, "a");
-//! q.add("a", t0); // re-added while processing: runs again after it finishes
+//! q.add("a", AddOptions::new(), t0); // re-added while processing: runs again after it finishes
 //! assert_eq!(q.len(t0), 0);
 //! let _ = q.finish(ticket, Outcome::done(), None, t0, |_| Duration::ZERO);
 //! assert_eq!(q.len(t0), 1);
@@ -61,6 +60,7 @@ mod invariants;
 mod parking;
 mod priorities;
 mod ready;
+pub(crate) mod seam;
 mod slots;
 pub(crate) mod timing;
 mod types;
@@ -77,16 +77,17 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
+use crate::options::AddOptions;
 use crate::outcome::Op;
 use aging::Aging;
-pub use compaction::COMPACT_MIN;
+use compaction::COMPACT_MIN;
 pub use parking::OutageEvent;
 use parking::{PARKED, Parking};
 use priorities::Priorities;
 use ready::{OVERDUE, ReadyQueue};
 pub(crate) use slots::SlotId;
 use slots::{MAX_SLOTS, NO_POS, Slots};
-pub use timing::Timing;
+pub(crate) use timing::Timing;
 pub use types::{AddStatus, Counts, DefaultHashBuilder, Finished, ForeignTicket, Get, Ticket};
 use waiting::{Waiting, WaitingHeap};
 #[cfg(doc)]
@@ -97,7 +98,7 @@ use workqueue_ratelimit::Signal;
 /// See the [module documentation](self) for an example and the crate's README for the semantics
 /// table, which this type implements row by row.
 ///
-/// Invariants (checked by [`QueueState::check_invariants`] in tests):
+/// Invariants (checked after every step of the tests and fuzz targets):
 /// - the hash index holds exactly the live slots, each under its key's hash;
 /// - a slot in the ready set is queued, not processing, appears once, at the level it records
 ///   (its priority, or the overdue level), and, with aging, a queued slot that is not overdue
@@ -142,7 +143,7 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     /// The highest processing slot that kept the slot arrays above twice the live size at the
     /// last compaction, or `NO_POS`. While it is processing, `get` only checks it.
     pin: SlotId,
-    /// Whether the state compacts (`set_shrink`).
+    /// Whether the state compacts (`set_shrink_memory`).
     shrink: bool,
     /// The fewest live keys at which a compaction is worth it (`COMPACT_MIN`; tests lower it).
     compact_min: usize,
@@ -172,7 +173,7 @@ fn next_state_id() -> NonZeroU32 {
 impl<T: Hash + Eq + Clone> QueueState<T> {
     /// An empty state with a randomly seeded default hasher.
     pub fn new() -> Self {
-        Self::with_hasher(DefaultHashBuilder::default())
+        Self::with_capacity_and_hasher(0, DefaultHashBuilder::default())
     }
 }
 
@@ -199,12 +200,14 @@ impl<T, S> QueueState<T, S> {
 
     /// Whether a drain is complete: no key is processing, and, with `include_queued`, none is
     /// ready either.
-    pub fn is_drained(&self, include_queued: bool) -> bool {
+    pub(crate) fn is_drained(&self, include_queued: bool) -> bool {
         self.processing == 0 && (!include_queued || self.ready.len() == 0)
     }
 
-    /// Number of keys ready as of the last operation, without promoting due keys.
-    pub fn ready_len(&self) -> usize {
+    /// Number of keys ready as of the last operation, without promoting due keys (the `ready`
+    /// of [`QueueState::counts`]).
+    #[inline]
+    pub(crate) fn ready_len(&self) -> usize {
         self.ready.len()
     }
 
@@ -217,10 +220,10 @@ impl<T, S> QueueState<T, S> {
             .map(|w| Instant::from_nanos(w.deadline))
     }
 
-    /// Whether an operation at `now` would promote a waiting key.
-    ///
-    /// Drivers use it to skip reading the clock while nothing waits.
-    pub fn has_waiting(&self) -> bool {
+    /// Whether an operation at `now` could promote a waiting key (parked keys included): the
+    /// drivers skip reading the clock while nothing waits.
+    #[inline]
+    pub(crate) fn has_waiting(&self) -> bool {
         self.waiting.len() != 0
     }
 
@@ -230,26 +233,29 @@ impl<T, S> QueueState<T, S> {
     }
 
     /// Starts keeping per-key timing for metrics (see [`Timing`]). Idempotent.
-    pub fn enable_timing(&mut self) {
+    pub(crate) fn enable_timing(&mut self) {
         self.timing.get_or_insert_with(Box::default);
     }
 
     /// The timing data, if [`QueueState::enable_timing`] was called.
-    pub fn timing(&self) -> Option<&Timing> {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn timing(&self) -> Option<&Timing> {
         self.timing.as_deref()
     }
 
     /// How long the longest-waiting queued key has waited at `now`, since its first add after it
     /// was last handed out; `None` without timing or when no key is queued. A scan of the timing
     /// data: for a refresher's period, not for every operation.
-    pub fn oldest_ready(&self, now: Instant) -> Option<Duration> {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn oldest_ready(&self, now: Instant) -> Option<Duration> {
         let slots = &self.slots;
         self.timing()?
             .oldest_ready(now, |slot| slots.is_live(slot) && slots.is_queued(slot))
     }
 
     /// The timing data, mutably (drivers drain its observations).
-    pub fn timing_mut(&mut self) -> Option<&mut Timing> {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn timing_mut(&mut self) -> Option<&mut Timing> {
         self.timing.as_deref_mut()
     }
 
@@ -265,12 +271,8 @@ impl<T, S> QueueState<T, S> {
 }
 
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
-    /// An empty state that hashes keys with `hasher`.
-    pub fn with_hasher(hasher: S) -> Self {
-        Self::with_capacity_and_hasher(0, hasher)
-    }
-
-    /// An empty state with room for `capacity` keys before it reallocates.
+    /// An empty state with room for `capacity` keys before it reallocates, that hashes keys with
+    /// `hasher`.
     pub fn with_capacity_and_hasher(capacity: usize, hasher: S) -> Self {
         let capacity = capacity.min(MAX_SLOTS);
         QueueState {
@@ -304,26 +306,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// The hasher keys are hashed with.
-    pub fn hasher(&self) -> &S {
-        &self.hasher
-    }
-
-    /// Turns aging on: a key that has been ready for strictly longer than `max_wait` is served
+    /// Turns aging on: a key that has been ready for strictly longer than `max_ready_wait` is served
     /// before every key that has not, oldest first, whatever its priority, so no priority
     /// starves. A key is ready from its add, from its deadline when it was delayed, or from the
     /// end of the lease during which it was re-added; a raise does not reset it. Keys already
     /// queued count as ready from the state's latest time. Every key is then served within
-    /// `max_wait` plus the time it takes to serve the overdue keys ahead of it; a queue that is
+    /// `max_ready_wait` plus the time it takes to serve the overdue keys ahead of it; a queue that is
     /// always behind serves overdue keys oldest first, and priorities stop mattering until it
     /// catches up.
     ///
-    /// Drivers must pass the time to every operation while aging is on (see
-    /// [`QueueState::has_aging`]); a time a little old will do where no waiting key could be
-    /// due (the blocking driver passes [`Clock::recent`](crate::Clock::recent), at most a
-    /// few milliseconds old): aging's decisions are then early or late by as much.
-    pub fn set_max_ready_wait(&mut self, max_wait: Duration) {
-        let mut aging = Aging::new(duration_to_nanos(max_wait));
+    /// A driver must then pass the time to every operation, adds included; a time a little old
+    /// will do where no waiting key could be due (the blocking queue passes
+    /// [`Clock::recent`](crate::Clock::recent), at most a few milliseconds old): aging's
+    /// decisions are then early or late by as much. Called again, it starts over with the new
+    /// `max_ready_wait`.
+    pub fn enable_aging(&mut self, max_ready_wait: Duration) {
+        let mut aging = Aging::new(duration_to_nanos(max_ready_wait));
         for (slot, _) in self.ready.iter() {
             // Nothing is stale yet: a prune it may ask for is left to the next push.
             aging.ready(slot, self.now);
@@ -335,12 +333,12 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Turns fairness on: within a level, keys are served round-robin across the groups that
     /// have ready keys there, FIFO within a group; a group that gains its first ready key joins
     /// the round at its end. The group of a key is given with each add
-    /// ([`QueueState::add_in_group_or_return`]; the other adds put new keys in group 0) and kept
-    /// while the state tracks the key. With aging, the overdue level is fair too.
+    /// ([`QueueState::add_or_return`]; the other adds put new keys in group 0) and kept while
+    /// the state tracks the key. With aging, the overdue level is fair too.
     ///
     /// # Panics
     /// If a key is queued already: choose fairness before the first add.
-    pub fn set_fair(&mut self) {
+    pub fn enable_fairness(&mut self) {
         assert_eq!(
             self.ready.len(),
             0,
@@ -350,58 +348,91 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.groups = Some(Vec::new());
     }
 
-    /// Whether fairness is on.
-    pub fn is_fair(&self) -> bool {
-        self.groups.is_some()
-    }
-
     /// Whether aging is on: every operation then needs the time, adds included (a reading a few
-    /// milliseconds old will do; see [`QueueState::set_max_ready_wait`]).
+    /// milliseconds old will do; see [`QueueState::enable_aging`]).
     #[inline]
-    pub fn has_aging(&self) -> bool {
+    pub(crate) fn has_aging(&self) -> bool {
         self.aging.is_some()
     }
 
-    /// Testing seam, not a stable API: records only index buckets below `limit` in the slots, as
-    /// if the index were larger than a slot word can address (which takes over 117 million keys),
-    /// so tests and fuzzers reach the path that such queues take with a handful of keys.
-    #[doc(hidden)]
-    pub fn limit_recorded_buckets(&mut self, limit: u32) {
+    /// Records only index buckets below `limit` in the slots, as if the index were larger than a
+    /// slot word can address (which takes over 117 million keys), so tests and fuzzers reach the
+    /// path that such queues take with a handful of keys.
+    pub(crate) fn limit_recorded_buckets(&mut self, limit: u32) {
         self.bucket_limit = limit.min(NO_POS);
     }
 
     // ---- adds ----------------------------------------------------------------------------------
 
-    /// Adds `key`: queues it, or de-duplicates it (see [`AddStatus`]).
+    /// Adds `key` as `opts` say: queues it now or after `opts`' delay, at its priority, or
+    /// de-duplicates it (see [`AddStatus`]). The add rule, with priorities and delays:
     ///
-    /// The key is dropped when it is not stored (a duplicate, or after shutdown); drivers that want
-    /// to drop it elsewhere use [`QueueState::add_or_return`].
-    pub fn add(&mut self, key: T, now: Instant) -> AddStatus {
-        self.add_or_return(key, now).0
+    /// - A key already queued keeps the highest priority asked for, and one whose priority is
+    ///   raised moves to the tail of its new priority ([`AddStatus::Raised`]); a key re-added
+    ///   while it is processed is queued when its lease ends, at the highest priority asked for
+    ///   meanwhile.
+    /// - With a delay, the key waits until `now + delay`. A waiting entry keeps the earliest
+    ///   deadline and the highest priority asked for it; when it comes due it merges into the
+    ///   key's state the same way. A waiting key is independent of the FIFO (client-go's
+    ///   "reminder" semantics): adding a waiting key queues it now and its waiting entry stays.
+    ///   A delay that saturates to [`Instant::NEVER`] stores nothing ([`AddStatus::Never`]).
+    /// - Ignored after shutdown.
+    ///
+    /// The state has no rate limiter: [`AddOptions::rate_limited`] is for the queues, which ask
+    /// their limiter outside their lock and add with its delay; the state ignores the flag.
+    ///
+    /// The key is dropped when it is not stored (a duplicate, or after shutdown); drivers that
+    /// want to drop it elsewhere use [`QueueState::add_or_return`].
+    #[inline]
+    pub fn add(&mut self, key: T, opts: AddOptions, now: Instant) -> AddStatus {
+        self.add_or_return(key, opts, None, now).0
     }
 
-    /// [`QueueState::add`] that hands an unstored key back instead of dropping it.
-    pub fn add_or_return(&mut self, key: T, now: Instant) -> (AddStatus, Option<T>) {
+    /// [`QueueState::add`] that hands an unstored key back instead of dropping it (so a driver
+    /// drops it after releasing its lock), for a key in fairness group `group` (see
+    /// [`QueueState::enable_fairness`]; `None` is group 0, and without fairness it is ignored).
+    /// A key the state tracks already keeps its group.
+    #[inline]
+    pub fn add_or_return(
+        &mut self,
+        key: T,
+        opts: AddOptions,
+        group: Option<u64>,
+        now: Instant,
+    ) -> (AddStatus, Option<T>) {
         self.promote(now);
         if self.shutting_down {
             return (AddStatus::ShutDown, Some(key));
         }
+        let Ok(deadline) = self.deadline_after(opts.after) else {
+            return (AddStatus::Never, Some(key));
+        };
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.enqueue(slot, 0), Some(key)),
+            Some(slot) => (self.add_tracked(slot, opts.priority, deadline), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
-                self.enqueue_new(slot, 0);
-                (AddStatus::Queued, None)
+                if let Some(groups) = &mut self.groups {
+                    set_group(groups, slot, group.unwrap_or(0));
+                }
+                let status = match deadline {
+                    None => {
+                        self.enqueue_new(slot, opts.priority);
+                        AddStatus::Queued
+                    }
+                    Some(deadline) => self.schedule(slot, deadline, opts.priority),
+                };
+                (status, None)
             }
         }
     }
 
-    /// Adds the key `key` borrows, cloning it only when the state does not track it yet.
+    /// [`QueueState::add`] of the key `key` borrows, cloning it only when the state does not
+    /// track it yet. A new key is in fairness group 0.
     ///
     /// Informers deliver many updates per object: most adds are duplicates, and this one costs no
     /// allocation or reference count for them.
-    pub fn add_ref<Q>(&mut self, key: &Q, now: Instant) -> AddStatus
+    pub fn add_ref<Q>(&mut self, key: &Q, opts: AddOptions, now: Instant) -> AddStatus
     where
         T: Borrow<Q> + for<'a> From<&'a Q>,
         Q: Hash + Eq + ?Sized,
@@ -410,99 +441,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         if self.shutting_down {
             return AddStatus::ShutDown;
         }
+        let Ok(deadline) = self.deadline_after(opts.after) else {
+            return AddStatus::Never;
+        };
         let hash = self.hasher.hash_one(key);
         let slot = match self.find(hash, key) {
             Some(slot) => slot,
-            None => self.insert_new(hash, T::from(key)),
-        };
-        self.enqueue(slot, 0)
-    }
-
-    /// Adds `key` once `delay` has passed: `add_after(k, 0)` is `add(k)`.
-    ///
-    /// A key already waiting keeps the earlier of its two deadlines. A waiting key is independent
-    /// of the FIFO (client-go's "reminder" semantics): adding a waiting key queues it now and its
-    /// waiting entry stays. Ignored after shutdown; a delay that saturates to [`Instant::NEVER`]
-    /// stores nothing.
-    pub fn add_after(&mut self, key: T, delay: Duration, now: Instant) -> AddStatus {
-        self.add_after_or_return(key, delay, now).0
-    }
-
-    /// [`QueueState::add_after`] that hands an unstored key back instead of dropping it.
-    pub fn add_after_or_return(
-        &mut self,
-        key: T,
-        delay: Duration,
-        now: Instant,
-    ) -> (AddStatus, Option<T>) {
-        if delay.is_zero() {
-            return self.add_or_return(key, now);
-        }
-        self.add_with_or_return(key, 0, delay, now)
-    }
-
-    /// Adds `key` at `priority` once `delay` has passed (now if it is zero): the add rule with
-    /// priorities.
-    ///
-    /// Higher priorities are served first; within a priority, keys are served in the order they
-    /// entered it. A queued key keeps the highest priority asked for, and one whose priority is
-    /// raised moves to the tail of its new priority ([`AddStatus::Raised`]). A key re-added while
-    /// it is processed is queued when its lease ends, at the highest priority asked for meanwhile.
-    /// A waiting entry keeps the earliest deadline and the highest priority asked for it; when it
-    /// comes due it merges into the key's state the same way. `add` is `add_with(key, 0, 0)`.
-    pub fn add_with(&mut self, key: T, priority: i32, delay: Duration, now: Instant) -> AddStatus {
-        self.add_with_or_return(key, priority, delay, now).0
-    }
-
-    /// [`QueueState::add_with`] that hands an unstored key back instead of dropping it.
-    pub fn add_with_or_return(
-        &mut self,
-        key: T,
-        priority: i32,
-        delay: Duration,
-        now: Instant,
-    ) -> (AddStatus, Option<T>) {
-        self.add_in_group_or_return(key, 0, priority, delay, now)
-    }
-
-    /// [`QueueState::add_with_or_return`] for a key in fairness group `group` (see
-    /// [`QueueState::set_fair`]; ignored without fairness). A key the state tracks already keeps
-    /// its group.
-    pub fn add_in_group_or_return(
-        &mut self,
-        key: T,
-        group: u64,
-        priority: i32,
-        delay: Duration,
-        now: Instant,
-    ) -> (AddStatus, Option<T>) {
-        self.promote(now);
-        if self.shutting_down {
-            return (AddStatus::ShutDown, Some(key));
-        }
-        let deadline = match delay.is_zero() {
-            true => None,
-            false => match self.now.saturating_add(duration_to_nanos(delay)) {
-                u64::MAX => return (AddStatus::Never, Some(key)),
-                deadline => Some(deadline),
-            },
-        };
-        let hash = self.hasher.hash_one(&key);
-        let (slot, unused) = match self.find(hash, &key) {
-            Some(slot) => (slot, Some(key)),
             None => {
-                let slot = self.insert_new(hash, key);
+                let slot = self.insert_new(hash, T::from(key));
                 if let Some(groups) = &mut self.groups {
-                    set_group(groups, slot, group);
+                    set_group(groups, slot, 0);
                 }
-                (slot, None)
+                slot
             }
         };
-        let status = match deadline {
+        self.add_tracked(slot, opts.priority, deadline)
+    }
+
+    /// The deadline of an add after `delay` (`None`: now), or `Err` for one never reached.
+    #[inline(always)]
+    fn deadline_after(&self, delay: Duration) -> Result<Option<u64>, ()> {
+        if delay.is_zero() {
+            return Ok(None);
+        }
+        match self.now.saturating_add(duration_to_nanos(delay)) {
+            u64::MAX => Err(()),
+            deadline => Ok(Some(deadline)),
+        }
+    }
+
+    /// The add rule for a tracked slot: queued now (`deadline` `None`), or waiting.
+    #[inline(always)]
+    fn add_tracked(&mut self, slot: SlotId, priority: i32, deadline: Option<u64>) -> AddStatus {
+        match deadline {
             None => self.enqueue(slot, priority),
             Some(deadline) => self.schedule(slot, deadline, priority),
-        };
-        (status, unused)
+        }
     }
 
     // ---- gets ----------------------------------------------------------------------------------
@@ -601,7 +575,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The key a ticket was issued for, without finishing it.
-    pub fn ticket_key(&self, ticket: &Ticket) -> Option<&T> {
+    pub(crate) fn ticket_key(&self, ticket: &Ticket) -> Option<&T> {
         (ticket.state == self.id && self.slots.is_live(ticket.slot))
             .then(|| self.slots.key(ticket.slot))
     }
@@ -736,11 +710,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.ready.len()
     }
 
-    /// Whether no key is ready at `now`.
-    pub fn is_empty(&mut self, now: Instant) -> bool {
-        self.len(now) == 0
-    }
-
     /// The deadline `key` waits for, if it waits.
     pub fn waiting_deadline<Q>(&self, key: &Q) -> Option<Instant>
     where
@@ -763,7 +732,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// Whether a lease for `key` is outstanding.
-    pub fn is_processing<Q>(&self, key: &Q) -> bool
+    pub(crate) fn is_processing<Q>(&self, key: &Q) -> bool
     where
         T: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -783,7 +752,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The ready keys in FIFO order (cloned; for diagnostics and tests).
-    pub fn ready_keys(&self) -> Vec<T> {
+    pub(crate) fn ready_keys(&self) -> Vec<T> {
         self.ready
             .iter()
             .map(|(s, _)| self.slots.key(s).clone())
@@ -792,7 +761,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// The priority `key` is queued at, or, while it is processed and was re-added, the priority
     /// it is queued at when its lease ends (for diagnostics and tests).
-    pub fn queued_priority_of<Q>(&self, key: &Q) -> Option<i32>
+    pub(crate) fn queued_priority_of<Q>(&self, key: &Q) -> Option<i32>
     where
         T: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -803,7 +772,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The priority of `key`'s waiting entry, if it waits (for diagnostics and tests).
-    pub fn waiting_priority_of<Q>(&self, key: &Q) -> Option<i32>
+    pub(crate) fn waiting_priority_of<Q>(&self, key: &Q) -> Option<i32>
     where
         T: Borrow<Q>,
         Q: Hash + Eq + ?Sized,

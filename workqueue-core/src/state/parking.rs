@@ -110,12 +110,12 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// use std::time::Duration;
     /// use workqueue_core::ratelimit::{OutageConfig, Signal};
     /// use workqueue_core::state::{Get, OutageEvent, QueueState};
-    /// use workqueue_core::{Instant, Outcome};
+    /// use workqueue_core::{AddOptions, Instant, Outcome};
     ///
     /// let mut q: QueueState<u32> = QueueState::new();
     /// q.enable_outage_detection(OutageConfig::default().with_min_first_failures(1));
     /// let t0 = Instant::ZERO;
-    /// q.add(1, t0);
+    /// q.add(1, AddOptions::new(), t0);
     /// let Get::Ready(ticket, _) = q.get(t0) else { panic!() };
     /// let failed = Outcome::retry().with_signal(Signal::FirstFailure);
     /// let retry = Some(Duration::from_millis(5));

@@ -17,7 +17,7 @@ use super::slots::SlotId;
 /// is not enough, use `std::hash::RandomState` (SipHash) as the hasher type parameter.
 pub type DefaultHashBuilder = foldhash::fast::RandomState;
 
-/// What [`QueueState::add`] and its relatives did with a key.
+/// What [`QueueState::add`] did with a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AddStatus {
@@ -41,14 +41,6 @@ pub enum AddStatus {
     Never,
     /// The queue is shutting down: the add was ignored.
     ShutDown,
-}
-
-impl AddStatus {
-    /// Whether the add counts as an add in client-go's metrics: the key became newly dirty
-    /// (queued, or marked to be queued again after processing).
-    pub fn is_new_add(self) -> bool {
-        matches!(self, AddStatus::Queued | AddStatus::Dirty)
-    }
 }
 
 /// The result of [`QueueState::get`].
@@ -102,14 +94,17 @@ impl fmt::Debug for Ticket {
 pub struct ForeignTicket;
 
 /// What [`QueueState::finish`] did.
+///
+/// Whether the finish made a key ready, or moved the earliest deadline, a driver learns as after
+/// any operation: from [`QueueState::counts`] and [`QueueState::next_deadline`] before and after.
 #[derive(Debug)]
 #[non_exhaustive]
 #[must_use = "the freed key should be dropped outside any lock"]
 pub struct Finished<T> {
     /// Whether the key went back to the ready FIFO (it was dirty, or re-added without delay).
-    pub requeued: bool,
+    pub(crate) requeued: bool,
     /// Whether the key now waits for a deadline.
-    pub waiting: bool,
+    pub(crate) waiting: bool,
     /// The key, when the state no longer tracks it. Drivers drop it after releasing their lock,
     /// so user `Drop` code does not run under it.
     pub released: Option<T>,
