@@ -375,7 +375,7 @@ where
         }
         let (status, unused) = self.mutate(|g| {
             let now = self.now_for(&g.state);
-            g.state.add_or_return(key, AddOptions::new(), None, now)
+            g.state.add_plain_or_return(key, now)
         });
         drop(unused);
         status
@@ -412,7 +412,7 @@ where
         let unused: Vec<T> = self.mutate(|g| {
             let now = self.now_for(&g.state);
             keys.into_iter()
-                .filter_map(|k| g.state.add_or_return(k, AddOptions::new(), None, now).1)
+                .filter_map(|k| g.state.add_plain_or_return(k, now).1)
                 .collect()
         });
         drop(unused);

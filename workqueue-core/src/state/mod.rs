@@ -427,6 +427,29 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
+    /// [`QueueState::add_or_return`] with the default options and no group, for a driver whose
+    /// fairness is off: the hot path of a plain add, with no branch for options or groups.
+    #[inline]
+    pub(crate) fn add_plain_or_return(&mut self, key: T, now: Instant) -> (AddStatus, Option<T>) {
+        debug_assert!(
+            self.groups.is_none(),
+            "a plain add without a group under fairness"
+        );
+        self.promote(now);
+        if self.shutting_down {
+            return (AddStatus::ShutDown, Some(key));
+        }
+        let hash = self.hasher.hash_one(&key);
+        match self.find(hash, &key) {
+            Some(slot) => (self.enqueue(slot, 0), Some(key)),
+            None => {
+                let slot = self.insert_new(hash, key);
+                self.enqueue_new(slot, 0);
+                (AddStatus::Queued, None)
+            }
+        }
+    }
+
     /// [`QueueState::add`] of the key `key` borrows, cloning it only when the state does not
     /// track it yet. A new key is in fairness group 0.
     ///
