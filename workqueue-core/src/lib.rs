@@ -71,15 +71,16 @@
 //! `workqueue-tokio` depends on an exact version of this crate for that reason. It holds:
 //! - the driver core that `workqueue-tokio` builds its queue on (`QueueCore` and its
 //!   configuration, `Notifier`, `Locked`, `Drain`), the trait a [`Builder`] builds a queue
-//!   through (`BuildQueue`), and the macro that writes the operations both queues share
-//!   (`queue_handle_methods!`, also exported at the crate root as `__queue_handle_methods!`,
-//!   as every exported macro is);
+//!   through (`BuildQueue`, with `Blocking`, the default builder's marker), and the macro that
+//!   writes the operations both queues share (`queue_handle_methods!`, also exported at the
+//!   crate root as `__queue_handle_methods!`, as every exported macro is);
 //! - `consult_limiter`, the limiter half of an [`Outcome`], and `panic_message`, the message of
 //!   a caught panic (the tokio runner's);
-//! - `StateTesting`, the introspection and test switches of a [`state::QueueState`] that the
-//!   workspace's tests, fuzz targets and reference model use, with `COMPACT_MIN`;
-//!   `registered_wakers`, a [`ManualClock`]'s count of registered queues; and
-//!   `refreshed_queues`, the metrics refresher's count of queues.
+//! - for the workspace's tests, fuzz targets and reference model: `StateTesting`, the
+//!   introspection and test switches of a [`state::QueueState`], with `finished_flags` and
+//!   `COMPACT_MIN`; `registered_wakers`, a [`ManualClock`]'s count of registered queues;
+//!   `refreshed_queues`, the metrics refresher's count of queues; and `FLUSH_EVERY`, the
+//!   operations a named queue batches its metrics over.
 // Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

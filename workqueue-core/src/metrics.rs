@@ -121,10 +121,9 @@ pub(crate) mod tuning {
     pub const REFRESH_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
 
     /// A named queue sends what its operations recorded to the recorder every `FLUSH_EVERY`
-    /// operations (the module docs' 64), at every refresh, and at shutdown. Sending on every
-    /// operation cost a named queue a third more time per item than an unnamed one
-    /// (BENCHMARKS.md, W13); in batches it costs what recording into the queue's own timing
-    /// costs.
+    /// operations (the module docs' 64), at every refresh, and at shutdown: in batches, a named
+    /// queue costs what recording into its own timing costs, not a recorder call per operation
+    /// (ARCHITECTURE.md).
     pub const FLUSH_EVERY: u32 = 64;
 }
 

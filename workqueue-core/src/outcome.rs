@@ -6,9 +6,10 @@ use workqueue_ratelimit::{Instant, RateLimiter, Signal};
 
 /// How a leased key's processing ended, and what the queue does about it.
 ///
-/// Built by one of the constructors, optionally refined with [`with_priority`](Outcome::with_priority)
-/// and [`with_signal`](Outcome::with_signal), and consumed by [`Lease::finish`](crate::Lease::finish)
-/// (the lease's shortcuts `done()`, `forget()`, ... finish with the plain constructors). The
+/// Built by one of the constructors, optionally refined with
+/// [`with_priority`](Outcome::with_priority) and [`with_signal`](Outcome::with_signal), and
+/// consumed by [`Lease::finish`](crate::Lease::finish) (the lease's shortcuts `done()`,
+/// `forget()`, ... finish with the plain constructors). The
 /// mapping to queue operations lives in one place, the state machine
 /// ([`QueueState::finish`](crate::state::QueueState::finish)), which both queues drive.
 ///

@@ -780,8 +780,7 @@ where
     /// (`metrics::FLUSH_EVERY`), under the queue's lock.
     ///
     /// Under the lock on purpose: what is sent lives in the state's timing, and copying it out to
-    /// send after the lock cost more than sending it (measured on W13 when every operation sent
-    /// its metrics: 2,603 instructions per item against 1,850 in place). A `metrics` recorder's
+    /// send after the lock costs more than sending it (ARCHITECTURE.md). A `metrics` recorder's
     /// handles are atomics, and a flush comes once every 64 operations; a recorder that blocks
     /// would block the queue, which the crate docs say.
     #[inline]

@@ -44,10 +44,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Replaces a full index with one of twice the room, filled by walking the slots in order.
     ///
     /// hashbrown would grow by walking its own buckets, which visits the keys in random order:
-    /// each moved entry then costs a cache miss on its slot and another on its key's bytes, and at
-    /// a million keys that was a third of all misses of an add/get/done cycle. Walking the slots
-    /// reads the keys sequentially; only the writes into the new table are random, and they do
-    /// not depend on each other, so they overlap. The old and new tables are briefly both
+    /// each moved entry then costs a cache miss on its slot and another on its key's bytes (at a
+    /// million keys, a large share of an add/get/done cycle's misses: ARCHITECTURE.md). Walking
+    /// the slots reads the keys sequentially; only the writes into the new table are random, and
+    /// they do not depend on each other, so they overlap. The old and new tables are briefly both
     /// allocated, as in hashbrown's own resize.
     ///
     /// Panic safety: hashing is user code, so every key is hashed first, into a vector, before

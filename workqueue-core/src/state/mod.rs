@@ -306,14 +306,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// Turns aging on: a key that has been ready for strictly longer than `max_ready_wait` is served
-    /// before every key that has not, oldest first, whatever its priority, so no priority
+    /// Turns aging on: a key that has been ready for strictly longer than `max_ready_wait` is
+    /// served before every key that has not, oldest first, whatever its priority, so no priority
     /// starves. A key is ready from its add, from its deadline when it was delayed, or from the
     /// end of the lease during which it was re-added; a raise does not reset it. Keys already
     /// queued count as ready from the state's latest time. Every key is then served within
-    /// `max_ready_wait` plus the time it takes to serve the overdue keys ahead of it; a queue that is
-    /// always behind serves overdue keys oldest first, and priorities stop mattering until it
-    /// catches up.
+    /// `max_ready_wait` plus the time it takes to serve the overdue keys ahead of it; a queue
+    /// that is always behind serves overdue keys oldest first, and priorities stop mattering
+    /// until it catches up.
     ///
     /// A driver must then pass the time to every operation, adds included; a time a little old
     /// will do where no waiting key could be due (the blocking queue passes
