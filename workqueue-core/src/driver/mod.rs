@@ -345,7 +345,7 @@ where
         self.shutting_down.load(Ordering::Acquire)
     }
 
-    /// Whether a drain is complete (see [`QueueState::is_drained`]).
+    /// Whether a drain is complete (see `QueueState::is_drained`).
     pub fn is_drained(&self, locked: &Locked<T, S>) -> bool {
         locked.state.is_drained(self.drain_includes_queued)
     }
