@@ -1140,7 +1140,7 @@ async fn a_retry_without_a_priority_keeps_the_leases_priority() {
             }
         }
     };
-    queue.add_with("low", AddOptions::priority(LOW_PRIORITY));
+    queue.add_with("low", AddOptions::new().priority(LOW_PRIORITY));
     let handle = tokio::spawn(
         Runner::from_reconcile(queue.clone(), Arc::new(()), reconcile)
             .run(CancellationToken::new()),

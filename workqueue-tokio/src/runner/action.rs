@@ -207,7 +207,7 @@ impl<E> Reconciled<E> {
     /// lease's outcome, and the priority of the re-add it asks for (`None`: the lease's own).
     pub(crate) fn outcome(&self) -> (Outcome, Option<i32>) {
         let outcome = match self {
-            Reconciled::Ok(Action::Done) => Outcome::Forget,
+            Reconciled::Ok(Action::Done) => Outcome::forget(),
             // "Again, as soon as the limiter allows": never an unthrottled loop on one key.
             Reconciled::Ok(
                 Action::RequeueAfter(Duration::ZERO)
@@ -215,19 +215,19 @@ impl<E> Reconciled<E> {
                     after: Duration::ZERO,
                     ..
                 },
-            ) => Outcome::Retry,
+            ) => Outcome::retry(),
             Reconciled::Ok(Action::RequeueAfter(d) | Action::RequeueAfterAt { after: d, .. }) => {
-                Outcome::RequeueAfter(*d)
+                Outcome::requeue_after(*d)
             }
             Reconciled::Failed(_, Decision::Retry | Decision::RetryAt { after: None, .. }) => {
-                Outcome::Retry
+                Outcome::retry()
             }
             Reconciled::Failed(
                 _,
                 Decision::RetryAfter(d) | Decision::RetryAt { after: Some(d), .. },
-            ) => Outcome::RetryAfter(*d),
-            Reconciled::Failed(_, Decision::GiveUp) => Outcome::Forget,
-            Reconciled::Interrupted => Outcome::Retry,
+            ) => Outcome::retry_after(*d),
+            Reconciled::Failed(_, Decision::GiveUp) => Outcome::forget(),
+            Reconciled::Interrupted => Outcome::retry(),
         };
         let priority = match self {
             Reconciled::Ok(action) => action.priority(),
@@ -246,32 +246,32 @@ mod tests {
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
         let cases: [(Reconciled<()>, Outcome); 8] = [
-            (Reconciled::Ok(Action::Done), Outcome::Forget),
+            (Reconciled::Ok(Action::Done), Outcome::forget()),
             (
                 Reconciled::Ok(Action::RequeueAfter(s)),
-                Outcome::RequeueAfter(s),
+                Outcome::requeue_after(s),
             ),
             (
                 Reconciled::Ok(Action::RequeueAfter(Duration::ZERO)),
-                Outcome::Retry,
+                Outcome::retry(),
             ),
             (
                 Reconciled::Ok(Action::RequeueAfter(Duration::from_nanos(1))),
-                Outcome::RequeueAfter(Duration::from_nanos(1)),
+                Outcome::requeue_after(Duration::from_nanos(1)),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Decision::Retry),
-                Outcome::Retry,
+                Outcome::retry(),
             ),
             (
                 Reconciled::Failed(Failure::Error(()), Decision::RetryAfter(s)),
-                Outcome::RetryAfter(s),
+                Outcome::retry_after(s),
             ),
             (
                 Reconciled::Failed(Failure::Panic("x".into()), Decision::GiveUp),
-                Outcome::Forget,
+                Outcome::forget(),
             ),
-            (Reconciled::Interrupted, Outcome::Retry),
+            (Reconciled::Interrupted, Outcome::retry()),
         ];
         for (r, o) in cases {
             assert_eq!(r.outcome(), (o, None), "{r:?}: the lease's own priority");
@@ -287,42 +287,42 @@ mod tests {
         let cases: [(Reconciled<()>, Mapped); 9] = [
             (
                 Reconciled::Ok(Action::RequeueAfter(s).with_priority(7)),
-                (Outcome::RequeueAfter(s), Some(7)),
+                (Outcome::requeue_after(s), Some(7)),
             ),
             (
                 Reconciled::Ok(Action::RequeueAfter(Duration::ZERO).with_priority(-100)),
-                (Outcome::Retry, Some(-100)),
+                (Outcome::retry(), Some(-100)),
             ),
             (
                 Reconciled::Ok(Action::RequeueAfter(s).with_priority(1).with_priority(2)),
-                (Outcome::RequeueAfter(s), Some(2)),
+                (Outcome::requeue_after(s), Some(2)),
             ),
             // `Done` requeues nothing: no priority to carry.
             (
                 Reconciled::Ok(Action::Done.with_priority(7)),
-                (Outcome::Forget, None),
+                (Outcome::forget(), None),
             ),
             (
                 Reconciled::Failed(Failure::Error(()), Decision::Retry.with_priority(3)),
-                (Outcome::Retry, Some(3)),
+                (Outcome::retry(), Some(3)),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Decision::RetryAfter(s).with_priority(-5)),
-                (Outcome::RetryAfter(s), Some(-5)),
+                (Outcome::retry_after(s), Some(-5)),
             ),
             (
                 Reconciled::Failed(
                     Failure::Timeout,
                     Decision::RetryAfter(s).with_priority(1).with_priority(0),
                 ),
-                (Outcome::RetryAfter(s), Some(0)),
+                (Outcome::retry_after(s), Some(0)),
             ),
             (
                 Reconciled::Failed(
                     Failure::Panic("x".into()),
                     Decision::GiveUp.with_priority(9),
                 ),
-                (Outcome::Forget, None),
+                (Outcome::forget(), None),
             ),
             (
                 Reconciled::Failed(
@@ -332,7 +332,7 @@ mod tests {
                         priority: i32::MIN,
                     },
                 ),
-                (Outcome::Retry, Some(i32::MIN)),
+                (Outcome::retry(), Some(i32::MIN)),
             ),
         ];
         for (r, o) in cases {

@@ -108,9 +108,9 @@ impl Ended {
     fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
         Some(match verdict {
             Reconciled::Ok(_) => match verdict.outcome().0 {
-                Outcome::RequeueAfter(_) => Ended::RequeueAfter,
-                Outcome::Retry => Ended::Requeue,
-                _ => Ended::Success,
+                o if o == Outcome::retry() => Ended::Requeue,
+                o if o == Outcome::forget() => Ended::Success,
+                _ => Ended::RequeueAfter,
             },
             Reconciled::Interrupted => return None,
             Reconciled::Failed(failure, decision) => {

@@ -481,7 +481,7 @@ where
     /// let queue: WorkQueue<String> = WorkQueue::new();
     /// let stop = CancellationToken::new();
     /// // An initial list, at low priority.
-    /// let list = stream::iter(["a", "b"]).map(|k| (k.to_string(), AddOptions::priority(LOW_PRIORITY)));
+    /// let list = stream::iter(["a", "b"]).map(|k| (k.to_string(), AddOptions::new().priority(LOW_PRIORITY)));
     /// // A watch: a recoverable error is skipped; `Forbidden` stops the controller.
     /// let watch = stream::iter([Ok("a"), Err(WatchError::Interrupted), Ok("c"), Err(WatchError::Forbidden)])
     ///     .inspect({
@@ -655,7 +655,7 @@ where
         let outage = (
             shared.queue.parked_len(),
             shared.queue.parked_dropped_at_shutdown(),
-            shared.queue.outage_openings(),
+            shared.queue.core.outage_openings(),
         );
         shared
             .counters
@@ -731,7 +731,8 @@ async fn sleep_or_never(d: Duration) {
 
 /// Runs `f`; a panic becomes its message.
 fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| workqueue_core::panic_message(&*payload))
+    catch_unwind(AssertUnwindSafe(f))
+        .map_err(|payload| workqueue_core::__private::panic_message(&*payload))
 }
 
 impl<T, R, P, S, C> Shared<T, R, P, S, C>
@@ -757,7 +758,7 @@ where
                     // on every call, this pause keeps the worker from spinning.
                     Counters::bump(&self.counters.get_panics);
                     tracing::error!(
-                        panic = %workqueue_core::panic_message(&*payload),
+                        panic = %workqueue_core::__private::panic_message(&*payload),
                         "the queue's get panicked (a key's Clone or a metrics recorder); \
                          the worker pauses, then goes on"
                     );
@@ -827,7 +828,7 @@ where
         let verdict = match judged {
             Ok(verdict) => verdict,
             Err(payload) => {
-                let message = workqueue_core::panic_message(&*payload);
+                let message = workqueue_core::__private::panic_message(&*payload);
                 self.after_panic(&span, key, message, &ctx, started.elapsed())
             }
         };
@@ -872,9 +873,11 @@ where
         if let Err(message) = catch(|| self.failures.record(key, verdict)) {
             let _ = catch(|| tracing::error!(panic = %message, "counting a failure panicked"));
         }
-        let reason = match (verdict, outcome) {
-            (_, Outcome::Done | Outcome::Forget) => return,
-            (Reconciled::Ok(_), _) => reasons::REQUEUE,
+        if outcome == Outcome::done() || outcome == Outcome::forget() {
+            return;
+        }
+        let reason = match verdict {
+            Reconciled::Ok(_) => reasons::REQUEUE,
             _ => reasons::RETRY,
         };
         if let Err(message) = catch(|| self.reasons.mark([key], reason)) {
@@ -961,7 +964,7 @@ where
         let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
         let returned = |r: std::thread::Result<Result<Action, R::Error>>| match r {
             Ok(r) => Ran::Returned(r),
-            Err(payload) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
+            Err(payload) => Ran::Panicked(workqueue_core::__private::panic_message(&*payload)),
         };
         let limit = async {
             match self.timeout {
@@ -1021,14 +1024,15 @@ impl Drop for ActiveWorker<'_> {
 /// the lease's own). The queue finishes the key even when the rate limiter panics, then re-raises
 /// the panic; the worker catches it here so it survives, as it does a panicking reconcile.
 fn finish<T>(lease: Lease<T>, outcome: Outcome, priority: Option<i32>, signal: Option<Signal>) {
-    let lease = match priority {
-        Some(p) => lease.with_priority(p),
-        None => lease,
+    let outcome = match priority {
+        Some(p) => outcome.with_priority(p),
+        None => outcome,
     };
-    let finished = catch(|| match signal {
-        Some(signal) => lease.finish_signalled(outcome, signal),
-        None => lease.finish(outcome),
-    });
+    let outcome = match signal {
+        Some(signal) => outcome.with_signal(signal),
+        None => outcome,
+    };
+    let finished = catch(|| lease.finish(outcome));
     if let Err(message) = finished {
         tracing::error!(
             panic = %message,
