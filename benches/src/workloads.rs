@@ -1094,7 +1094,7 @@ pub mod w11 {
     /// The options key `i` is added with: priority `i % 4`.
     #[inline]
     pub fn options(i: usize) -> AddOptions {
-        AddOptions::priority((i % 4) as i32)
+        AddOptions::new().priority((i % 4) as i32)
     }
 
     /// How long a key may stay ready in [`ours_aging`]: longer than a run, so that no key

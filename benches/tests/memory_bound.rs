@@ -39,7 +39,7 @@ const WAITING: u64 = u64::MAX - 1;
 fn queue(shrink: bool) -> WorkQueue<u64> {
     WorkQueue::builder()
         .clock(ManualClock::new())
-        .shrink(shrink)
+        .shrink_memory(shrink)
         .build()
 }
 
@@ -110,7 +110,7 @@ fn queue_retains_at_most_4x_a_fresh_queue_on_the_way_down() {
     println!("queue: {compactions} compactions from {PEAK} to 1000 live keys");
     assert!((1..=8).contains(&compactions), "{compactions} compactions");
 
-    // Shrinking off keeps the peak (the `Builder::shrink(false)` promise).
+    // Shrinking off keeps the peak (the `Builder::shrink_memory(false)` promise).
     let (peak, retained, compactions) = queue_burst(false);
     assert_eq!(compactions, 0);
     assert!(retained.iter().all(|&(_, kept)| kept * 10 > peak * 9));

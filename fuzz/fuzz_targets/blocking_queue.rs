@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use workqueue_core::{AddOptions, Clock, DrainStop, Lease, ManualClock, Outcome, WorkQueue};
+use workqueue_core::{AddOptions, Clock, DrainStop, Lease, ManualClock, WorkQueue};
 use workqueue_fuzz::{FDelay, FOutcome};
 use workqueue_model::faults::{self, Fault};
-use workqueue_model::{Model, ModelGet};
+use workqueue_model::{Model, ModelGet, Outcome};
 use workqueue_ratelimit::{
     ExponentialFailure, FastSlow, Instant, RateLimiter, TokenBucket,
     default_controller_rate_limiter,
@@ -230,7 +230,7 @@ impl Harness {
             Finish::Retry => lease.retry(),
             Finish::RetryAfter(d) => lease.retry_after(d.get()),
             Finish::RequeueAfter(d) => lease.requeue_after(d.get()),
-            Finish::Outcome(o) => lease.finish(o.get()),
+            Finish::Outcome(o) => lease.finish(o.get().to_queue()),
         }));
         let delay = self.answer();
         if finished.is_err() {
@@ -318,11 +318,11 @@ impl Harness {
                 assert_eq!(status, expected, "add_rate_limited");
             }
             QOp::AddWith(k, p, d, rate_limited) => {
-                let opts = AddOptions {
-                    priority: i32::from(*p % 4),
-                    after: d.get(),
-                    rate_limited: *rate_limited,
-                };
+                let (priority, after) = (i32::from(*p % 4), d.get());
+                let opts = AddOptions::new()
+                    .priority(priority)
+                    .after(after)
+                    .rate_limited(*rate_limited);
                 let status = catch_unwind(AssertUnwindSafe(|| self.queue.add_with(key(*k), opts)));
                 let delay = self.answer();
                 let Ok(status) = status else {
@@ -331,12 +331,16 @@ impl Harness {
                 };
                 assert_eq!(
                     delay.is_some(),
-                    opts.rate_limited && !self.model.is_shutting_down(),
+                    *rate_limited && !self.model.is_shutting_down(),
                     "the limiter is consulted for a rate-limited add unless shutting down"
                 );
-                let expected =
-                    self.model
-                        .add_with(key(*k), opts.priority, opts.delay(delay), now);
+                // The limiter's delay, or the shorter of it and `after` (controller-runtime's).
+                let delay = match delay {
+                    Some(l) if after.is_zero() => l,
+                    Some(l) => l.min(after),
+                    None => after,
+                };
+                let expected = self.model.add_with(key(*k), priority, delay, now);
                 assert_eq!(status, expected, "add_with");
             }
             QOp::TryGet => {

@@ -118,11 +118,11 @@ impl FOutage {
     fn get(self) -> workqueue_ratelimit::OutageConfig {
         use std::time::Duration;
         workqueue_ratelimit::OutageConfig::default()
-            .window(Duration::from_secs(u64::from(self.window % 60)))
-            .min_first_failures(u32::from(self.min % 6))
-            .ratio(f64::from(self.ratio % 11) / 10.0)
-            .probe_initial(Duration::from_millis(u64::from(self.probe) * 40))
-            .probe_max(Duration::from_secs(u64::from(self.cap % 10)))
+            .with_window(Duration::from_secs(u64::from(self.window % 60)))
+            .with_min_first_failures(u32::from(self.min % 6))
+            .with_ratio(f64::from(self.ratio % 11) / 10.0)
+            .with_probe_initial(Duration::from_millis(u64::from(self.probe) * 40))
+            .with_probe_max(Duration::from_secs(u64::from(self.cap % 10)))
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use workqueue_core::Outcome;
+use workqueue_model::Outcome;
 
 /// A delay, biased towards values that make deadlines collide or saturate.
 #[derive(Debug, Clone, Copy, Arbitrary)]

@@ -85,7 +85,7 @@ impl Instant {
 
 /// A duration in nanoseconds, saturating at `u64::MAX` (about 584 years).
 #[inline]
-pub const fn duration_to_nanos(d: Duration) -> u64 {
+pub(crate) const fn duration_to_nanos(d: Duration) -> u64 {
     let n = d.as_nanos();
     if n > u64::MAX as u128 {
         u64::MAX

@@ -61,7 +61,8 @@ pub use defaults::{
 pub use error::InvalidLimiter;
 pub use exponential::ExponentialFailure;
 pub use fast_slow::FastSlow;
-pub use instant::{Instant, duration_to_nanos};
+pub use instant::Instant;
+pub(crate) use instant::duration_to_nanos;
 pub use jitter::Jitter;
 pub use limiter::RateLimiter;
 pub use max_of::{MaxOf, MaxPair};

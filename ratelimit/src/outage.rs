@@ -58,10 +58,10 @@ pub enum Transition {
 ///
 /// // Probe more often than the default, and require more first failures to open.
 /// let config = OutageConfig::default()
-///     .probe_max(Duration::from_secs(2))
-///     .min_first_failures(20);
-/// assert_eq!(config.get_probe_initial(), Duration::from_secs(1));
-/// assert_eq!(config.get_min_first_failures(), 20);
+///     .with_probe_max(Duration::from_secs(2))
+///     .with_min_first_failures(20);
+/// assert_eq!(config.probe_initial(), Duration::from_secs(1));
+/// assert_eq!(config.min_first_failures(), 20);
 /// ```
 ///
 /// The defaults, and why (the storm demo, `workqueue-tokio/examples/storm.rs`, measures them):
@@ -98,14 +98,14 @@ impl OutageConfig {
     /// The sliding window first failures and successes are counted in (at least 10 ns; it is
     /// kept as 10 buckets of a tenth of it).
     #[must_use]
-    pub fn window(mut self, window: Duration) -> Self {
+    pub fn with_window(mut self, window: Duration) -> Self {
         self.window = window.max(Duration::from_nanos(BUCKETS as u64));
         self
     }
 
     /// The fewest first failures in the window that open the detector (at least 1).
     #[must_use]
-    pub fn min_first_failures(mut self, n: u32) -> Self {
+    pub fn with_min_first_failures(mut self, n: u32) -> Self {
         self.min_first_failures = n.max(1);
         self
     }
@@ -114,7 +114,7 @@ impl OutageConfig {
     /// the detector, in `(0, 1]`; out-of-range values (and NaN) are clamped to that range (NaN
     /// to 1).
     #[must_use]
-    pub fn ratio(mut self, ratio: f64) -> Self {
+    pub fn with_ratio(mut self, ratio: f64) -> Self {
         self.ratio = if ratio.is_nan() {
             1.0
         } else {
@@ -125,7 +125,7 @@ impl OutageConfig {
 
     /// The first probe interval after the detector opens (at least 1 ns).
     #[must_use]
-    pub fn probe_initial(mut self, d: Duration) -> Self {
+    pub fn with_probe_initial(mut self, d: Duration) -> Self {
         self.probe_initial = d.max(Duration::from_nanos(1));
         self.probe_max = self.probe_max.max(self.probe_initial);
         self
@@ -134,33 +134,33 @@ impl OutageConfig {
     /// The cap of the probe interval, which doubles after each failed probe (at least
     /// `probe_initial`).
     #[must_use]
-    pub fn probe_max(mut self, d: Duration) -> Self {
+    pub fn with_probe_max(mut self, d: Duration) -> Self {
         self.probe_max = d.max(self.probe_initial);
         self
     }
 
     /// The sliding window.
-    pub fn get_window(&self) -> Duration {
+    pub fn window(&self) -> Duration {
         self.window
     }
 
     /// The fewest first failures that open the detector.
-    pub fn get_min_first_failures(&self) -> u32 {
+    pub fn min_first_failures(&self) -> u32 {
         self.min_first_failures
     }
 
     /// The share of first failures that opens the detector.
-    pub fn get_ratio(&self) -> f64 {
+    pub fn ratio(&self) -> f64 {
         self.ratio
     }
 
     /// The first probe interval.
-    pub fn get_probe_initial(&self) -> Duration {
+    pub fn probe_initial(&self) -> Duration {
         self.probe_initial
     }
 
     /// The probe interval's cap.
-    pub fn get_probe_max(&self) -> Duration {
+    pub fn probe_max(&self) -> Duration {
         self.probe_max
     }
 }
@@ -386,11 +386,11 @@ mod tests {
     #[test]
     fn exhaustive_small_sequences_match_the_model() {
         let config = OutageConfig::default()
-            .window(Duration::from_secs(30))
-            .min_first_failures(2)
-            .ratio(0.5)
-            .probe_initial(Duration::from_secs(1))
-            .probe_max(Duration::from_secs(4));
+            .with_window(Duration::from_secs(30))
+            .with_min_first_failures(2)
+            .with_ratio(0.5)
+            .with_probe_initial(Duration::from_secs(1))
+            .with_probe_max(Duration::from_secs(4));
         let times = [0u64, 1, 3, 31, 62];
         let steps = 4u32;
         let alphabet = 6 * times.len();
@@ -524,10 +524,10 @@ mod tests {
     #[test]
     fn extreme_times_and_tiny_windows_do_not_overflow() {
         let config = OutageConfig::default()
-            .window(Duration::ZERO)
-            .min_first_failures(1)
-            .probe_initial(Duration::MAX)
-            .probe_max(Duration::MAX);
+            .with_window(Duration::ZERO)
+            .with_min_first_failures(1)
+            .with_probe_initial(Duration::MAX)
+            .with_probe_max(Duration::MAX);
         let mut d = OutageDetector::new(config);
         for t in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
             let now = Instant::from_nanos(t);
@@ -546,17 +546,17 @@ mod tests {
     #[test]
     fn parameters_are_clamped() {
         let c = OutageConfig::default()
-            .window(Duration::ZERO)
-            .min_first_failures(0)
-            .ratio(f64::NAN)
-            .probe_max(Duration::ZERO)
-            .probe_initial(Duration::ZERO);
-        assert_eq!(c.get_window(), Duration::from_nanos(10));
-        assert_eq!(c.get_min_first_failures(), 1);
-        assert_eq!(c.get_ratio(), 1.0);
-        assert!(c.get_probe_max() >= c.get_probe_initial());
+            .with_window(Duration::ZERO)
+            .with_min_first_failures(0)
+            .with_ratio(f64::NAN)
+            .with_probe_max(Duration::ZERO)
+            .with_probe_initial(Duration::ZERO);
+        assert_eq!(c.window(), Duration::from_nanos(10));
+        assert_eq!(c.min_first_failures(), 1);
+        assert_eq!(c.ratio(), 1.0);
+        assert!(c.probe_max() >= c.probe_initial());
         assert_eq!(
-            OutageConfig::default().ratio(-1.0).get_ratio(),
+            OutageConfig::default().with_ratio(-1.0).ratio(),
             f64::MIN_POSITIVE
         );
     }

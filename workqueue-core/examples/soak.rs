@@ -36,8 +36,8 @@ use std::thread;
 use std::time::{Duration, Instant as StdInstant};
 
 use clap::Parser;
+use workqueue_core::__private::COMPACT_MIN;
 use workqueue_core::ratelimit::{ExponentialFailure, MaxPair, TokenBucket};
-use workqueue_core::state::COMPACT_MIN;
 use workqueue_core::{Builder, Lease, Outcome, WorkQueue};
 use workqueue_model::SplitMix64;
 use workqueue_model::soak::{
@@ -83,7 +83,7 @@ fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
         55..65 => lease.retry(),
         65..75 => lease.retry_after(us(rng.below(300))),
         75..80 => lease.requeue_after(us(rng.below(300))),
-        80..85 => lease.finish(Outcome::RetryAfter(Duration::ZERO)),
+        80..85 => lease.finish(Outcome::retry_after(Duration::ZERO)),
         _ => drop(lease),
     }
 }

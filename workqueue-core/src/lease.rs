@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crate::Outcome;
 use crate::state::Ticket;
-use workqueue_ratelimit::Signal;
 
 /// The queue side of a [`Lease`]: what finishing a lease does.
 ///
@@ -19,9 +18,8 @@ use workqueue_ratelimit::Signal;
 /// swallows it while the thread is already unwinding (a second panic there would abort the
 /// process).
 pub(crate) trait LeaseOwner<T>: Send + Sync {
-    /// Finishes the key `ticket` was issued for, as `outcome` says; `signal` is what it tells an
-    /// outage detector (`None`: the outcome's own, see [`Lease::finish_signalled`]).
-    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>);
+    /// Finishes the key `ticket` was issued for, as `outcome` says.
+    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome);
 }
 
 /// A key handed out by a queue, held until processing ends.
@@ -81,34 +79,12 @@ impl<T> Lease<T> {
         }
     }
 
-    /// The priority the key was handed out at, or the one [`Lease::with_priority`] set. A re-add
-    /// that the lease's outcome asks for (`retry`, `requeue_after`, ...) queues the key at this
-    /// priority.
+    /// The priority the key was handed out at. A re-add that the lease's outcome asks for
+    /// (`retry`, `requeue_after`, ...) queues the key at this priority, unless the outcome names
+    /// another ([`Outcome::with_priority`]).
     pub fn priority(&self) -> i32 {
         // The ticket lives as long as the lease can be asked.
         self.ticket.as_ref().map_or(0, Ticket::priority)
-    }
-
-    /// The lease, with re-adds that its outcome asks for at `priority` instead of the priority
-    /// it was handed out at (controller-runtime's `Result.Priority`).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use workqueue_core::{LOW_PRIORITY, ManualClock, WorkQueue};
-    ///
-    /// let clock = ManualClock::new();
-    /// let queue: WorkQueue<&str> = WorkQueue::builder().clock(clock.clone()).build();
-    /// queue.add("poll-me");
-    /// let lease = queue.try_get().unwrap();
-    /// lease.with_priority(LOW_PRIORITY).requeue_after(Duration::from_secs(60));
-    /// clock.advance(Duration::from_secs(60));
-    /// assert_eq!(queue.try_get().unwrap().priority(), LOW_PRIORITY);
-    /// ```
-    pub fn with_priority(mut self, priority: i32) -> Self {
-        if let Some(ticket) = &mut self.ticket {
-            ticket.set_priority(priority);
-        }
-        self
     }
 
     /// Takes the lease apart without finishing it, for a driver that gives the key back to its
@@ -126,65 +102,40 @@ impl<T> Lease<T> {
 
     /// Finishes processing: the key is done. It is queued again if it was re-added meanwhile.
     pub fn done(self) {
-        self.finish(Outcome::Done)
+        self.finish(Outcome::done())
     }
 
     /// Finishes successfully: the rate limiter forgets the key's failures, then done.
     pub fn forget(self) {
-        self.finish(Outcome::Forget)
+        self.finish(Outcome::forget())
     }
 
     /// Finishes with a failure: the key is re-added after the rate limiter's delay.
     pub fn retry(self) {
-        self.finish(Outcome::Retry)
+        self.finish(Outcome::retry())
     }
 
     /// Finishes with a failure: the key is re-added after `delay`, without consulting the limiter.
     pub fn retry_after(self, delay: Duration) {
-        self.finish(Outcome::RetryAfter(delay))
+        self.finish(Outcome::retry_after(delay))
     }
 
     /// Finishes successfully and asks to run again after `delay` (polling): the limiter forgets
     /// the key, and it is re-added after `delay`.
     pub fn requeue_after(self, delay: Duration) {
-        self.finish(Outcome::RequeueAfter(delay))
+        self.finish(Outcome::requeue_after(delay))
     }
 
-    /// Finishes as `outcome` says.
+    /// Finishes as `outcome` says: its operation, the priority of the re-add it asks for
+    /// ([`Outcome::with_priority`]), and what it tells the outage detector
+    /// ([`Outcome::with_signal`]).
     pub fn finish(mut self, outcome: Outcome) {
-        self.finish_with(outcome, None);
+        self.finish_with(outcome);
     }
 
-    /// Finishes as `outcome` says, telling the queue's outage detector (when it has one, see
-    /// [`Builder::outage_detection`](crate::Builder::outage_detection)) that the key's
-    /// processing was `signal`. The other ways to finish send the outcome's own signal:
-    /// `forget` and `requeue_after` are successes, `retry` and `retry_after` failures (a first
-    /// failure when the rate limiter has no failure recorded for the key), `done` says nothing.
-    /// Use this one for a failure that is the object's own (`Signal::Ignored`: an invalid spec,
-    /// a 4xx that is not 429), which must not open the detector, or for a success that is
-    /// re-queued through the limiter.
-    ///
-    /// ```
-    /// use workqueue_core::ratelimit::{OutageConfig, Signal};
-    /// use workqueue_core::{Outcome, WorkQueue};
-    ///
-    /// let queue: WorkQueue<&str> = WorkQueue::builder()
-    ///     .outage_detection(OutageConfig::default())
-    ///     .build();
-    /// for key in ["a", "b", "c", "d", "e", "f"] {
-    ///     queue.add(key);
-    ///     // Invalid objects: their failures are their own.
-    ///     queue.try_get().unwrap().finish_signalled(Outcome::Retry, Signal::Ignored);
-    /// }
-    /// assert!(!queue.is_outage_open());
-    /// ```
-    pub fn finish_signalled(mut self, outcome: Outcome, signal: Signal) {
-        self.finish_with(outcome, Some(signal));
-    }
-
-    fn finish_with(&mut self, outcome: Outcome, signal: Option<Signal>) {
+    fn finish_with(&mut self, outcome: Outcome) {
         if let (Some(ticket), Some(key)) = (self.ticket.take(), &self.key) {
-            self.owner.finish(ticket, key, outcome, signal);
+            self.owner.finish(ticket, key, outcome);
         }
     }
 }
@@ -197,14 +148,14 @@ impl<T> Drop for Lease<T> {
             return;
         }
         let outcome = if unwinding {
-            Outcome::Retry
+            Outcome::retry()
         } else {
-            Outcome::Done
+            Outcome::done()
         };
         // The owner finishes the key before any user code it runs can panic; the key's own
         // `Drop` runs here too, inside the catch.
         let ended = catch_unwind(AssertUnwindSafe(|| {
-            self.finish_with(outcome, None);
+            self.finish_with(outcome);
             drop(self.key.take());
         }));
         if let Err(panic) = ended

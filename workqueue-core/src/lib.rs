@@ -48,11 +48,11 @@
 //! | a lease ends | the recorder, the released key's `Drop` | the key is finished, as asked |
 //! | a lease is dropped while the thread unwinds | any of the above | as above, and the panic is swallowed (a second panic would abort) |
 //! | any operation | the recorder | the operation is done and waiters are woken; only metrics are lost |
-//!
-//! A named queue calls the recorder when it sends its batched metrics (every
-//! `metrics::FLUSH_EVERY` operations, at a refresh, at shutdown), so "the recorder" above is
-//! called by the operation that sends the batch, and by retries and rate-limited adds.
 //! | `forget`, `num_requeues` | the limiter | nothing changed in the queue |
+//!
+//! A named queue calls the recorder when it sends its batched metrics (every 64 operations, at a
+//! refresh, at shutdown; see [`metrics`]), so "the recorder" above is
+//! called by the operation that sends the batch, and by retries and rate-limited adds.
 //!
 //! The freeing of a key (when a lease ends, at shutdown) calls no user code: a key whose index
 //! bucket does not fit its slot (only in tables of more than 2^27 buckets) has its hash stored.
@@ -64,23 +64,37 @@
 //!
 //! The public API is what these docs show: the queue, its [`Builder`] and [`Lease`]s, the
 //! clocks, the rate limiters, [`parallelize()`], the metric names, and [`state::QueueState`] with
-//! its ticket and result types for a driver of your own. The crate also has a hidden module,
-//! `__private`, with the driver core that `workqueue-tokio` builds its queue on: it is public only
-//! because that crate needs it, is not covered by semver, and `workqueue-tokio` depends on an
-//! exact version of this crate for that reason.
+//! its ticket and result types for a driver of your own.
+//!
+//! The crate also has one hidden module, `__private`: the unstable seam between the crates of
+//! this workspace. It is public only because those crates need it, is not covered by semver, and
+//! `workqueue-tokio` depends on an exact version of this crate for that reason. It holds:
+//! - the driver core that `workqueue-tokio` builds its queue on (`QueueCore` and its
+//!   configuration, `Notifier`, `Locked`, `Drain`), the trait a [`Builder`] builds a queue
+//!   through (`BuildQueue`, with `Blocking`, the default builder's marker), and the macro that
+//!   writes the operations both queues share (`queue_handle_methods!`, also exported at the
+//!   crate root as `__queue_handle_methods!`, as every exported macro is);
+//! - `consult_limiter`, the limiter half of an [`Outcome`], and `panic_message`, the message of
+//!   a caught panic (the tokio runner's);
+//! - for the workspace's tests, fuzz targets and reference model: `StateTesting`, the
+//!   introspection and test switches of a [`state::QueueState`], with `finished_flags` and
+//!   `COMPACT_MIN`; `registered_wakers`, a [`ManualClock`]'s count of registered queues;
+//!   `refreshed_queues`, the metrics refresher's count of queues; and `FLUSH_EVERY`, the
+//!   operations a named queue batches its metrics over.
 // Feature badges on docs.rs (nightly, `--cfg docsrs`): `doc_cfg` labels items behind a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod clock;
+mod clock;
 mod drain;
 mod driver;
 mod lease;
 pub mod metrics;
 mod options;
 mod outcome;
-pub mod parallelize;
+mod panics;
+mod parallelize;
 mod queue;
 pub mod state;
 mod sync;
@@ -93,13 +107,14 @@ pub use drain::{DrainIncomplete, DrainStop};
 pub use lease::Lease;
 pub use options::{AddOptions, LOW_PRIORITY};
 pub use outcome::Outcome;
-pub use parallelize::{panic_message, parallelize};
-pub use queue::{Blocking, BuildQueue, Builder, WorkQueue};
+pub use parallelize::{ParallelizeError, Parallelized, parallelize};
+pub use queue::{Builder, WorkQueue};
 pub use state::{AddStatus, Counts};
 pub use workqueue_ratelimit as ratelimit;
 
-/// The driver core that `workqueue-tokio` builds its queue on. **Not a stable API**: no semver
-/// promise covers anything in here, and it may change in any release.
+/// The unstable seam between the crates of this workspace (see the crate docs' Stability
+/// section). **Not a stable API**: no semver promise covers anything in here, and it may change in
+/// any release.
 ///
 /// Both queues share everything but their waiting: [`QueueCore`](__private::QueueCore) holds the
 /// [`QueueState`](state::QueueState) behind a lock, reads the clock, calls the rate limiter
@@ -113,11 +128,17 @@ pub use workqueue_ratelimit as ratelimit;
 /// its own lease type (as `workqueue-model` does), or ask for a stable seam.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::__queue_handle_methods as queue_handle_methods;
+    pub use crate::clock::registered_wakers;
     pub use crate::driver::{CoreConfig, Drain, GroupFn, Locked, Notifier, OutageHook, QueueCore};
-
-    /// Seals [`BuildQueue`](crate::BuildQueue): only the queue crates of this family implement
-    /// it.
-    pub trait Sealed {}
+    #[cfg(feature = "metrics")]
+    pub use crate::metrics::emit::refreshed_queues;
+    pub use crate::metrics::tuning::FLUSH_EVERY;
+    pub use crate::outcome::consult_limiter;
+    pub use crate::panics::panic_message;
+    pub use crate::queue::Blocking;
+    pub use crate::queue::BuildQueue;
+    pub use crate::state::seam::{COMPACT_MIN, StateTesting, finished_flags};
 }
 
 /// This crate's README, whose examples run as doctests.

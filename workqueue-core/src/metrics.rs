@@ -28,18 +28,18 @@
 //! has a value keeps it, and the overflow value is the number of keys at the other priorities.
 //!
 //! A queue records what its operations do in its own per-key timing, and sends it to the
-//! recorder in batches: every [`FLUSH_EVERY`] operations, at every refresh, and at shutdown. So a
-//! value can be up to 64 operations or one [`REFRESH_PERIOD`] (500 ms) behind the queue, far less
-//! than a scrape interval, and a named queue costs what the recording costs, not a recorder call
-//! per operation (W13 in BENCHMARKS.md). Retries and rate-limiter delays are sent as they happen.
+//! recorder in batches: every 64 operations, at every refresh, and at shutdown. So a value can be
+//! up to 64 operations or one refresh period (500 ms) behind the queue, far less than a scrape
+//! interval, and a named queue costs what the recording costs, not a recorder call per
+//! operation. Retries and rate-limiter delays are sent as they happen.
 //!
-//! The two "unfinished" gauges and the oldest-ready gauge are refreshed every [`REFRESH_PERIOD`]
+//! The two "unfinished" gauges and the oldest-ready gauge are refreshed every 500 ms
 //! by one process-wide thread, joined by a named queue when it is built and holding only weak
 //! references to queues (a queue leaves it when it shuts down), so they stay fresh even when
 //! every worker is stuck; call the queue's `refresh_metrics()` to flush and refresh at once
 //! (tests on a `ManualClock` do). The thread is started on demand and exits when no named queue
 //! is left; a process that wants no such thread drives `refresh_metrics()` itself and turns the
-//! thread off with `Builder::refresh_thread(false)`.
+//! thread off with `Builder::metrics_refresh_thread(false)`.
 //!
 //! Each queue caches its handles for the recorder in effect. Every emission checks which recorder
 //! that is (the lookup the `metrics` macros make) and registers new handles when it changed, so a
@@ -48,9 +48,7 @@
 //! address: a local recorder dropped and replaced by another at the same address, while one queue
 //! emits to both, keeps receiving the first one's handles.) An unnamed queue, or the feature off, emits nothing and keeps no
 //! per-key timing. The library installs no exporter: the binary does (see the `prometheus`
-//! example of `workqueue-tokio`, which sets [`QUEUE_DURATION_BUCKETS`] for the histograms).
-
-use std::time::Duration;
+//! example of `workqueue-tokio`, which sets [`DURATION_BUCKETS`] for the histograms).
 
 /// The label that carries the queue's name.
 pub const NAME_LABEL: &str = "name";
@@ -62,9 +60,7 @@ pub const PRIORITY_LABEL: &str = "priority";
 /// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first [`PRIORITY_LABELS`]
 /// (controller-runtime's value).
 pub const EXCEEDED_CARDINALITY_LIMIT: &str = "exceeded_cardinality_limit";
-/// How many distinct priorities get a [`PRIORITY_LABEL`] value of their own (controller-runtime's
-/// limit).
-pub const PRIORITY_LABELS: usize = 25;
+pub use crate::state::timing::PRIORITY_LABELS;
 /// Gauge: current depth of the queue (client-go).
 pub const DEPTH: &str = "workqueue_depth";
 /// Counter: adds handled by the queue (client-go).
@@ -95,7 +91,8 @@ pub const PARKED_KEYS: &str = "workqueue_parked_keys";
 /// Counter: times the outage detector opened (this crate; only with outage detection on).
 pub const OUTAGE_OPENINGS_TOTAL: &str = "workqueue_outage_openings_total";
 
-/// Buckets for the queue and work durations: controller-runtime's
+/// Buckets for the queue and work durations ([`QUEUE_DURATION_SECONDS`] and
+/// [`WORK_DURATION_SECONDS`]): controller-runtime's
 /// `ExponentialBuckets(10e-9, 10, 12)`, 10 ns to 1000 s.
 ///
 /// client-go's own provider (component-base) uses the first 10 (up to 10 s). We use
@@ -104,39 +101,37 @@ pub const OUTAGE_OPENINGS_TOTAL: &str = "workqueue_outage_openings_total";
 /// that call slow APIs. Above the top bucket a histogram only counts, so client-go's buckets
 /// would hide exactly the waits that matter. The 10 shared buckets have the same bounds, so a
 /// client-go dashboard's `le` values all still exist.
-pub const QUEUE_DURATION_BUCKETS: [f64; 12] = [
+pub const DURATION_BUCKETS: [f64; 12] = [
     1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0,
 ];
-/// Buckets for [`WORK_DURATION_SECONDS`]: the same as [`QUEUE_DURATION_BUCKETS`].
-pub const WORK_DURATION_BUCKETS: [f64; 12] = QUEUE_DURATION_BUCKETS;
 /// Buckets for [`RATE_LIMITER_DELAY_SECONDS`]: 1 ms to the default limiter's 1000 s cap.
 pub const RATE_LIMITER_DELAY_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1000.0,
 ];
 
-/// How often the process-wide refresher updates the "unfinished work" gauges, and sends what a
-/// queue's operations recorded since its last flush.
-pub const REFRESH_PERIOD: Duration = Duration::from_millis(500);
+#[cfg(feature = "metrics")]
+pub(crate) use tuning::{FLUSH_EVERY, REFRESH_PERIOD};
 
-/// A named queue sends what its operations recorded to the recorder every `FLUSH_EVERY`
-/// operations, at every refresh ([`REFRESH_PERIOD`], or a call to `refresh_metrics()`), and at
-/// shutdown: metrics are at most that far behind the queue. Sending on every operation cost W13
-/// (W1 on a named queue) 1.34x the unnamed queue's time; in batches it costs what recording into
-/// the queue's own timing costs.
-pub const FLUSH_EVERY: u32 = 64;
+/// The numbers the module docs give, as the code uses them (`FLUSH_EVERY` is also in the
+/// unstable seam, for the tests of batching).
+pub(crate) mod tuning {
+    /// How often the process-wide refresher updates the "unfinished work" gauges, and sends what
+    /// a queue's operations recorded since its last flush (the module docs' 500 ms).
+    #[cfg(feature = "metrics")]
+    pub const REFRESH_PERIOD: std::time::Duration = std::time::Duration::from_millis(500);
+
+    /// A named queue sends what its operations recorded to the recorder every `FLUSH_EVERY`
+    /// operations (the module docs' 64), at every refresh, and at shutdown: in batches, a named
+    /// queue costs what recording into its own timing costs, not a recorder call per operation
+    /// (ARCHITECTURE.md).
+    pub const FLUSH_EVERY: u32 = 64;
+}
 
 #[cfg(feature = "metrics")]
 pub(crate) use emit::{QueueMetrics, RefreshMetrics};
 
-/// How many named queues the process-wide refresher keeps fresh (a queue joins at its first
-/// `get` and leaves at shutdown, or when it is dropped). For diagnostics and tests.
 #[cfg(feature = "metrics")]
-pub fn refreshed_queues() -> usize {
-    emit::registry_len()
-}
-
-#[cfg(feature = "metrics")]
-mod emit {
+pub(crate) mod emit {
     use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
@@ -438,7 +433,10 @@ mod emit {
         }
     }
 
-    pub(super) fn registry_len() -> usize {
+    /// How many named queues the process-wide refresher keeps fresh (a queue joins when it is
+    /// built and leaves at shutdown, or when it is dropped). For tests (the unstable seam's
+    /// `refreshed_queues`).
+    pub fn refreshed_queues() -> usize {
         registry::len()
     }
 

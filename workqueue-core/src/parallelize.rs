@@ -7,6 +7,8 @@ use std::thread;
 
 use parking_lot::Mutex;
 
+use crate::panics::panic_message;
+
 /// How a [`parallelize`] run ended when no piece panicked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parallelized {
@@ -128,15 +130,4 @@ where
         completed,
         cancelled: was_cancelled.into_inner(),
     })
-}
-
-/// The message of a caught panic's payload (`&str` or `String`; a placeholder otherwise).
-pub fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic payload that is not a string".to_owned()
-    }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
-use workqueue_core::parallelize::{ParallelizeError, Parallelized, parallelize};
+use workqueue_core::{ParallelizeError, Parallelized, parallelize};
 
 struct Case {
     pieces: usize,

@@ -36,7 +36,7 @@ impl Probe {
     }
 
     /// Runs one step under the recorder, then flushes the test's queues (a queue sends its
-    /// metrics in batches, and at every refresh: see `metrics::FLUSH_EVERY`), then collects what
+    /// metrics in batches of 64 operations, and at every refresh), then collects what
     /// was emitted.
     fn run<R>(&mut self, f: impl FnOnce() -> R) -> R {
         let r = metrics::with_local_recorder(&self.recorder, || {
@@ -133,7 +133,7 @@ fn named(clock: &ManualClock) -> WorkQueue<&'static str> {
         .name("test")
         .clock(clock.clone())
         // This test flushes (`Probe::run`): the refresher thread would flush to another recorder.
-        .refresh_thread(false)
+        .metrics_refresh_thread(false)
         .build();
     QUEUES.with_borrow_mut(|queues| queues.push(q.clone()));
     q
@@ -268,10 +268,10 @@ fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
         lease.retry();
         q.add("x");
         let lease = q.try_get().unwrap();
-        lease.finish(Outcome::RetryAfter(Duration::from_secs(1)));
+        lease.finish(Outcome::retry_after(Duration::from_secs(1)));
         q.add("d");
         let lease = q.try_get().unwrap();
-        lease.finish(Outcome::RequeueAfter(Duration::from_secs(1)));
+        lease.finish(Outcome::requeue_after(Duration::from_secs(1)));
         q.add("e");
         let lease = q.try_get().unwrap();
         lease.forget(); // not a retry
@@ -356,11 +356,10 @@ fn metrics_are_described_with_units() {
 #[test]
 fn buckets_are_controller_runtime_s() {
     let expected: Vec<f64> = (0..12).map(|i| 1e-8 * 10f64.powi(i)).collect();
-    assert_eq!(QUEUE_DURATION_BUCKETS.len(), expected.len());
-    for (a, b) in QUEUE_DURATION_BUCKETS.iter().zip(&expected) {
+    assert_eq!(DURATION_BUCKETS.len(), expected.len());
+    for (a, b) in DURATION_BUCKETS.iter().zip(&expected) {
         assert!((a - b).abs() <= b * 1e-9, "{a} vs {b}");
     }
-    assert_eq!(WORK_DURATION_BUCKETS, QUEUE_DURATION_BUCKETS);
 }
 
 #[test]
@@ -369,14 +368,14 @@ fn depth_is_labelled_by_priority_and_moves_with_a_raise() {
     let clock = ManualClock::new();
     let q = named(&clock);
     p.run(|| q.add("a"));
-    p.run(|| q.add_with("b", AddOptions::priority(LOW_PRIORITY)));
-    p.run(|| q.add_with("c", AddOptions::priority(10)));
+    p.run(|| q.add_with("b", AddOptions::new().priority(LOW_PRIORITY)));
+    p.run(|| q.add_with("c", AddOptions::new().priority(10)));
     assert_eq!(p.depth("0"), Some(1.0));
     assert_eq!(p.depth("-100"), Some(1.0));
     assert_eq!(p.depth("10"), Some(1.0));
 
     // Raised: its depth moves to the new priority.
-    p.run(|| q.add_with("b", AddOptions::priority(10)));
+    p.run(|| q.add_with("b", AddOptions::new().priority(10)));
     assert_eq!(p.depth("-100"), Some(0.0));
     assert_eq!(p.depth("10"), Some(2.0));
 
@@ -384,9 +383,9 @@ fn depth_is_labelled_by_priority_and_moves_with_a_raise() {
     let c = p.run(|| q.try_get()).unwrap();
     assert_eq!(*c, "c");
     assert_eq!(p.depth("10"), Some(1.0));
-    p.run(|| q.add_with("c", AddOptions::priority(5)));
+    p.run(|| q.add_with("c", AddOptions::new().priority(5)));
     assert_eq!(p.depth("5"), Some(1.0));
-    p.run(|| q.add_with("c", AddOptions::priority(20)));
+    p.run(|| q.add_with("c", AddOptions::new().priority(20)));
     assert_eq!((p.depth("5"), p.depth("20")), (Some(0.0), Some(1.0)));
     p.run(|| c.done());
     assert_eq!(p.depth("20"), Some(1.0));
@@ -405,7 +404,12 @@ fn priorities_beyond_the_label_limit_share_the_overflow_value_and_stay_exact() {
     let labelled = PRIORITY_LABELS as i32 - 1;
     let extra = 5;
     for i in 1..=labelled + extra {
-        p.run(|| q.add_with(format!("k{i}").leak() as &str, AddOptions::priority(i)));
+        p.run(|| {
+            q.add_with(
+                format!("k{i}").leak() as &str,
+                AddOptions::new().priority(i),
+            )
+        });
     }
     assert_eq!(p.depth_labels().len(), PRIORITY_LABELS + 1);
     assert_eq!(p.depth("0"), Some(0.0));
@@ -430,7 +434,7 @@ fn oldest_ready_is_the_longest_wait_of_a_queued_key() {
     let mut p = Probe::new();
     let clock = ManualClock::new();
     let q = named(&clock);
-    p.run(|| q.add_with("low", AddOptions::priority(LOW_PRIORITY)));
+    p.run(|| q.add_with("low", AddOptions::new().priority(LOW_PRIORITY)));
     clock.advance(Duration::from_secs(2));
     p.run(|| q.add("normal"));
     clock.advance(Duration::from_secs(1));

@@ -9,9 +9,8 @@
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use workqueue_core::metrics::{
-    LONGEST_RUNNING_PROCESSOR_SECONDS, UNFINISHED_WORK_SECONDS, refreshed_queues,
-};
+use workqueue_core::__private::refreshed_queues;
+use workqueue_core::metrics::{LONGEST_RUNNING_PROCESSOR_SECONDS, UNFINISHED_WORK_SECONDS};
 use workqueue_core::{ManualClock, WorkQueue};
 
 const GUARD: Duration = Duration::from_secs(60);

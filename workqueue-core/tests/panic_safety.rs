@@ -6,9 +6,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
+use workqueue_core::__private::StateTesting;
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::{Get, QueueState};
-use workqueue_core::{Instant, ManualClock, WorkQueue};
+use workqueue_core::{AddOptions, Instant, ManualClock, Outcome, WorkQueue};
 use workqueue_model::faults::{self, Fault, FaultyKey, FaultyLimiter};
 
 fn key(name: &str) -> FaultyKey {
@@ -37,8 +38,8 @@ fn assert_drains(queue: &WorkQueue<FaultyKey>) {
 fn state_get_whose_clone_panics_leaves_the_key_at_the_head() {
     let mut s: QueueState<FaultyKey> = QueueState::new();
     let t = Instant::ZERO;
-    s.add(key("a"), t);
-    s.add(key("b"), t);
+    s.add(key("a"), AddOptions::new(), t);
+    s.add(key("b"), AddOptions::new(), t);
     assert!(faults::with_fault(Fault::Clone, 1, || s.get(t)).is_err());
     s.check_invariants();
     assert_eq!(s.counts().processing, 0);
@@ -46,7 +47,7 @@ fn state_get_whose_clone_panics_leaves_the_key_at_the_head() {
         panic!("nothing ready")
     };
     assert_eq!(k.as_str(), "a", "the key stays at the head");
-    let _ = s.finish(ticket, workqueue_core::Outcome::Done, None, t);
+    let _ = s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO);
     s.check_invariants();
 }
 
@@ -113,11 +114,11 @@ fn a_hash_that_panics_while_the_index_grows_leaves_the_state_usable() {
         // The first hash is the new key's own; later ones are the growth's, when it grows (at
         // 3, 7, 14, 28, 56 and 112 keys): a panic part-way through it, after some keys.
         let nth = 2 + (i / 2) as u32;
-        match faults::with_fault(Fault::Hash, nth, || s.add(key(&name), t)) {
+        match faults::with_fault(Fault::Hash, nth, || s.add(key(&name), AddOptions::new(), t)) {
             Ok(_) => added.push(name),
             Err(_) => {
                 s.check_invariants();
-                s.add(key(&name), t);
+                s.add(key(&name), AddOptions::new(), t);
                 added.push(name);
             }
         }
@@ -126,7 +127,7 @@ fn a_hash_that_panics_while_the_index_grows_leaves_the_state_usable() {
     let mut got = Vec::new();
     while let Get::Ready(ticket, k) = s.get(t) {
         got.push(k.as_str().to_owned());
-        let _ = s.finish(ticket, workqueue_core::Outcome::Done, None, t);
+        let _ = s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO);
         s.check_invariants();
     }
     assert_eq!(got, added, "every key, once, in FIFO order");
@@ -139,14 +140,17 @@ fn finishing_a_key_never_hashes_it_even_without_a_recorded_bucket() {
     s.limit_recorded_buckets(0);
     let t = Instant::ZERO;
     for name in ["a", "b", "c", "d", "e"] {
-        s.add(key(name), t);
+        s.add(key(name), AddOptions::new(), t);
     }
-    s.add_after(key("w"), Duration::from_secs(1), t);
+    s.add(key("w"), AddOptions::new().after(Duration::from_secs(1)), t);
     while let Get::Ready(ticket, _) = s.get(t) {
         let f = faults::with_fault(Fault::Hash, 1, || {
-            s.finish(ticket, workqueue_core::Outcome::Done, None, t)
+            s.finish(ticket, Outcome::done(), None, t, |_| Duration::ZERO)
         });
-        assert!(f.expect("finish hashes no key").released.is_some());
+        let f = f
+            .expect("finish hashes no key")
+            .expect("a ticket of this state");
+        assert!(f.released.is_some());
         s.check_invariants();
     }
     let released = faults::with_fault(Fault::Hash, 1, || s.shut_down());
@@ -297,7 +301,7 @@ mod recorder {
         WorkQueue::builder()
             .clock(ManualClock::new())
             .name("panicking-recorder")
-            .refresh_thread(false)
+            .metrics_refresh_thread(false)
             .build()
     }
 
@@ -317,7 +321,7 @@ mod recorder {
     fn one_before_a_flush(rec: &PanickingRecorder, queue: &WorkQueue<FaultyKey>, queued: &str) {
         metrics::with_local_recorder(rec, || {
             queue.refresh_metrics();
-            for _ in 1..workqueue_core::metrics::FLUSH_EVERY {
+            for _ in 1..workqueue_core::__private::FLUSH_EVERY {
                 queue.add(key(queued));
             }
         });

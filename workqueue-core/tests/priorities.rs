@@ -17,15 +17,11 @@ fn queue() -> (WorkQueue<&'static str>, ManualClock) {
 }
 
 fn at(priority: i32) -> AddOptions {
-    AddOptions::priority(priority)
+    AddOptions::new().priority(priority)
 }
 
 fn after(d: Duration, priority: i32) -> AddOptions {
-    AddOptions {
-        priority,
-        after: d,
-        ..Default::default()
-    }
+    AddOptions::new().priority(priority).after(d)
 }
 
 /// Gets and finishes every ready key: `(key, priority)` in the order they were handed out.
@@ -181,10 +177,7 @@ fn a_rate_limited_add_waits_the_shorter_of_after_and_the_limiters_delay() {
         .clock(clock.clone())
         .rate_limiter(ExponentialFailure::new(ms(5), Duration::from_secs(1000)))
         .build();
-    let rl = AddOptions {
-        rate_limited: true,
-        ..Default::default()
-    };
+    let rl = AddOptions::new().rate_limited(true);
     q.add_batch_with(["foo", "bar"], rl);
     assert_eq!(q.num_requeues(&"foo"), 1, "the limiter was asked");
     clock.advance(ms(5));
@@ -192,11 +185,10 @@ fn a_rate_limited_add_waits_the_shorter_of_after_and_the_limiters_delay() {
     // A second failure of "foo": the limiter says 10 ms, `after` says 2 ms; the shorter wins.
     q.add_with(
         "foo",
-        AddOptions {
-            after: ms(2),
-            rate_limited: true,
-            priority: 1,
-        },
+        AddOptions::new()
+            .after(ms(2))
+            .rate_limited(true)
+            .priority(1),
     );
     assert_eq!(q.num_requeues(&"foo"), 2);
     clock.advance(ms(2));

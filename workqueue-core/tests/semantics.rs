@@ -23,6 +23,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{ProbeClock, SENTINEL_ONLY, manual_queue, ms, ns, probe_queue, secs};
+use workqueue_core::__private::registered_wakers;
 use workqueue_core::ratelimit::{ExponentialFailure, MaxOf, RateLimiter, TokenBucket};
 use workqueue_core::state::{AddStatus, Counts};
 use workqueue_core::{Clock, DrainStop, Instant, ManualClock, Outcome, SystemClock, WorkQueue};
@@ -439,10 +440,10 @@ fn blocked_get_on_manual_clock_deadline_is_woken_by_advance() {
     let queue: WorkQueue<&'static str> = WorkQueue::builder().clock(clock.clone()).build();
     queue.add_after("k", ms(10));
     let getter = {
-        let queue = queue.clone();
+        let (queue, clock) = (queue.clone(), clock.clone());
         thread::spawn(move || {
             let lease = queue.get().unwrap();
-            (*lease, queue.now())
+            (*lease, clock.now())
         })
     };
     let tid = getter.thread().id();
@@ -738,10 +739,10 @@ fn timed_drain_on_manual_clock_reports_in_flight_keys() {
     let a = queue.get().unwrap();
     let b = queue.get().unwrap();
     let drainer = {
-        let queue = queue.clone();
+        let (queue, clock) = (queue.clone(), clock.clone());
         thread::spawn(move || {
             let result = queue.shut_down_with_drain_timeout(secs(1));
-            (result, queue.now())
+            (result, clock.now())
         })
     };
     // The drainer computed its deadline before it shut the queue down; once shutdown is visible
@@ -992,7 +993,7 @@ fn lease_outcomes() {
     queue
         .get()
         .unwrap()
-        .finish(Outcome::RetryAfter(Duration::ZERO));
+        .finish(Outcome::retry_after(Duration::ZERO));
     assert_eq!(take_all(&queue), ["k"]);
 
     // A retry of a key that was re-added meanwhile: queued now (dirty) and waiting (reminder).
@@ -1104,7 +1105,7 @@ fn limiter_overflow_exponential_base_1ns_10000_failures() {
         Arc::new(ExponentialFailure::new(ns(1), Duration::MAX));
     let queue: WorkQueue<&'static str> = WorkQueue::builder()
         .clock(clock.clone())
-        .shared_rate_limiter(limiter.clone())
+        .rate_limiter(limiter.clone())
         .build();
     for _ in 0..63 {
         limiter.when(&"k", Instant::ZERO);
@@ -1183,11 +1184,15 @@ fn dropping_a_queue_unregisters_it_from_its_manual_clock() {
     let clock = ManualClock::new();
     let queue: WorkQueue<&'static str> = WorkQueue::builder().clock(clock.clone()).build();
     let other = queue.clone();
-    assert_eq!(clock.registered(), 1);
+    assert_eq!(registered_wakers(&clock), 1);
     drop(queue);
-    assert_eq!(clock.registered(), 1, "a clone keeps the queue alive");
+    assert_eq!(
+        registered_wakers(&clock),
+        1,
+        "a clone keeps the queue alive"
+    );
     drop(other);
-    assert_eq!(clock.registered(), 0);
+    assert_eq!(registered_wakers(&clock), 0);
     clock.advance(secs(1)); // no queue to wake: must not panic
 }
 

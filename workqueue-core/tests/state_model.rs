@@ -22,7 +22,7 @@ use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use workqueue_core::Outcome;
+use workqueue_model::Outcome;
 use workqueue_model::differential::{Op, StateHarness};
 use workqueue_model::faults::Fault;
 
@@ -129,10 +129,10 @@ fn outage_op() -> impl Strategy<Value = Op> {
 /// Small detector parameters, so that it opens, probes and closes within a short run.
 fn outage_config() -> workqueue_core::ratelimit::OutageConfig {
     workqueue_core::ratelimit::OutageConfig::default()
-        .window(Duration::from_secs(10))
-        .min_first_failures(2)
-        .probe_initial(Duration::from_secs(1))
-        .probe_max(Duration::from_secs(4))
+        .with_window(Duration::from_secs(10))
+        .with_min_first_failures(2)
+        .with_probe_initial(Duration::from_secs(1))
+        .with_probe_max(Duration::from_secs(4))
 }
 
 fn replay(ops: &[Op]) {

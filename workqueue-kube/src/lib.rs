@@ -29,7 +29,7 @@
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::ObjectMeta;
 //! use kube::runtime::watcher::Event;
-//! use workqueue_kube::{LOW_PRIORITY, keys, prioritized};
+//! use workqueue_kube::{AddOptions, LOW_PRIORITY, keys, prioritized};
 //!
 //! fn cm(name: &str, rv: &str) -> ConfigMap {
 //!     let metadata = ObjectMeta {
@@ -57,15 +57,16 @@
 //! ])
 //! .map(Ok);
 //! let added: Vec<_> = keys(prioritized(events))
-//!     .map(|item| item.map(|(key, opts)| (key.name, opts.priority)).unwrap())
+//!     .map(|item| item.map(|(key, opts)| (key.name, opts)).unwrap())
 //!     .collect()
 //!     .await;
+//! let (low, normal) = (AddOptions::new().priority(LOW_PRIORITY), AddOptions::new());
 //! assert_eq!(added, [
-//!     ("a".to_string(), LOW_PRIORITY),
-//!     ("b".to_string(), LOW_PRIORITY),
-//!     ("a".to_string(), 0),
-//!     ("a".to_string(), LOW_PRIORITY),
-//!     ("b".to_string(), 0),
+//!     ("a".to_string(), low),
+//!     ("b".to_string(), low),
+//!     ("a".to_string(), normal),
+//!     ("a".to_string(), low),
+//!     ("b".to_string(), normal),
 //! ]);
 //! # }
 //! ```
@@ -127,11 +128,11 @@ pub enum Change {
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::ResourceExt;
-/// use workqueue_kube::{Change, LOW_PRIORITY, Prioritized};
+/// use workqueue_kube::{AddOptions, Change, LOW_PRIORITY, Prioritized};
 ///
 /// let cm = ConfigMap::default();
 /// let listed = Prioritized { object: cm, change: Change::Listed, priority: LOW_PRIORITY };
-/// assert_eq!(listed.options().priority, LOW_PRIORITY);
+/// assert_eq!(listed.options(), AddOptions::new().priority(LOW_PRIORITY));
 /// assert_eq!(listed.name_any(), ""); // ResourceExt, through the object's metadata
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +148,7 @@ pub struct Prioritized<K> {
 impl<K> Prioritized<K> {
     /// The options to add its key with: its priority, no delay.
     pub const fn options(&self) -> AddOptions {
-        AddOptions::priority(self.priority)
+        AddOptions::new().priority(self.priority)
     }
 }
 
@@ -330,7 +331,7 @@ where
 /// use kube::api::ObjectMeta;
 /// use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 /// use kube::runtime::watcher::Event;
-/// use workqueue_kube::{owners, prioritized};
+/// use workqueue_kube::{AddOptions, owners, prioritized};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -355,7 +356,7 @@ where
 /// let events = stream::iter([Event::Apply(owned), Event::Apply(orphan)]).map(Ok);
 /// let queued: Vec<_> = owners::<ConfigMap, _, _>(prioritized(events), (), ()).collect().await;
 /// let (key, opts) = queued[0].as_ref().unwrap();
-/// assert_eq!((queued.len(), key.name.as_str(), opts.priority), (1, "web", 0));
+/// assert_eq!((queued.len(), key.name.as_str(), *opts), (1, "web", AddOptions::new()));
 /// # }
 /// ```
 pub fn owners<KOwner, K, S>(

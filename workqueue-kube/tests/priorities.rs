@@ -14,7 +14,7 @@ use kube::api::ObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::time::sleep;
-use workqueue_kube::{LOW_PRIORITY, keys, prioritized};
+use workqueue_kube::{AddOptions, LOW_PRIORITY, keys, prioritized};
 
 use apiserver::ApiServer;
 
@@ -44,6 +44,15 @@ fn drain(
     (keys, errors)
 }
 
+/// The priority `opts` add at: the sources add at 0 or at `LOW_PRIORITY`, with no other option.
+fn priority_of(opts: AddOptions) -> i32 {
+    if opts == AddOptions::new().priority(LOW_PRIORITY) {
+        return LOW_PRIORITY;
+    }
+    assert_eq!(opts, AddOptions::new(), "options other than a priority");
+    0
+}
+
 fn low(name: &str) -> (String, i32) {
     (name.into(), LOW_PRIORITY)
 }
@@ -69,7 +78,7 @@ async fn initial_list_low_changes_normal_relist_low_only_when_unchanged() {
     .default_backoff();
     let mut stream = keys(prioritized(events))
         .map(|item| {
-            item.map(|(key, opts)| (key.name, opts.priority))
+            item.map(|(key, opts)| (key.name, priority_of(opts)))
                 .map_err(|e| e.to_string())
         })
         .boxed();

@@ -50,8 +50,38 @@ use std::collections::{BTreeMap, BTreeSet};
 use ready::ModelReady;
 use std::time::Duration;
 
+pub use workqueue_core::Instant;
 pub use workqueue_core::state::{AddStatus, Counts};
-pub use workqueue_core::{Instant, Outcome};
+
+/// How a lease ends, as the model matches on it: the operations of the queue's
+/// [`Outcome`](workqueue_core::Outcome), which is opaque.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// `Outcome::done()`.
+    Done,
+    /// `Outcome::forget()`.
+    Forget,
+    /// `Outcome::retry()`.
+    Retry,
+    /// `Outcome::retry_after(d)`.
+    RetryAfter(Duration),
+    /// `Outcome::requeue_after(d)`.
+    RequeueAfter(Duration),
+}
+
+impl Outcome {
+    /// The queue's outcome with this operation.
+    pub fn to_queue(self) -> workqueue_core::Outcome {
+        use workqueue_core::Outcome as Q;
+        match self {
+            Outcome::Done => Q::done(),
+            Outcome::Forget => Q::forget(),
+            Outcome::Retry => Q::retry(),
+            Outcome::RetryAfter(d) => Q::retry_after(d),
+            Outcome::RequeueAfter(d) => Q::requeue_after(d),
+        }
+    }
+}
 
 /// What [`Model::get`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,7 +160,7 @@ impl<K: Ord + Clone> Model<K> {
         }
     }
 
-    /// Turns aging on (`QueueState::set_max_ready_wait`): keys already ready count as ready from
+    /// Turns aging on (`QueueState::enable_aging`): keys already ready count as ready from
     /// the latest time seen, in the order they are served.
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.ready.restart_ages(self.now);
@@ -316,7 +346,7 @@ impl<K: Ord + Clone> Model<K> {
         self.finish_at(key, outcome, limiter_delay, leased_at, now)
     }
 
-    /// [`Model::finish`] whose re-add is at `priority` (`Ticket::set_priority`), not the
+    /// [`Model::finish`] whose re-add is at `priority` (`Outcome::with_priority`), not the
     /// priority the key was handed out at.
     ///
     /// With outage detection on, it is [`Model::finish_signalled`] with `Signal::Ignored`.

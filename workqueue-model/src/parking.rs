@@ -1,6 +1,6 @@
 //! The outage detector's parking, probing and release, in the model's most direct form: parked
 //! keys are waiting entries at the sentinel deadline, the round is a list in park order, and
-//! each step is written out as the rules say (`QueueState::finish_signalled`'s documentation).
+//! each step is written out as the rules say (`QueueState::enable_outage_detection`'s documentation).
 
 use std::time::Duration;
 

@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 
+use workqueue_core::__private::COMPACT_MIN;
 use workqueue_core::Lease;
-use workqueue_core::state::{COMPACT_MIN, Counts};
+use workqueue_core::state::Counts;
 
 use crate::Ledger;
 

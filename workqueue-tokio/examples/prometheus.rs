@@ -56,11 +56,11 @@ pub fn install_exporter(port: u16) -> Result<SocketAddr, BoxError> {
         .with_http_listener(addr)
         .set_buckets_for_metric(
             full(queue_metrics::QUEUE_DURATION_SECONDS),
-            &queue_metrics::QUEUE_DURATION_BUCKETS,
+            &queue_metrics::DURATION_BUCKETS,
         )?
         .set_buckets_for_metric(
             full(queue_metrics::WORK_DURATION_SECONDS),
-            &queue_metrics::WORK_DURATION_BUCKETS,
+            &queue_metrics::DURATION_BUCKETS,
         )?
         .set_buckets_for_metric(
             full(queue_metrics::RATE_LIMITER_DELAY_SECONDS),

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant as StdInstant};
 use clap::Parser;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
-use workqueue_core::state::COMPACT_MIN;
+use workqueue_core::__private::COMPACT_MIN;
 use workqueue_model::SplitMix64;
 use workqueue_model::soak::{
     self, BOUND, BURST, Book, HELD, Key, MAX_BATCH, RESIDUAL, Tally, WAITING, rss_kib, show_kib,
@@ -132,7 +132,7 @@ async fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
         55..65 => lease.retry(),
         65..75 => lease.retry_after(us(rng.below(300))),
         75..80 => lease.requeue_after(us(rng.below(300))),
-        80..85 => lease.finish(Outcome::RetryAfter(Duration::ZERO)),
+        80..85 => lease.finish(Outcome::retry_after(Duration::ZERO)),
         _ => drop(lease),
     }
 }

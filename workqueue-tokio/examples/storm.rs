@@ -689,7 +689,7 @@ fn takeaway(o: &Outcome, opts: &Options, default: Option<&Outcome>) -> String {
                 "{opened}: failing keys were parked and one probe ran at a time, every {} s at \
                  most ({steady} rps steady{vs}); the first probe after the recovery released \
                  every key through the bucket (all converged {converged} after it)",
-                OutageConfig::default().get_probe_max().as_secs()
+                OutageConfig::default().probe_max().as_secs()
             )
         }
     }

@@ -17,7 +17,7 @@
 //! Priorities: higher is served first, and [`LOW_PRIORITY`] is the convention for keys from an
 //! initial list or a resync, so that changes are served before them (controller-runtime's
 //! priority queue). A requeue or retry keeps the priority the lease had
-//! ([`Lease::priority`]) unless it names another ([`Lease::with_priority`];
+//! ([`Lease::priority`]) unless it names another ([`Outcome::with_priority`];
 //! in a [`runner`], `Action::requeue(d).with_priority(p)`).
 //!
 //! ```
@@ -26,8 +26,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let queue: WorkQueue<&'static str> = WorkQueue::new();
-//! queue.add_with("initial-list/a", AddOptions::priority(LOW_PRIORITY));
-//! queue.add_with("initial-list/b", AddOptions::priority(LOW_PRIORITY));
+//! queue.add_with("initial-list/a", AddOptions::new().priority(LOW_PRIORITY));
+//! queue.add_with("initial-list/b", AddOptions::new().priority(LOW_PRIORITY));
 //! queue.add("changed/c");
 //! assert_eq!(queue.add("initial-list/b"), AddStatus::Raised); // an event for it: priority 0
 //! let lease = queue.get().await.unwrap();
@@ -124,7 +124,7 @@
 //!     Event::Deleted { .. } => None,
 //! });
 //! // A resync (here of one key), served behind every change.
-//! let resync = stream::iter(["default/web".to_string()]).map(|k| (k, AddOptions::priority(LOW_PRIORITY)));
+//! let resync = stream::iter(["default/web".to_string()]).map(|k| (k, AddOptions::new().priority(LOW_PRIORITY)));
 //! # tokio::spawn({ let s = shutdown.clone(); async move { tokio::time::sleep(Duration::from_secs(1)).await; s.cancel() } });
 //! let report = Runner::with_context(queue, Arc::new(State), |key: String, ctx: Context<State>| async move {
 //!     let _state: &State = ctx.data();

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use workqueue_core::__private::{CoreConfig, Locked, Notifier, QueueCore, Sealed};
+use workqueue_core::__private::{BuildQueue, CoreConfig, Locked, Notifier, QueueCore};
 use workqueue_core::state::{DefaultHashBuilder, Get};
-use workqueue_core::{BuildQueue, Builder, DrainIncomplete, Instant, Lease};
+use workqueue_core::{Builder, DrainIncomplete, Instant, Lease};
 
 use crate::clock::TokioClock;
 
@@ -82,8 +82,6 @@ where
 #[non_exhaustive]
 pub struct Tokio;
 
-impl Sealed for Tokio {}
-
 impl<T, S> BuildQueue<T, S> for Tokio
 where
     T: Hash + Eq + Clone + Send + Sync + 'static,
@@ -124,7 +122,7 @@ where
     /// The clock is always tokio's, with its epoch at `build` (a token bucket shared between
     /// queues built far apart in time refills late for the gap: build them together).
     pub fn builder() -> Builder<T, DefaultHashBuilder, Tokio> {
-        Builder::new()
+        Builder::default()
     }
 }
 
@@ -152,8 +150,8 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     // The operations every driver offers unchanged (adds, non-waiting gets, observation,
-    // shut_down) are defined once, in workqueue-core's `queue/handle_methods.rs`.
-    workqueue_core::queue_handle_methods!();
+    // shut_down) are defined once, in workqueue-core's `driver/handle_methods.rs`.
+    workqueue_core::__private::queue_handle_methods!();
 
     /// The queue's clock (tokio's, from the queue's epoch).
     pub fn clock(&self) -> TokioClock {

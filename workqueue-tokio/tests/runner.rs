@@ -1141,7 +1141,7 @@ async fn a_retry_without_a_priority_keeps_the_leases_priority() {
             }
         }
     };
-    queue.add_with("low", AddOptions::priority(LOW_PRIORITY));
+    queue.add_with("low", AddOptions::new().priority(LOW_PRIORITY));
     let handle = tokio::spawn(Runner::new(queue.clone(), reconcile).run(CancellationToken::new()));
     sleep(ms(1)).await;
     queue.add("a");

@@ -80,7 +80,7 @@ async fn tokio_queue_measures_on_the_runtime_clock() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let q: WorkQueue<&'static str> = WorkQueue::builder()
         .name("tq")
-        .refresh_thread(false)
+        .metrics_refresh_thread(false)
         .build();
     q.add("a");
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -109,7 +109,7 @@ async fn runner_emits_controller_runtime_metrics() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let q: WorkQueue<&'static str> = WorkQueue::builder()
         .name("ctl")
-        .refresh_thread(false)
+        .metrics_refresh_thread(false)
         .build();
     for key in ["ok", "poll", "err", "panic", "slow", "giveup"] {
         q.add(key);
@@ -395,12 +395,15 @@ async fn a_panicking_metrics_recorder_does_not_kill_the_worker() {
 async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
     let recorder = Trapping::new(Trap::FirstRecord(qm::QUEUE_DURATION_SECONDS));
     let _local = metrics::set_default_local_recorder(&recorder);
-    let q: WorkQueue<&'static str> = WorkQueue::builder().name("q").refresh_thread(false).build();
+    let q: WorkQueue<&'static str> = WorkQueue::builder()
+        .name("q")
+        .metrics_refresh_thread(false)
+        .build();
     q.add("a");
     q.add("b");
     // The queue sends its metrics every `FLUSH_EVERY` operations: re-adds bring it to one
     // operation before a flush, so that the runner's first get sends them, and panics.
-    for _ in 2..qm::FLUSH_EVERY - 1 {
+    for _ in 2..workqueue_core::__private::FLUSH_EVERY - 1 {
         q.add("a");
     }
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -436,7 +439,7 @@ async fn requeue_after_zero_counts_as_result_requeue() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let q: WorkQueue<&'static str> = WorkQueue::builder()
         .name("rq")
-        .refresh_thread(false)
+        .metrics_refresh_thread(false)
         .build();
     q.add("k");
     let runner = Runner::new(
@@ -489,7 +492,7 @@ async fn runner_counts_why_keys_were_queued() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let q: WorkQueue<&'static str> = WorkQueue::builder()
         .name("why")
-        .refresh_thread(false)
+        .metrics_refresh_thread(false)
         .build();
     q.add("direct");
     let failed = Arc::new(AtomicBool::new(false));

@@ -166,7 +166,7 @@ async fn the_reconcile_span_records_the_priority() {
     let spans = Arc::new(Mutex::new(Vec::new()));
     let _subscriber = tracing::subscriber::set_default(ReconcileSpans(spans.clone()));
     let queue: WorkQueue<&'static str> = WorkQueue::new();
-    queue.add_with("resync", AddOptions::priority(LOW_PRIORITY));
+    queue.add_with("resync", AddOptions::new().priority(LOW_PRIORITY));
     queue.add("changed");
     let reconcile =
         |_key: &'static str, _ctx: Context| std::future::ready(Ok::<_, ()>(Action::await_change()));

@@ -222,11 +222,8 @@ async fn a_source_of_keys_with_options() {
             std::future::ready(Ok::<_, ()>(Action::await_change()))
         }
     };
-    let low = AddOptions::priority(LOW_PRIORITY);
-    let later = AddOptions {
-        after: secs(5),
-        ..AddOptions::default()
-    };
+    let low = AddOptions::new().priority(LOW_PRIORITY);
+    let later = AddOptions::new().after(secs(5));
     let items = stream::iter([
         ("resync".to_string(), low),
         ("changed".to_string(), AddOptions::default()),

@@ -40,21 +40,13 @@ impl ManualClock {
         Self::default()
     }
 
-    /// A clock at `start`.
-    pub fn starting_at(start: Instant) -> Self {
-        let clock = Self::new();
-        clock.inner.now.store(start.as_nanos(), Ordering::SeqCst);
-        clock
-    }
-
     /// Moves time forward by `d` (saturating) and wakes the waiters.
     pub fn advance(&self, d: Duration) {
-        let d = workqueue_ratelimit::duration_to_nanos(d);
         let _ = self
             .inner
             .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                Some(n.saturating_add(d))
+                Some(Instant::from_nanos(n).saturating_add(d).as_nanos())
             });
         self.wake_all();
     }
@@ -66,7 +58,7 @@ impl ManualClock {
     }
 
     /// Number of live waiters registered with this clock.
-    pub fn registered(&self) -> usize {
+    fn registered(&self) -> usize {
         let mut wakers = self.inner.wakers.lock();
         wakers.retain(|w| w.strong_count() > 0);
         wakers.len()
@@ -107,4 +99,9 @@ impl fmt::Debug for ManualClock {
             .field("now", &self.now())
             .finish_non_exhaustive()
     }
+}
+
+/// How many queues (live wakers) are registered with `clock`: for tests of the registration.
+pub fn registered_wakers(clock: &ManualClock) -> usize {
+    clock.registered()
 }

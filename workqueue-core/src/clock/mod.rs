@@ -11,7 +11,7 @@ mod system;
 use std::fmt;
 use std::sync::Weak;
 
-pub use manual::ManualClock;
+pub use manual::{ManualClock, registered_wakers};
 pub use system::SystemClock;
 pub use workqueue_ratelimit::Instant;
 

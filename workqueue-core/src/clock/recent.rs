@@ -1,19 +1,17 @@
 //! [`SystemClock::recent`](super::SystemClock): the system clock's time as of at most about
 //! [`RESOLUTION`] ago, read with one atomic load.
 //!
-//! Reading the CPU's timestamp counter costs 10 to 25 ns on the machines we measured (the
-//! instruction is microcoded and stalls the pipeline around it), which was most of what aging
-//! cost a queue: an aging queue reads the time at every add and every get. Aging needs no more
-//! than millisecond precision, so those reads take this one instead.
+//! Reading the CPU's timestamp counter is slow next to an atomic load (the instruction is
+//! microcoded and stalls the pipeline around it), and an aging queue reads the time at every add
+//! and every get. Aging needs no more than millisecond precision, so those reads take this one
+//! instead.
 //!
 //! One thread per process, the ticker, stores the time every [`RESOLUTION`]. It is started by
 //! [`start`] (a queue with aging reads `recent` when it is built, outside any lock) and parks
 //! after [`IDLE_TICKS`] ticks in which nobody read; a reader that finds it parked reads the
 //! counter itself and wakes it. So an idle process has no ticking thread, and a busy one pays
-//! about 250 wake-ups a second on one thread. Measured on a 2-core VM over 5 s of a busy aging
-//! queue: 1,221 wake-ups and 10 ms of CPU (0.2% of a core); at 1 ms it was 4,634 wake-ups and
-//! 60 ms (1.2%), which is why the resolution is 4 ms. Where the thread cannot be started, every
-//! read falls back to the counter.
+//! about 250 wake-ups a second on one thread (why 4 ms: ARCHITECTURE.md). Where the thread
+//! cannot be started, every read falls back to the counter.
 //!
 //! (quanta's own `Upkeep` does not fit: it is exclusive to one user per process, sleeps at a
 //! fixed rate forever, and leaves its last value in place when stopped.)

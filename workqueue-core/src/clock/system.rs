@@ -5,9 +5,9 @@ use super::{Clock, Instant};
 /// Real monotonic time, on a timeline shared by the whole process.
 ///
 /// Reads the CPU's timestamp counter through `quanta` where it is reliable (invariant and
-/// synchronised across cores; `quanta` falls back to the OS monotonic clock otherwise): a few
-/// nanoseconds instead of the ~20 ns of `std::time::Instant::now()`, which matters because the
-/// queue and the token bucket read the clock on hot paths.
+/// synchronised across cores; `quanta` falls back to the OS monotonic clock otherwise), several
+/// times cheaper than `std::time::Instant::now()`, which matters because the queue and the token
+/// bucket read the clock on hot paths.
 ///
 /// The epoch is the first time any `SystemClock` is read, so instants from different
 /// `SystemClock`s compare, and a limiter can be shared between queues.
@@ -25,8 +25,8 @@ pub struct SystemClock;
 struct Timeline {
     clock: quanta::Clock,
     /// The raw counter at the epoch. Readings stay raw until one subtraction and one scaling turn
-    /// them into nanoseconds, with no `Duration` in between: W7 showed the round trip through
-    /// `Duration` costing as much as the counter read itself.
+    /// them into nanoseconds, with no `Duration` in between: a round trip through `Duration`
+    /// costs as much as the counter read itself.
     epoch: u64,
 }
 

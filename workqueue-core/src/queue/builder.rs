@@ -28,34 +28,33 @@ use crate::state::{DefaultHashBuilder, OutageEvent};
 /// ```
 ///
 /// The same builder configures other drivers' queues (the tokio queue's `builder()` returns a
-/// `Builder<T, S, D>` whose `D` builds that queue); options that only make sense for one driver,
-/// such as [`clock`](Builder::clock), exist only for it.
+/// `Builder<T, S, D>` whose `D` builds that queue; the default `D` builds this crate's queue);
+/// options that only make sense for one driver, such as [`clock`](Builder::clock), exist only
+/// for it.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<T, S = DefaultHashBuilder, D = Blocking> {
     pub(super) config: CoreConfig<T, S>,
     driver: PhantomData<fn() -> D>,
 }
 
-/// What a [`Builder`] builds: [`Blocking`] builds the blocking [`WorkQueue`], and
+/// What a [`Builder`] builds: `Blocking` builds the blocking [`WorkQueue`], and
 /// `workqueue_tokio::Tokio` the async one.
 ///
-/// Sealed: only the queue crates of this family implement it (a queue for another runtime builds
-/// on [`QueueState`](crate::state::QueueState)).
-pub trait BuildQueue<T, S>: crate::__private::Sealed {
+/// Part of the unstable seam (`__private`), not of the public API: only the queue crates of this
+/// family implement it (a queue for another runtime builds on
+/// [`QueueState`](crate::state::QueueState)).
+pub trait BuildQueue<T, S> {
     /// The queue this driver builds.
     type Queue;
-    /// Builds the queue. Not a stable API (its configuration type is the driver core's).
-    #[doc(hidden)]
+    /// Builds the queue.
     fn build(config: CoreConfig<T, S>) -> Self::Queue;
 }
 
 /// Marks a [`Builder`] for the blocking [`WorkQueue`]: the default third parameter of
-/// [`Builder`], named only to write the builder's type.
+/// [`Builder`] (part of the unstable seam, `__private`).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct Blocking;
-
-impl crate::__private::Sealed for Blocking {}
 
 impl<T, S> BuildQueue<T, S> for Blocking
 where
@@ -69,10 +68,10 @@ where
     }
 }
 
-impl<T, D> Builder<T, DefaultHashBuilder, D> {
+impl<T, D> Default for Builder<T, DefaultHashBuilder, D> {
     /// A builder with the defaults: unnamed, default controller rate limiter, system clock,
-    /// randomly seeded fast hasher.
-    pub fn new() -> Self {
+    /// randomly seeded fast hasher (what the queues' `builder()` returns).
+    fn default() -> Self {
         Builder {
             driver: PhantomData,
             config: CoreConfig {
@@ -94,12 +93,6 @@ impl<T, D> Builder<T, DefaultHashBuilder, D> {
     }
 }
 
-impl<T, D> Default for Builder<T, DefaultHashBuilder, D> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl<T, S> Builder<T, S, Blocking> {
     /// The clock the queue reads. Default: [`SystemClock`]. Tests use
     /// [`ManualClock`](crate::ManualClock).
@@ -117,15 +110,10 @@ impl<T, S, D> Builder<T, S, D> {
     }
 
     /// The rate limiter behind `add_rate_limited`, `retry`, `forget` and `num_requeues`.
-    /// Default: [`workqueue_ratelimit::default_controller_rate_limiter`].
+    /// Default: [`workqueue_ratelimit::default_controller_rate_limiter`]. A limiter shared with
+    /// other queues, or chosen at run time, is an `Arc<dyn RateLimiter<T>>`, itself a limiter.
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<T> + 'static) -> Self {
         self.config.limiter = Some(Arc::new(limiter));
-        self
-    }
-
-    /// A rate limiter shared with other queues or chosen at run time.
-    pub fn shared_rate_limiter(mut self, limiter: Arc<dyn RateLimiter<T>>) -> Self {
-        self.config.limiter = Some(limiter);
         self
     }
 
@@ -137,8 +125,8 @@ impl<T, S, D> Builder<T, S, D> {
 
     /// Whether a drain also waits until the ready FIFO is empty, not only until no lease is
     /// outstanding (client-go waits only for leases; see kubernetes#141079). Default: `false`.
-    pub fn drain_includes_queued(mut self, yes: bool) -> Self {
-        self.config.drain_includes_queued = yes;
+    pub fn drain_includes_queued(mut self, enabled: bool) -> Self {
+        self.config.drain_includes_queued = enabled;
         self
     }
 
@@ -150,8 +138,8 @@ impl<T, S, D> Builder<T, S, D> {
     /// every later retry out (controller-runtime #1594), and per-key backoff counts failures that
     /// were never retried. With this option such an add is a no-op: the retry it asks for is
     /// already pending. A key being processed is still rate-limited as usual.
-    pub fn skip_limiter_when_pending(mut self, yes: bool) -> Self {
-        self.config.skip_limiter_when_pending = yes;
+    pub fn skip_limiter_when_pending(mut self, enabled: bool) -> Self {
+        self.config.skip_limiter_when_pending = enabled;
         self
     }
 
@@ -218,12 +206,12 @@ impl<T, S, D> Builder<T, S, D> {
     }
 
     /// Whether a named queue joins the process-wide thread that refreshes the "unfinished work"
-    /// gauges and sends batched metrics every 500 ms (see `workqueue_core::metrics`). Default:
+    /// gauges and sends batched metrics every 500 ms (see [`metrics`](crate::metrics)). Default:
     /// `true`. With `false`, no thread is started for this queue: call the queue's
     /// `refresh_metrics()` yourself (from your own timer), or its gauges go stale and its
-    /// metrics lag up to `metrics::FLUSH_EVERY` operations.
-    pub fn refresh_thread(mut self, on: bool) -> Self {
-        self.config.refresh_thread = on;
+    /// metrics lag up to 64 operations.
+    pub fn metrics_refresh_thread(mut self, enabled: bool) -> Self {
+        self.config.refresh_thread = enabled;
         self
     }
 
@@ -235,8 +223,9 @@ impl<T, S, D> Builder<T, S, D> {
     ///
     /// What the detector sees: [`Lease::forget`](crate::Lease::forget) and `requeue_after` are
     /// successes; `retry` and `retry_after` (and a lease dropped while panicking) are failures;
-    /// `done` says nothing; [`Lease::finish_signalled`](crate::Lease::finish_signalled) says
-    /// what it is given (a per-object error: `Signal::Ignored`). The parameters and their
+    /// `done` says nothing; an outcome with a signal
+    /// ([`Outcome::with_signal`](crate::Outcome::with_signal)) says what it is given (a per-object
+    /// error: `Signal::Ignored`). The parameters and their
     /// defaults are [`OutageConfig`]'s; the rules are in `workqueue_ratelimit`'s `outage`
     /// module and the state's (parked keys are waiting entries at a deadline never reached).
     ///
@@ -300,8 +289,8 @@ impl<T, S, D> Builder<T, S, D> {
     /// processed never moves; a drain to empty never compacts, since the empty queue frees its
     /// buffers anyway). Off keeps the peak until the queue is empty, for those who expect the
     /// next burst soon and prefer not to rebuild.
-    pub fn shrink(mut self, yes: bool) -> Self {
-        self.config.shrink = yes;
+    pub fn shrink_memory(mut self, enabled: bool) -> Self {
+        self.config.shrink = enabled;
         self
     }
 
@@ -331,7 +320,8 @@ impl<T, S, D> Builder<T, S, D> {
 }
 
 impl<T, S, D: BuildQueue<T, S>> Builder<T, S, D> {
-    /// Builds the queue.
+    /// Builds the queue: the blocking [`WorkQueue`] from this crate's `WorkQueue::builder()`, the
+    /// async one from `workqueue_tokio::WorkQueue::builder()`.
     pub fn build(self) -> D::Queue {
         D::build(self.config)
     }

@@ -1,7 +1,6 @@
 //! The blocking, thread-safe work queue: [`QueueCore`] with condition variables.
 
 mod builder;
-mod handle_methods;
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -112,7 +111,7 @@ where
 
     /// A builder for a queue with a name, rate limiter, clock or hasher of your choice.
     pub fn builder() -> Builder<T> {
-        Builder::new()
+        Builder::default()
     }
 }
 
@@ -150,11 +149,11 @@ where
     }
 
     // The operations every driver offers unchanged (adds, non-waiting gets, observation,
-    // shut_down) are defined once, in `queue/handle_methods.rs`.
-    crate::queue_handle_methods!();
+    // shut_down) are defined once, in `driver/handle_methods.rs`.
+    crate::__queue_handle_methods!();
 
     /// The current time on the queue's clock.
-    pub fn now(&self) -> Instant {
+    fn now(&self) -> Instant {
         self.core.clock().now()
     }
 

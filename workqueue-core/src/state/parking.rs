@@ -1,7 +1,7 @@
 //! Outage-aware retries: parking, probing and releasing keys through the waiting heap.
 //!
-//! Off until [`QueueState::enable_outage_detection`]; then [`QueueState::finish_signalled`]
-//! feeds each finished key's [`Signal`] to an [`OutageDetector`], and while it is open:
+//! Off until [`QueueState::enable_outage_detection`]; then [`QueueState::finish`] feeds each
+//! finished key's [`Signal`] to an [`OutageDetector`], and while it is open:
 //!
 //! - **Park**: a failing key whose outcome asks for a re-add is scheduled at the sentinel
 //!   deadline [`PARKED`], which is never reached, instead of its own delay. It is an ordinary
@@ -21,13 +21,12 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use workqueue_ratelimit::{
-    Instant, OutageConfig, OutageDetector, Signal, Transition, duration_to_nanos,
-};
+use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
 
 use super::slots::Remap;
-use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket};
+use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket, duration_to_nanos};
 use crate::Outcome;
+use crate::outcome::Op;
 
 /// The sentinel deadline of a parked key: never reached by any clock (584 years of nanoseconds),
 /// below [`Instant::NEVER`], which is never stored. With outage detection on, a delay that lands
@@ -87,11 +86,44 @@ impl Parking {
 }
 
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
-    /// Turns outage detection on with `config` (see [`QueueState::finish_signalled`]). Keys are parked
-    /// only by [`QueueState::finish_signalled`]; plain [`QueueState::finish`] sends no signal.
+    /// Turns outage detection on with `config`: from now on [`QueueState::finish`] tells the
+    /// detector ([`OutageDetector`]) what each outcome's signal says
+    /// ([`Outcome::with_signal`](crate::Outcome::with_signal)), and while it is open:
+    /// - **Park**: a failing key whose outcome asks for a re-add is scheduled at a sentinel
+    ///   deadline that is never reached, instead of its own delay: an ordinary waiting entry, so
+    ///   no per-slot flag is needed, and earliest-wins keeps an earlier deadline it already has.
+    /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
+    ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
+    ///   back of the round. A run of any parked key (an `add` of a parked key runs it at once:
+    ///   its waiting entry is independent of the FIFO) counts as a probe; with no key parked
+    ///   (all given up), the next key to finish is the probe.
+    /// - **Release**: a probe that succeeds closes the detector, and every parked key is moved,
+    ///   in the order it was parked, to `now + pace(key)` (`finish`'s `pace`): decrease-keys
+    ///   again.
+    ///
+    /// Shutdown drops parked keys as it drops every waiting key; drains do not wait for them.
     ///
     /// Already on: a closed detector restarts with `config`; an open one is kept, with its
     /// parked keys, until a probe closes it (its parked keys are never orphaned).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_core::ratelimit::{OutageConfig, Signal};
+    /// use workqueue_core::state::{Get, OutageEvent, QueueState};
+    /// use workqueue_core::{AddOptions, Instant, Outcome};
+    ///
+    /// let mut q: QueueState<u32> = QueueState::new();
+    /// q.enable_outage_detection(OutageConfig::default().with_min_first_failures(1));
+    /// let t0 = Instant::ZERO;
+    /// q.add(1, AddOptions::new(), t0);
+    /// let Get::Ready(ticket, _) = q.get(t0) else { panic!() };
+    /// let failed = Outcome::retry().with_signal(Signal::FirstFailure);
+    /// let retry = Some(Duration::from_millis(5));
+    /// let finished = q.finish(ticket, failed, retry, t0, |_| Duration::ZERO).unwrap();
+    /// assert_eq!(finished.outage, Some(OutageEvent::Opened));
+    /// // Key 1 is the probe, due after the first probe interval (1 s).
+    /// assert_eq!(q.next_deadline(), Some(Instant::from_nanos(1_000_000_000)));
+    /// ```
     pub fn enable_outage_detection(&mut self, config: OutageConfig) {
         if let Some(p) = self.parking.as_deref_mut() {
             if !p.detector.is_open() {
@@ -165,62 +197,24 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         (w.deadline == PARKED).then_some(w.seq)
     }
 
-    /// [`QueueState::finish`] that also tells the outage detector what the key's outcome says;
-    /// without outage detection it is `finish`.
-    ///
-    /// While the detector ([`OutageDetector`]) is open:
-    /// - **Park**: a failing key whose outcome asks for a re-add is scheduled at a sentinel
-    ///   deadline that is never reached, instead of its own delay: an ordinary waiting entry, so
-    ///   no per-slot flag is needed, and earliest-wins keeps an earlier deadline it already has.
-    /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
-    ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
-    ///   back of the round. A run of any parked key (an `add` of a parked key runs it at once:
-    ///   its waiting entry is independent of the FIFO) counts as a probe; with no key parked
-    ///   (all given up), the next key to finish is the probe.
-    /// - **Release**: a probe that succeeds closes the detector, and every parked key is moved,
-    ///   in the order it was parked, to `now + pace(key)`: decrease-keys again.
-    ///
-    /// Shutdown drops parked keys as it drops every waiting key; drains do not wait for them.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use workqueue_core::ratelimit::{OutageConfig, Signal};
-    /// use workqueue_core::state::{Get, OutageEvent, QueueState};
-    /// use workqueue_core::{Instant, Outcome};
-    ///
-    /// let mut q: QueueState<u32> = QueueState::new();
-    /// q.enable_outage_detection(OutageConfig::default().min_first_failures(1));
-    /// let t0 = Instant::ZERO;
-    /// q.add(1, t0);
-    /// let Get::Ready(ticket, _) = q.get(t0) else { panic!() };
-    /// let mut pace = |_: &u32| Duration::ZERO;
-    /// let retry = Some(Duration::from_millis(5));
-    /// let (_, event) =
-    ///     q.finish_signalled(ticket, Outcome::Retry, retry, Signal::FirstFailure, t0, &mut pace)
-    ///         .unwrap();
-    /// assert_eq!(event, Some(OutageEvent::Opened));
-    /// // Key 1 is the probe, due after the first probe interval (1 s).
-    /// assert_eq!(q.next_deadline(), Some(Instant::from_nanos(1_000_000_000)));
-    /// ```
-    ///
-    /// `pace` is called, for each key a successful probe releases, in the order they were
-    /// parked; it returns the key's delay (drivers forget the key in the limiter and take one
-    /// bucket reservation). It must not panic: a driver catches the panics of the user code it
-    /// calls. Like `finish`, this calls no other user code.
-    pub fn finish_signalled(
+    /// [`QueueState::finish`] with outage detection on: the outcome's signal (`Ignored` without
+    /// one) goes to the detector, which may park the key; see
+    /// [`QueueState::enable_outage_detection`] for the rules. Out of line: the common finish
+    /// pays one branch for it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn finish_observed(
         &mut self,
         ticket: Ticket,
         outcome: Outcome,
         limiter_delay: Option<Duration>,
-        signal: Signal,
         now: Instant,
         pace: &mut dyn FnMut(&T) -> Duration,
-    ) -> Result<(Finished<T>, Option<OutageEvent>), ForeignTicket> {
+    ) -> Result<Finished<T>, ForeignTicket> {
+        let signal = outcome.signal.unwrap_or(Signal::Ignored);
         let slot = ticket.slot;
         if self.parking.is_none() {
-            return self
-                .finish_unobserved(ticket, outcome, limiter_delay, now)
-                .map(|f| (f, None));
+            return self.finish_unobserved(ticket, outcome, limiter_delay, now);
         }
         if ticket.state != self.id || !self.slots.is_live(slot) || !self.slots.is_processing(slot) {
             return Err(ForeignTicket);
@@ -245,14 +239,20 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             Transition::ProbeFailed { next } => event = Some(OutageEvent::ProbeFailed { next }),
             _ => {}
         }
-        let readds = !matches!(outcome, Outcome::Done | Outcome::Forget);
-        let park = parking.detector.is_open() && signal.is_failure() && readds && self.now < PARKED;
+        let park = parking.detector.is_open()
+            && signal.is_failure()
+            && outcome.readds()
+            && self.now < PARKED;
         let outcome = match park {
-            // Scheduled at exactly `PARKED` by the one re-add rule of `finish`.
-            true => Outcome::RetryAfter(Duration::from_nanos(PARKED - self.now)),
+            // Scheduled at exactly `PARKED` by the one re-add rule of `finish`, at the outcome's
+            // priority.
+            true => Outcome {
+                op: Op::RetryAfter(Duration::from_nanos(PARKED - self.now)),
+                ..outcome
+            },
             false => outcome,
         };
-        let finished = self.finish_unobserved(ticket, outcome, limiter_delay, now)?;
+        let mut finished = self.finish_unobserved(ticket, outcome, limiter_delay, now)?;
         if park
             && let Some(seq) = self.parked_seq(slot)
             && parked_before != Some(seq)
@@ -279,7 +279,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         } else {
             self.schedule_probe();
         }
-        Ok((finished, event))
+        finished.outage = event;
+        Ok(finished)
     }
 
     /// While open with no probe pending, moves the key parked longest ago to the probe time.
@@ -372,7 +373,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         // outside the round: it is never probed nor released, as it would never be reached.
         assert!(parked_in_heap >= seen.len(), "a round entry is not parked");
         if let Some(probe) = p.probe {
-            // Every finish goes through `finish_signalled` while detection is on, and it
+            // Every finish goes through `finish_observed` while detection is on, and it
             // forgets a probe that finishes; shutdown forgets it too: the probe's slot is live.
             assert!(self.slots.is_live(probe), "the probe is not tracked");
             assert!(

@@ -1,7 +1,7 @@
 //! Per-key priorities, kept by a state only once a priority other than 0 is used.
 //!
 //! Until then every key is at priority 0 and [`QueueState`](super::QueueState) holds `None`
-//! instead, so a queue that never uses priorities pays no bytes per key for them (W9).
+//! instead, so a queue that never uses priorities pays no bytes per key for them.
 
 use super::slots::{Remap, SlotId};
 

@@ -488,7 +488,7 @@ impl ReadyQueue {
 
     /// Compaction: renames the slots `remap` moved (positions move with them) and frees the
     /// room the levels, lanes and positions do not use. Tombstones stay: positions are
-    /// absolute, and they are dropped when they reach a lane's head as before.
+    /// absolute, and they are dropped when they reach a lane's head, as always.
     pub(crate) fn remap(&mut self, remap: &Remap) {
         let lane = |lane: &mut Lane| {
             for s in lane.fifo.iter_mut().filter(|s| **s != TOMBSTONE) {

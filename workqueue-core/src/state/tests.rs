@@ -11,6 +11,11 @@ fn at(ms: u64) -> Instant {
     Instant::from_nanos(ms * 1_000_000)
 }
 
+/// The pacing of finishes that release no parked key.
+fn no_pace<K>(_: &K) -> Duration {
+    Duration::ZERO
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -26,7 +31,7 @@ fn drain_keys(q: &mut QueueState<&'static str>, now: Instant) -> Vec<&'static st
     let mut out = Vec::new();
     while let Get::Ready(t, k) = q.get(now) {
         out.push(k);
-        let _ = q.finish(t, Outcome::Done, None, now);
+        let _ = q.finish(t, Outcome::done(), None, now, no_pace).unwrap();
         q.check_invariants();
     }
     out
@@ -35,9 +40,9 @@ fn drain_keys(q: &mut QueueState<&'static str>, now: Instant) -> Vec<&'static st
 #[test]
 fn add_pushes_to_tail_and_dedups_queued_keys() {
     let mut q = QueueState::new();
-    assert_eq!(q.add("a", T0), AddStatus::Queued);
-    assert_eq!(q.add("b", T0), AddStatus::Queued);
-    assert_eq!(q.add("a", T0), AddStatus::AlreadyQueued);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::Queued);
+    assert_eq!(q.add("b", AddOptions::new(), T0), AddStatus::Queued);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::AlreadyQueued);
     q.check_invariants();
     assert_eq!(q.ready_keys(), ["a", "b"]);
 }
@@ -45,18 +50,18 @@ fn add_pushes_to_tail_and_dedups_queued_keys() {
 #[test]
 fn add_while_processing_marks_dirty_and_requeues_at_tail_on_finish() {
     let mut q = QueueState::new();
-    q.add("a", T0);
+    q.add("a", AddOptions::new(), T0);
     let (t, _) = take(&mut q, T0);
-    q.add("b", T0);
-    assert_eq!(q.add("a", T0), AddStatus::Dirty);
-    assert_eq!(q.add("a", T0), AddStatus::AlreadyDirty);
+    q.add("b", AddOptions::new(), T0);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::Dirty);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::AlreadyDirty);
     assert_eq!(
         q.len(T0),
         1,
         "a dirty key is not counted until it is requeued"
     );
     q.check_invariants();
-    let f = q.finish(t, Outcome::Done, None, T0);
+    let f = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(f.requeued && f.released.is_none());
     assert_eq!(q.ready_keys(), ["b", "a"]);
     q.check_invariants();
@@ -65,14 +70,14 @@ fn add_while_processing_marks_dirty_and_requeues_at_tail_on_finish() {
 #[test]
 fn a_key_is_never_handed_out_twice_at_once() {
     let mut q = QueueState::new();
-    q.add("a", T0);
+    q.add("a", AddOptions::new(), T0);
     let (t, _) = take(&mut q, T0);
-    q.add("a", T0);
+    q.add("a", AddOptions::new(), T0);
     assert!(matches!(q.get(T0), Get::Empty { .. }));
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     let (t, k) = take(&mut q, T0);
     assert_eq!(k, "a");
-    let f = q.finish(t, Outcome::Done, None, T0);
+    let f = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert_eq!(f.released, Some("a"), "an idle key is no longer tracked");
     assert_eq!(q.counts(), Counts::default());
 }
@@ -80,13 +85,16 @@ fn a_key_is_never_handed_out_twice_at_once() {
 #[test]
 fn get_after_shutdown_drains_queued_keys_then_reports_shutdown() {
     let mut q = QueueState::new();
-    q.add("a", T0);
-    q.add("b", T0);
-    q.add_after("c", ms(1), T0);
+    q.add("a", AddOptions::new(), T0);
+    q.add("b", AddOptions::new(), T0);
+    q.add("c", AddOptions::new().after(ms(1)), T0);
     let dropped = q.shut_down();
     assert_eq!(dropped, ["c"], "waiting keys are dropped at shutdown");
-    assert_eq!(q.add("d", T0), AddStatus::ShutDown);
-    assert_eq!(q.add_after("d", ms(1), T0), AddStatus::ShutDown);
+    assert_eq!(q.add("d", AddOptions::new(), T0), AddStatus::ShutDown);
+    assert_eq!(
+        q.add("d", AddOptions::new().after(ms(1)), T0),
+        AddStatus::ShutDown
+    );
     assert_eq!(drain_keys(&mut q, at(5)), ["a", "b"]);
     assert!(matches!(q.get(at(5)), Get::ShutDown));
     q.check_invariants();
@@ -95,16 +103,18 @@ fn get_after_shutdown_drains_queued_keys_then_reports_shutdown() {
 #[test]
 fn finish_after_shutdown_still_requeues_a_dirty_key_but_drops_retries() {
     let mut q = QueueState::new();
-    q.add("a", T0);
-    q.add("b", T0);
+    q.add("a", AddOptions::new(), T0);
+    q.add("b", AddOptions::new(), T0);
     let (ta, _) = take(&mut q, T0);
     let (tb, _) = take(&mut q, T0);
-    q.add("a", T0);
+    q.add("a", AddOptions::new(), T0);
     let _ = q.shut_down();
     assert!(!q.is_drained(false));
-    let f = q.finish(ta, Outcome::Done, None, T0);
+    let f = q.finish(ta, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(f.requeued);
-    let f = q.finish(tb, Outcome::RetryAfter(ms(1)), None, T0);
+    let f = q
+        .finish(tb, Outcome::retry_after(ms(1)), None, T0, no_pace)
+        .unwrap();
     assert!(!f.requeued && !f.waiting);
     assert_eq!(f.released, Some("b"));
     assert!(q.is_drained(false));
@@ -116,7 +126,7 @@ fn finish_after_shutdown_still_requeues_a_dirty_key_but_drops_retries() {
 #[test]
 fn add_after_zero_is_add() {
     let mut q = QueueState::new();
-    assert_eq!(q.add_after("a", Duration::ZERO, T0), AddStatus::Queued);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::Queued);
     assert_eq!(q.len(T0), 1);
     assert!(!q.has_waiting());
 }
@@ -124,7 +134,10 @@ fn add_after_zero_is_add() {
 #[test]
 fn add_after_waits_until_its_deadline() {
     let mut q = QueueState::new();
-    assert_eq!(q.add_after("a", ms(50), T0), AddStatus::Waiting);
+    assert_eq!(
+        q.add("a", AddOptions::new().after(ms(50)), T0),
+        AddStatus::Waiting
+    );
     assert_eq!(q.next_deadline(), Some(at(50)));
     assert_eq!(q.len(at(49)), 0);
     assert_eq!(q.len(at(50)), 1);
@@ -135,10 +148,16 @@ fn add_after_waits_until_its_deadline() {
 #[test]
 fn add_after_earliest_deadline_wins() {
     let mut q = QueueState::new();
-    q.add_after("a", ms(50), T0);
-    assert_eq!(q.add_after("a", ms(70), T0), AddStatus::AlreadyWaiting);
+    q.add("a", AddOptions::new().after(ms(50)), T0);
+    assert_eq!(
+        q.add("a", AddOptions::new().after(ms(70)), T0),
+        AddStatus::AlreadyWaiting
+    );
     assert_eq!(q.waiting_deadline("a"), Some(at(50)));
-    assert_eq!(q.add_after("a", ms(30), T0), AddStatus::Waiting);
+    assert_eq!(
+        q.add("a", AddOptions::new().after(ms(30)), T0),
+        AddStatus::Waiting
+    );
     assert_eq!(q.waiting_deadline("a"), Some(at(30)));
     assert_eq!(q.len(at(30)), 1);
     assert_eq!(drain_keys(&mut q, at(30)), ["a"]);
@@ -152,11 +171,11 @@ fn add_after_earliest_deadline_wins() {
 #[test]
 fn keys_due_together_come_out_in_ready_time_order_fifo_among_equal_times() {
     let mut q = QueueState::new();
-    q.add_after("foo", ms(1000), T0);
-    q.add_after("bar", ms(500), T0);
-    q.add_after("baz", ms(250), T0);
-    q.add_after("x", ms(500), T0);
-    q.add_after("y", ms(500), T0);
+    q.add("foo", AddOptions::new().after(ms(1000)), T0);
+    q.add("bar", AddOptions::new().after(ms(500)), T0);
+    q.add("baz", AddOptions::new().after(ms(250)), T0);
+    q.add("x", AddOptions::new().after(ms(500)), T0);
+    q.add("y", AddOptions::new().after(ms(500)), T0);
     assert_eq!(
         drain_keys(&mut q, at(2000)),
         ["baz", "bar", "x", "y", "foo"]
@@ -166,25 +185,25 @@ fn keys_due_together_come_out_in_ready_time_order_fifo_among_equal_times() {
 #[test]
 fn decreased_deadline_takes_a_new_sequence_number() {
     let mut q = QueueState::new();
-    q.add_after("a", ms(20), T0);
-    q.add_after("b", ms(10), T0);
-    q.add_after("a", ms(10), T0);
+    q.add("a", AddOptions::new().after(ms(20)), T0);
+    q.add("b", AddOptions::new().after(ms(10)), T0);
+    q.add("a", AddOptions::new().after(ms(10)), T0);
     assert_eq!(drain_keys(&mut q, at(10)), ["b", "a"]);
 }
 
 #[test]
 fn add_while_waiting_queues_now_and_keeps_the_reminder() {
     let mut q = QueueState::new();
-    q.add_after("a", ms(10), T0);
-    assert_eq!(q.add("a", T0), AddStatus::Queued);
+    q.add("a", AddOptions::new().after(ms(10)), T0);
+    assert_eq!(q.add("a", AddOptions::new(), T0), AddStatus::Queued);
     assert_eq!(q.waiting_deadline("a"), Some(at(10)));
     q.check_invariants();
     assert_eq!(drain_keys(&mut q, T0), ["a"]);
     assert_eq!(q.len(at(10)), 1, "the reminder fires");
     // A reminder that fires while the key is still queued is de-duplicated.
     let mut q = QueueState::new();
-    q.add_after("a", ms(10), T0);
-    q.add("a", T0);
+    q.add("a", AddOptions::new().after(ms(10)), T0);
+    q.add("a", AddOptions::new(), T0);
     assert_eq!(q.len(at(10)), 1);
     q.check_invariants();
 }
@@ -192,20 +211,20 @@ fn add_while_waiting_queues_now_and_keeps_the_reminder() {
 #[test]
 fn a_reminder_that_fires_while_processing_marks_the_key_dirty() {
     let mut q = QueueState::new();
-    q.add("a", T0);
+    q.add("a", AddOptions::new(), T0);
     let (t, _) = take(&mut q, T0);
-    q.add_after("a", ms(10), T0);
+    q.add("a", AddOptions::new().after(ms(10)), T0);
     assert_eq!(q.len(at(10)), 0);
     assert!(q.is_processing("a"));
-    let f = q.finish(t, Outcome::Done, None, at(10));
+    let f = q.finish(t, Outcome::done(), None, at(10), no_pace).unwrap();
     assert!(f.requeued);
 }
 
 #[test]
 fn every_operation_promotes_due_keys_first() {
     let mut q = QueueState::new();
-    q.add_after("late", ms(10), T0);
-    q.add("now", at(10));
+    q.add("late", AddOptions::new().after(ms(10)), T0);
+    q.add("now", AddOptions::new(), at(10));
     assert_eq!(
         q.ready_keys(),
         ["late", "now"],
@@ -216,9 +235,9 @@ fn every_operation_promotes_due_keys_first() {
 #[test]
 fn len_counts_only_ready_keys() {
     let mut q = QueueState::new();
-    q.add("a", T0);
-    q.add("b", T0);
-    q.add_after("c", ms(5), T0);
+    q.add("a", AddOptions::new(), T0);
+    q.add("b", AddOptions::new(), T0);
+    q.add("c", AddOptions::new().after(ms(5)), T0);
     let (_t, _) = take(&mut q, T0);
     assert_eq!(q.len(T0), 1);
     assert_eq!(
@@ -236,33 +255,53 @@ fn len_counts_only_ready_keys() {
 fn finish_outcomes_map_to_queue_operations() {
     let mut q = QueueState::new();
     for k in ["done", "forget", "retry", "retry_after", "requeue_after"] {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let mut tickets: Vec<_> = (0..5).map(|_| take(&mut q, T0)).collect();
     let (t, _) = tickets.remove(0);
-    assert_eq!(q.finish(t, Outcome::Done, None, T0).released, Some("done"));
+    assert_eq!(
+        q.finish(t, Outcome::done(), None, T0, no_pace)
+            .unwrap()
+            .released,
+        Some("done")
+    );
     let (t, _) = tickets.remove(0);
     assert_eq!(
-        q.finish(t, Outcome::Forget, None, T0).released,
+        q.finish(t, Outcome::forget(), None, T0, no_pace)
+            .unwrap()
+            .released,
         Some("forget")
     );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::Retry, Some(ms(5)), T0).waiting);
+    assert!(
+        q.finish(t, Outcome::retry(), Some(ms(5)), T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::RetryAfter(ms(7)), None, T0).waiting);
+    assert!(
+        q.finish(t, Outcome::retry_after(ms(7)), None, T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     let (t, _) = tickets.remove(0);
-    assert!(q.finish(t, Outcome::RequeueAfter(ms(9)), None, T0).waiting);
+    assert!(
+        q.finish(t, Outcome::requeue_after(ms(9)), None, T0, no_pace)
+            .unwrap()
+            .waiting
+    );
     assert_eq!(q.waiting_deadline("retry"), Some(at(5)));
     assert_eq!(q.waiting_deadline("retry_after"), Some(at(7)));
     assert_eq!(q.waiting_deadline("requeue_after"), Some(at(9)));
     q.check_invariants();
     // A retry whose limiter delay is zero goes straight back to the FIFO.
     let (t, _) = {
-        q.add("zero", T0);
+        q.add("zero", AddOptions::new(), T0);
         take(&mut q, T0)
     };
     assert!(
-        q.finish(t, Outcome::Retry, Some(Duration::ZERO), T0)
+        q.finish(t, Outcome::retry(), Some(Duration::ZERO), T0, no_pace)
+            .unwrap()
             .requeued
     );
 }
@@ -270,15 +309,26 @@ fn finish_outcomes_map_to_queue_operations() {
 #[test]
 fn never_deadlines_store_nothing_and_never_panic() {
     let mut q = QueueState::new();
-    assert_eq!(q.add_after("a", Duration::MAX, T0), AddStatus::Never);
     assert_eq!(
-        q.add_after("a", Duration::from_nanos(u64::MAX), at(1)),
+        q.add("a", AddOptions::new().after(Duration::MAX), T0),
+        AddStatus::Never
+    );
+    assert_eq!(
+        q.add(
+            "a",
+            AddOptions::new().after(Duration::from_nanos(u64::MAX)),
+            at(1)
+        ),
         AddStatus::Never
     );
     assert_eq!(q.counts(), Counts::default());
     let mut q = QueueState::new();
     assert_eq!(
-        q.add_after("b", Duration::from_nanos(u64::MAX - 10), T0),
+        q.add(
+            "b",
+            AddOptions::new().after(Duration::from_nanos(u64::MAX - 10)),
+            T0
+        ),
         AddStatus::Waiting
     );
     assert_eq!(q.len(Instant::from_nanos(u64::MAX - 11)), 0);
@@ -288,11 +338,11 @@ fn never_deadlines_store_nothing_and_never_panic() {
 #[test]
 fn time_going_backwards_is_clamped() {
     let mut q = QueueState::new();
-    q.add_after("a", ms(10), at(100));
+    q.add("a", AddOptions::new().after(ms(10)), at(100));
     assert_eq!(q.len(at(50)), 0);
     assert_eq!(q.now(), at(100));
     assert_eq!(q.next_deadline(), Some(at(110)));
-    q.add_after("b", ms(5), at(1));
+    q.add("b", AddOptions::new().after(ms(5)), at(1));
     assert_eq!(
         q.waiting_deadline("b"),
         Some(at(105)),
@@ -304,11 +354,12 @@ fn time_going_backwards_is_clamped() {
 fn foreign_tickets_are_rejected() {
     let mut a = QueueState::new();
     let mut b = QueueState::new();
-    a.add("k", T0);
-    b.add("k", T0);
+    a.add("k", AddOptions::new(), T0);
+    b.add("k", AddOptions::new(), T0);
     let (ta, _) = take(&mut a, T0);
     assert_eq!(
-        b.try_finish(ta, Outcome::Done, None, T0).unwrap_err(),
+        b.finish(ta, Outcome::done(), None, T0, no_pace)
+            .unwrap_err(),
         ForeignTicket
     );
     assert!(b.is_queued("k"));
@@ -318,8 +369,11 @@ fn foreign_tickets_are_rejected() {
 #[test]
 fn add_ref_clones_only_new_keys() {
     let mut q: QueueState<String> = QueueState::new();
-    assert_eq!(q.add_ref("a", T0), AddStatus::Queued);
-    assert_eq!(q.add_ref("a", T0), AddStatus::AlreadyQueued);
+    assert_eq!(q.add_ref("a", AddOptions::new(), T0), AddStatus::Queued);
+    assert_eq!(
+        q.add_ref("a", AddOptions::new(), T0),
+        AddStatus::AlreadyQueued
+    );
     assert_eq!(q.ready_keys(), ["a".to_string()]);
 }
 
@@ -327,11 +381,11 @@ fn add_ref_clones_only_new_keys() {
 fn a_drained_state_gives_its_memory_back() {
     let mut q: QueueState<u64> = QueueState::new();
     for i in 0..100_000 {
-        q.add(i, T0);
+        q.add(i, AddOptions::new(), T0);
     }
     let full = q.allocated_bytes();
     while let Get::Ready(t, _) = q.get(T0) {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert!(
         q.allocated_bytes() < full / 100,
@@ -339,7 +393,7 @@ fn a_drained_state_gives_its_memory_back() {
         q.allocated_bytes()
     );
     q.check_invariants();
-    q.add(1, T0);
+    q.add(1, AddOptions::new(), T0);
     assert_eq!(q.len(T0), 1);
 }
 
@@ -347,11 +401,11 @@ fn a_drained_state_gives_its_memory_back() {
 fn slots_are_reused_without_confusing_keys() {
     let mut q = QueueState::new();
     for round in 0..3 {
-        q.add("a", T0);
-        q.add("b", T0);
+        q.add("a", AddOptions::new(), T0);
+        q.add("b", AddOptions::new(), T0);
         let (ta, _) = take(&mut q, T0);
-        let _ = q.finish(ta, Outcome::Done, None, T0);
-        q.add("c", T0);
+        let _ = q.finish(ta, Outcome::done(), None, T0, no_pace).unwrap();
+        q.add("c", AddOptions::new(), T0);
         q.check_invariants();
         assert_eq!(drain_keys(&mut q, T0), ["b", "c"], "round {round}");
     }
@@ -362,7 +416,7 @@ fn the_index_grows_like_hashbrown_and_keeps_every_key_findable() {
     let mut q: QueueState<u32> = QueueState::new();
     let mut capacities = Vec::new();
     for k in 0..10_000u32 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
         if capacities.last() != Some(&q.index.capacity()) {
             capacities.push(q.index.capacity());
         }
@@ -377,10 +431,10 @@ fn the_index_grows_like_hashbrown_and_keeps_every_key_findable() {
         let Get::Ready(t, _) = q.get(T0) else {
             panic!("a key")
         };
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     for k in 10_000..40_000u32 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     q.check_invariants();
     assert_eq!(q.counts().tracked, 31_000);
@@ -399,7 +453,7 @@ fn depths(q: &QueueState<&'static str>) -> Vec<(Option<i32>, u64)> {
 fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
     let mut q = QueueState::new();
     q.enable_timing();
-    q.add_with("a", 5, Duration::ZERO, T0);
+    q.add("a", AddOptions::new().priority(5), T0);
     let (t, _) = take(&mut q, T0);
     assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 0)]);
     q.unget(t);
@@ -408,7 +462,7 @@ fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
 
     // Re-added at a higher priority while handed out: the undone get merges into that re-add.
     let (t, _) = take(&mut q, T0);
-    q.add_with("a", 7, Duration::ZERO, T0);
+    q.add("a", AddOptions::new().priority(7), T0);
     assert_eq!(depths(&q), [(Some(0), 0), (Some(5), 0), (Some(7), 1)]);
     q.unget(t);
     q.check_invariants();
@@ -416,7 +470,7 @@ fn an_undone_get_counts_the_key_in_the_depth_of_its_priority_again() {
 
     // Re-added at a lower priority: the undone get keeps its own, and the depth moves to it.
     let (t, _) = take(&mut q, T0);
-    q.add_with("a", 1, Duration::ZERO, T0);
+    q.add("a", AddOptions::new().priority(1), T0);
     q.unget(t);
     q.check_invariants();
     assert_eq!(
@@ -438,7 +492,7 @@ fn take_u32(q: &mut QueueState<u32>, now: Instant) -> (Ticket, u32) {
 fn fresh_bytes(keys: usize) -> usize {
     let mut q: QueueState<u32> = QueueState::new();
     for k in 0..keys as u32 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     q.allocated_bytes()
 }
@@ -449,8 +503,8 @@ fn fresh_bytes(keys: usize) -> usize {
 fn rotate_u32(q: &mut QueueState<u32>, order: &mut std::collections::VecDeque<u32>) {
     let (t, k) = take_u32(q, T0);
     assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
-    q.add(k, T0);
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    q.add(k, AddOptions::new(), T0);
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     order.push_back(k);
 }
 
@@ -458,12 +512,16 @@ fn rotate_u32(q: &mut QueueState<u32>, order: &mut std::collections::VecDeque<u3
 fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
     let mut q: QueueState<u32> = QueueState::new();
     // One key processing and one waiting throughout, from before the burst.
-    q.add(u32::MAX, T0);
+    q.add(u32::MAX, AddOptions::new(), T0);
     let (held, key) = take_u32(&mut q, T0);
     assert_eq!(key, u32::MAX);
-    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    q.add(
+        u32::MAX - 1,
+        AddOptions::new().after(Duration::from_secs(3600)),
+        T0,
+    );
     for k in 0..20_000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let peak = q.allocated_bytes();
     let mut order: std::collections::VecDeque<u32> = (0..20_000).collect();
@@ -473,7 +531,7 @@ fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
         while q.counts().tracked > level {
             let (t, k) = take_u32(&mut q, T0);
             assert_eq!(Some(k), order.pop_front(), "FIFO order survives compaction");
-            let _ = q.finish(t, Outcome::Done, None, T0);
+            let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         }
         for _ in 0..level {
             rotate_u32(&mut q, &mut order);
@@ -496,12 +554,12 @@ fn a_burst_compacts_on_the_way_down_and_the_held_lease_survives() {
     while let Some(next) = order.pop_front() {
         let (t, k) = take_u32(&mut q, T0);
         assert_eq!(k, next);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(q.compactions(), compactions);
     assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
     assert_eq!(q.waiting_deadline(&(u32::MAX - 1)), Some(at(3_600_000)));
-    let f = q.finish(held, Outcome::Done, None, T0);
+    let f = q.finish(held, Outcome::done(), None, T0, no_pace).unwrap();
     assert_eq!(f.released, Some(u32::MAX));
     q.check_invariants();
 }
@@ -511,17 +569,17 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     let mut q: QueueState<u32> = QueueState::new();
     q.set_compact_min(8);
     for k in 0..2000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let mut tickets: Vec<Ticket> = (0..2000).map(|_| take_u32(&mut q, T0).0).collect();
     // Leases on the top ten slots stay out; the rest end.
     let top = tickets.split_off(1990);
     for t in tickets {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     // New keys take the freed slots, the most recently freed (highest) first.
     for k in 5000..5100 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     // Settled at 110 live keys: it compacts within as many gets.
     let mut order: std::collections::VecDeque<u32> = (5000..5100).collect();
@@ -540,7 +598,7 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     );
     for (i, t) in top.into_iter().enumerate().rev() {
         assert_eq!(q.ticket_key(&t), Some(&(1990 + i as u32)));
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         // A pinned compaction is checked on every get: finished at the first after the last
         // lease ended.
         rotate_u32(&mut q, &mut order);
@@ -552,7 +610,7 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
     let mut rest: Vec<u32> = Vec::new();
     while let Get::Ready(t, k) = q.get(T0) {
         rest.push(k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(rest, Vec::from(order));
     q.check_invariants();
@@ -562,23 +620,23 @@ fn a_processing_slot_pins_the_arrays_until_its_lease_ends() {
 fn a_queue_swinging_around_a_size_does_not_rebuild_on_every_swing() {
     let mut q: QueueState<u32> = QueueState::new();
     for k in 0..8000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let mut next = 8000;
     // Down to 1000, then 40 swings between 1000 and 1900.
     while q.counts().tracked > 1000 {
         let (t, _) = take_u32(&mut q, T0);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     let settled = q.compactions();
     for _ in 0..40 {
         for _ in 0..900 {
-            q.add(next, T0);
+            q.add(next, AddOptions::new(), T0);
             next += 1;
         }
         for _ in 0..900 {
             let (t, _) = take_u32(&mut q, T0);
-            let _ = q.finish(t, Outcome::Done, None, T0);
+            let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
         }
     }
     q.check_invariants();
@@ -596,13 +654,13 @@ fn a_pure_drain_to_empty_never_compacts() {
     // settles below a threshold, and the empty state frees everything anyway.
     let mut q: QueueState<u32> = QueueState::new();
     for k in 0..200_000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let mut next = 0;
     while let Get::Ready(t, k) = q.get(T0) {
         assert_eq!(k, next);
         next += 1;
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(next, 200_000);
     assert_eq!(q.compactions(), 0, "a pure drain compacted");
@@ -614,17 +672,21 @@ fn a_pure_drain_to_empty_never_compacts() {
 fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothing() {
     // A controller after its initial list: one key waits an hour, one is processing.
     let mut q: QueueState<u32> = QueueState::new();
-    q.add(u32::MAX, T0);
+    q.add(u32::MAX, AddOptions::new(), T0);
     let (held, _) = take_u32(&mut q, T0);
-    q.add_after(u32::MAX - 1, Duration::from_secs(3600), T0);
+    q.add(
+        u32::MAX - 1,
+        AddOptions::new().after(Duration::from_secs(3600)),
+        T0,
+    );
     for k in 0..20_000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let peak = q.allocated_bytes();
     for k in 0..20_000 {
         let (t, got) = take_u32(&mut q, T0);
         assert_eq!(got, k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!(q.compactions(), 0, "the drain itself never settled");
     // The workers' next get finds nothing ready: the drain is over.
@@ -635,22 +697,22 @@ fn a_drain_that_leaves_a_waiting_key_compacts_at_the_first_get_that_finds_nothin
     assert!(matches!(q.get(T0), Get::Empty { .. }));
     assert_eq!(q.compactions(), 1, "one compaction per halving");
     assert_eq!(q.ticket_key(&held), Some(&u32::MAX));
-    let _ = q.finish(held, Outcome::Done, None, T0);
+    let _ = q.finish(held, Outcome::done(), None, T0, no_pace).unwrap();
     q.check_invariants();
 }
 
 #[test]
 fn shrink_off_keeps_the_peak_and_compact_still_works() {
     let mut q: QueueState<u32> = QueueState::new();
-    q.set_shrink(false);
-    q.add_after(u32::MAX, ms(10), T0);
+    q.set_shrink_memory(false);
+    q.add(u32::MAX, AddOptions::new().after(ms(10)), T0);
     for k in 0..5000 {
-        q.add(k, T0);
+        q.add(k, AddOptions::new(), T0);
     }
     let peak = q.allocated_bytes();
     for _ in 0..4990 {
         let (t, _) = take_u32(&mut q, T0);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     assert_eq!((q.compactions(), q.allocated_bytes()), (0, peak));
     q.compact();
@@ -660,19 +722,19 @@ fn shrink_off_keeps_the_peak_and_compact_still_works() {
     // A lease on a high slot: the explicit compaction is pinned, and not followed up.
     let (t, k) = take_u32(&mut q, T0);
     for k in 0..3000 {
-        q.add(k + 10_000, T0);
+        q.add(k + 10_000, AddOptions::new(), T0);
     }
     let tickets: Vec<Ticket> = (0..3000).map(|_| take_u32(&mut q, T0).0).collect();
     let mut tickets = tickets.into_iter();
     let top = tickets.next_back().expect("3000 tickets");
     for t in tickets {
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     q.compact();
     q.check_invariants();
     assert_eq!(q.compactions(), 2);
-    let _ = q.finish(top, Outcome::Done, None, T0);
-    let _ = q.finish(t, Outcome::Done, None, T0);
+    let _ = q.finish(top, Outcome::done(), None, T0, no_pace).unwrap();
+    let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     assert!(k < 5000);
     assert_eq!(drain_u32(&mut q).len(), 9);
     assert_eq!(q.compactions(), 2);
@@ -683,7 +745,7 @@ fn drain_u32(q: &mut QueueState<u32>) -> Vec<u32> {
     let mut out = Vec::new();
     while let Get::Ready(t, k) = q.get(T0) {
         out.push(k);
-        let _ = q.finish(t, Outcome::Done, None, T0);
+        let _ = q.finish(t, Outcome::done(), None, T0, no_pace).unwrap();
     }
     out
 }
@@ -691,15 +753,24 @@ fn drain_u32(q: &mut QueueState<u32>) -> Vec<u32> {
 #[test]
 fn compaction_keeps_priorities_aging_fairness_and_timing() {
     let mut q: QueueState<u32> = QueueState::new();
-    q.set_fair();
-    q.set_max_ready_wait(ms(5));
+    q.enable_fairness();
+    q.enable_aging(ms(5));
     q.enable_timing();
     q.set_compact_min(4);
     for k in 0..400u32 {
-        q.add_in_group_or_return(k, u64::from(k % 3), (k % 5) as i32 - 2, Duration::ZERO, T0);
+        q.add_or_return(
+            k,
+            AddOptions::new().priority((k % 5) as i32 - 2),
+            Some(u64::from(k % 3)),
+            T0,
+        );
     }
     for k in 400..420u32 {
-        q.add_with(k, 1, ms(k as u64 - 390), T0);
+        q.add(
+            k,
+            AddOptions::new().priority(1).after(ms(k as u64 - 390)),
+            T0,
+        );
     }
     let mut now = 0;
     let mut held = Vec::new();
@@ -712,11 +783,11 @@ fn compaction_keeps_priorities_aging_fairness_and_timing() {
             let t = held.remove(0);
             // Two in three come back: the live count falls slowly enough to settle.
             let outcome = if now % 3 != 0 {
-                Outcome::RequeueAfter(ms(1))
+                Outcome::requeue_after(ms(1))
             } else {
-                Outcome::Done
+                Outcome::done()
             };
-            let _ = q.finish(t, outcome, None, at(now / 10));
+            let _ = q.finish(t, outcome, None, at(now / 10), no_pace).unwrap();
         }
         q.check_invariants();
     }
@@ -729,17 +800,24 @@ fn compaction_keeps_priorities_aging_fairness_and_timing() {
 #[test]
 fn the_age_order_stays_bounded_behind_an_old_queued_key() {
     let mut q: QueueState<u32> = QueueState::new();
-    q.set_max_ready_wait(Duration::from_secs(3600));
-    q.add_in_group_or_return(u32::MAX, 0, LOW_PRIORITY, Duration::ZERO, T0);
+    q.enable_aging(Duration::from_secs(3600));
+    q.add_or_return(
+        u32::MAX,
+        AddOptions::new().priority(LOW_PRIORITY),
+        Some(0),
+        T0,
+    );
     let mut longest = 0;
     for k in 0..20_000u32 {
-        q.add_with(k, 0, Duration::ZERO, at(u64::from(k)));
+        q.add(k, AddOptions::new(), at(u64::from(k)));
         let (t, got) = match q.get(at(u64::from(k))) {
             Get::Ready(t, got) => (t, got),
             other => panic!("expected a key, got {other:?}"),
         };
         assert_eq!(got, k, "priority 0 first");
-        let _ = q.finish(t, Outcome::Done, None, at(u64::from(k)));
+        let _ = q
+            .finish(t, Outcome::done(), None, at(u64::from(k)), no_pace)
+            .unwrap();
         longest = longest.max(q.aging.as_ref().unwrap().order_len());
         if k % 1000 == 0 {
             q.check_invariants();
@@ -757,25 +835,27 @@ fn the_age_order_stays_bounded_behind_an_old_queued_key() {
 #[test]
 fn the_overdue_search_steps_over_processing_keys_and_drops_stale_entries() {
     let mut q: QueueState<&'static str> = QueueState::new();
-    q.set_max_ready_wait(ms(10));
-    q.add("held", T0);
-    q.add_with("low-1", LOW_PRIORITY, Duration::ZERO, at(1));
-    q.add_with("low-2", LOW_PRIORITY, Duration::ZERO, at(2));
+    q.enable_aging(ms(10));
+    q.add("held", AddOptions::new(), T0);
+    q.add("low-1", AddOptions::new().priority(LOW_PRIORITY), at(1));
+    q.add("low-2", AddOptions::new().priority(LOW_PRIORITY), at(2));
     // `held` is processing with the oldest entry; two keys pass through after it, stale.
     let (held, _) = take(&mut q, at(3));
     for k in ["pass-1", "pass-2"] {
-        q.add(k, at(4));
+        q.add(k, AddOptions::new(), at(4));
         let (t, got) = take(&mut q, at(4));
         assert_eq!(got, k);
-        let _ = q.finish(t, Outcome::Done, None, at(4));
+        let _ = q.finish(t, Outcome::done(), None, at(4), no_pace).unwrap();
     }
-    q.add("fresh", at(5));
+    q.add("fresh", AddOptions::new(), at(5));
     q.check_invariants();
     // At 12 ms low-1 has waited longer than 10 ms; low-2 has waited 10 ms, not longer.
     assert_eq!(take(&mut q, at(12)).1, "low-1", "overdue before priority 0");
     q.check_invariants();
     assert_eq!(take(&mut q, at(12)).1, "fresh");
     assert_eq!(take(&mut q, at(13)).1, "low-2");
-    let _ = q.finish(held, Outcome::Done, None, at(13));
+    let _ = q
+        .finish(held, Outcome::done(), None, at(13), no_pace)
+        .unwrap();
     q.check_invariants();
 }

@@ -11,13 +11,16 @@ use std::time::Duration;
 use workqueue_ratelimit::Instant;
 
 use super::slots::{Remap, SlotId};
-use crate::metrics::PRIORITY_LABELS;
+
+/// How many distinct priorities get a [`PRIORITY_LABEL`](crate::metrics::PRIORITY_LABEL) value
+/// of their own (controller-runtime's limit).
+pub const PRIORITY_LABELS: usize = 25;
 
 const NONE: u64 = u64::MAX;
 
 /// Timing data for metrics, indexed by slot (see the module docs).
 #[derive(Debug, Default)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// Per slot: the first add since the last get, and when processing started (`NONE` when
     /// unset). One array, so a key's times share a cache line.
     times: Vec<Times>,
@@ -127,14 +130,14 @@ impl Timing {
     }
 
     /// client-go's depth: keys that are dirty (queued, or re-added while processing).
-    pub fn depth(&self) -> u64 {
+    pub(crate) fn depth(&self) -> u64 {
         self.depths.entries.iter().map(|e| e.count).sum()
     }
 
     /// client-go's depth by priority: each priority seen so far with its number of dirty keys
     /// (0 once they are all handed out), in the order the priorities were first seen. After
     /// [`PRIORITY_LABELS`] distinct priorities, later ones are counted together under `None`.
-    pub fn depth_by_priority(&self) -> impl Iterator<Item = (Option<i32>, u64)> + '_ {
+    pub(crate) fn depth_by_priority(&self) -> impl Iterator<Item = (Option<i32>, u64)> + '_ {
         self.depths.entries.iter().map(|e| (e.label, e.count))
     }
 
@@ -151,22 +154,26 @@ impl Timing {
     }
 
     /// The number of adds since the last call.
-    pub fn take_adds(&mut self) -> u64 {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn take_adds(&mut self) -> u64 {
         std::mem::take(&mut self.adds)
     }
 
     /// The queue latencies (first add since the last get, to get) observed since the last call.
-    pub fn drain_queue_latencies(&mut self) -> impl Iterator<Item = Duration> + '_ {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn drain_queue_latencies(&mut self) -> impl Iterator<Item = Duration> + '_ {
         self.queue_latencies.drain(..).map(Duration::from_nanos)
     }
 
     /// The work durations (get to finish) observed since the last call.
-    pub fn drain_work_durations(&mut self) -> impl Iterator<Item = Duration> + '_ {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn drain_work_durations(&mut self) -> impl Iterator<Item = Duration> + '_ {
         self.work_durations.drain(..).map(Duration::from_nanos)
     }
 
     /// The sum and the maximum of the ages of the keys being processed at `now`.
-    pub fn unfinished_work(&self, now: Instant) -> (Duration, Duration) {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn unfinished_work(&self, now: Instant) -> (Duration, Duration) {
         let now = now.as_nanos();
         let (mut total, mut longest) = (0u64, 0u64);
         for started in self.times.iter().map(|t| t.started).filter(|&s| s != NONE) {
@@ -179,6 +186,7 @@ impl Timing {
 
     /// The longest time a key whose `is_ready(slot)` holds has been dirty at `now`: since its
     /// first add after it was last handed out. `None` when no such key is dirty.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn oldest_ready(
         &self,
         now: Instant,
@@ -208,7 +216,7 @@ impl Timing {
     }
 
     /// Heap bytes held.
-    pub fn allocated_bytes(&self) -> usize {
+    pub(crate) fn allocated_bytes(&self) -> usize {
         size_of::<Self>()
             + self.times.capacity() * size_of::<Times>()
             + (self.queue_latencies.capacity() + self.work_durations.capacity()) * size_of::<u64>()

@@ -47,6 +47,7 @@ pub(crate) struct Setup<K: Resource> {
     pub(crate) queue: WorkQueue<ObjectRef<K>>,
     pub(crate) sources: Vec<Source<ObjectRef<K>>>,
     pub(crate) concurrency: u16,
+    pub(crate) per_key_backoff: bool,
     pub(crate) shutdown_grace: Duration,
     /// Set to `Ready` once the store may be read; kept by the main watch's stage, or by a task
     /// that waits for the store (`for_stream`).
@@ -161,6 +162,7 @@ where
             cancel_grace: CANCEL_GRACE,
             // The stream reports every failure; the caller logs them (as kube-runtime's do).
             failure_log: None,
+            per_key_backoff: setup.per_key_backoff,
         };
         let (engine, feeders) = Engine::start(
             setup.queue,

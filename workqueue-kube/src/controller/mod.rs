@@ -388,6 +388,7 @@ where
             queue,
             sources,
             concurrency: config.concurrency,
+            per_key_backoff: config.per_key_backoff,
             shutdown_grace: config.shutdown_grace,
             gate: self.gate,
             tasks: self.tasks,
@@ -408,10 +409,7 @@ fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
     if debounce.is_zero() {
         return opts;
     }
-    AddOptions {
-        after: debounce,
-        ..opts
-    }
+    opts.after(debounce)
 }
 
 /// Completes on SIGINT or SIGTERM.

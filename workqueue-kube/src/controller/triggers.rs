@@ -117,7 +117,7 @@ where
         let keys = store.state().into_iter().map(move |object: Arc<K>| {
             Ok((
                 ObjectRef::from_obj_with(&*object, dyntype.clone()),
-                AddOptions::priority(LOW_PRIORITY),
+                AddOptions::new().priority(LOW_PRIORITY),
             ))
         });
         stream::iter(keys)

@@ -5,7 +5,6 @@ use std::fmt;
 use std::time::Duration;
 
 use workqueue_core::Outcome;
-use workqueue_core::ratelimit::Signal;
 
 /// What happens to a key next: returned by a reconcile (`Ok(action)`) and by the error policy
 /// (for a failed reconcile), as in kube-runtime.
@@ -179,34 +178,43 @@ pub enum Reconciled<E> {
 
 impl<E> Reconciled<E> {
     /// The one place where a reconcile's result becomes queue operations (the table on
-    /// [`Action`]): the lease's outcome, with the priority of the re-add it asks for. What it
-    /// tells the outage detector is the runner's to add (it needs the failure counts and the
-    /// user's classifier).
-    pub(crate) fn outcome(&self) -> Finish {
+    /// [`Action`]): the lease's outcome, with the priority of the re-add it asks for. With
+    /// `per_key_backoff`, a failure's `requeue(d)` waits the rate limiter's delay and at least
+    /// `d`. What the outcome tells the outage detector is the engine's to add (it needs the failure
+    /// counts and the user's classifier).
+    pub fn outcome(&self, per_key_backoff: bool) -> Outcome {
         let (outcome, priority) = match self {
             Reconciled::Ok(action) => {
                 let outcome = match action.next {
-                    Next::AwaitChange => Outcome::Forget,
-                    Next::After(d) => Outcome::RequeueAfter(d),
+                    Next::AwaitChange => Outcome::forget(),
+                    Next::After(d) => Outcome::requeue_after(d),
                     // "Again, as soon as the limiter allows": never an unthrottled loop.
-                    Next::Backoff => Outcome::Retry,
+                    Next::Backoff => Outcome::retry(),
                 };
                 (outcome, action.priority)
             }
             Reconciled::Failed(_, action) => {
                 let outcome = match action.next {
-                    Next::AwaitChange => Outcome::Forget,
-                    Next::After(d) => Outcome::RetryAfter(d),
-                    Next::Backoff => Outcome::Retry,
+                    Next::AwaitChange => Outcome::forget(),
+                    Next::After(d) if per_key_backoff => Outcome::retry_at_least(d),
+                    Next::After(d) => Outcome::retry_after(d),
+                    Next::Backoff => Outcome::retry(),
                 };
                 (outcome, action.priority)
             }
-            Reconciled::Interrupted => (Outcome::Retry, None),
+            Reconciled::Interrupted => (Outcome::retry(), None),
         };
-        Finish {
-            outcome,
-            priority,
-            signal: None,
+        match priority {
+            Some(p) => outcome.with_priority(p),
+            None => outcome,
+        }
+    }
+
+    /// Whether the outcome re-adds the key (everything but `await_change()`).
+    pub(crate) fn readds(&self) -> bool {
+        match self {
+            Reconciled::Ok(action) | Reconciled::Failed(_, action) => !action.gives_up(),
+            Reconciled::Interrupted => true,
         }
     }
 
@@ -216,74 +224,62 @@ impl<E> Reconciled<E> {
     }
 }
 
-/// How a lease is finished: the outcome, the re-add's priority (`None`: the lease's own) and what
-/// it tells the outage detector (`None`: what the outcome implies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Finish {
-    pub(crate) outcome: Outcome,
-    pub(crate) priority: Option<i32>,
-    pub(crate) signal: Option<Signal>,
-}
-
-impl Finish {
-    pub(crate) fn with_signal(self, signal: Option<Signal>) -> Self {
-        Finish { signal, ..self }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn finish(outcome: Outcome, priority: Option<i32>) -> Finish {
-        Finish {
-            outcome,
-            priority,
-            signal: None,
-        }
-    }
 
     #[test]
     fn results_map_to_outcomes() {
         let s = Duration::from_secs(1);
         let error = || Failure::Error(());
         let cases: [(Reconciled<()>, Outcome); 10] = [
-            (Reconciled::Ok(Action::await_change()), Outcome::Forget),
-            (Reconciled::Ok(Action::requeue(s)), Outcome::RequeueAfter(s)),
+            (Reconciled::Ok(Action::await_change()), Outcome::forget()),
+            (
+                Reconciled::Ok(Action::requeue(s)),
+                Outcome::requeue_after(s),
+            ),
             (
                 Reconciled::Ok(Action::requeue(Duration::ZERO)),
-                Outcome::Retry,
+                Outcome::retry(),
             ),
-            (Reconciled::Ok(Action::backoff()), Outcome::Retry),
+            (Reconciled::Ok(Action::backoff()), Outcome::retry()),
             (
                 Reconciled::Ok(Action::requeue(Duration::from_nanos(1))),
-                Outcome::RequeueAfter(Duration::from_nanos(1)),
+                Outcome::requeue_after(Duration::from_nanos(1)),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Action::backoff()),
-                Outcome::Retry,
+                Outcome::retry(),
             ),
             (
                 Reconciled::Failed(error(), Action::requeue(s)),
-                Outcome::RetryAfter(s),
+                Outcome::retry_after(s),
             ),
             (
                 Reconciled::Failed(error(), Action::requeue(Duration::ZERO)),
-                Outcome::Retry,
+                Outcome::retry(),
             ),
             (
                 Reconciled::Failed(Failure::Panic("x".into()), Action::await_change()),
-                Outcome::Forget,
+                Outcome::forget(),
             ),
-            (Reconciled::Interrupted, Outcome::Retry),
+            (Reconciled::Interrupted, Outcome::retry()),
         ];
         for (r, o) in cases {
-            assert_eq!(
-                r.outcome(),
-                finish(o, None),
-                "{r:?}: the lease's own priority"
-            );
+            assert_eq!(r.outcome(false), o, "{r:?}: the lease's own priority");
         }
+    }
+
+    /// Per-key backoff changes only a failure's fixed delay: the limiter's delay, at least it.
+    #[test]
+    fn per_key_backoff_floors_a_failures_requeue_at_the_limiters_delay() {
+        let s = Duration::from_secs(1);
+        let failed = |a| Reconciled::Failed(Failure::Error(()), a);
+        assert_eq!(failed(Action::requeue(s)).outcome(true), Outcome::retry_at_least(s));
+        assert_eq!(failed(Action::backoff()).outcome(true), Outcome::retry());
+        assert_eq!(failed(Action::await_change()).outcome(true), Outcome::forget());
+        let ok = Reconciled::<()>::Ok(Action::requeue(s));
+        assert_eq!(ok.outcome(true), Outcome::requeue_after(s), "a success polls at d");
     }
 
     /// A priority changes the re-add's priority and nothing else: every case maps to the outcome
@@ -291,42 +287,42 @@ mod tests {
     #[test]
     fn a_chosen_priority_goes_with_the_same_outcome() {
         let s = Duration::from_secs(1);
-        let cases: [(Reconciled<()>, Finish); 7] = [
+        let cases: [(Reconciled<()>, Outcome); 7] = [
             (
                 Reconciled::Ok(Action::requeue(s).with_priority(7)),
-                finish(Outcome::RequeueAfter(s), Some(7)),
+                Outcome::requeue_after(s).with_priority(7),
             ),
             (
                 Reconciled::Ok(Action::backoff().with_priority(-100)),
-                finish(Outcome::Retry, Some(-100)),
+                Outcome::retry().with_priority(-100),
             ),
             (
                 Reconciled::Ok(Action::requeue(s).with_priority(1).with_priority(2)),
-                finish(Outcome::RequeueAfter(s), Some(2)),
+                Outcome::requeue_after(s).with_priority(2),
             ),
             // `await_change` re-adds nothing: no priority to carry.
             (
                 Reconciled::Ok(Action::await_change().with_priority(7)),
-                finish(Outcome::Forget, None),
+                Outcome::forget(),
             ),
             (
                 Reconciled::Failed(Failure::Error(()), Action::backoff().with_priority(3)),
-                finish(Outcome::Retry, Some(3)),
+                Outcome::retry().with_priority(3),
             ),
             (
                 Reconciled::Failed(Failure::Timeout, Action::requeue(s).with_priority(i32::MIN)),
-                finish(Outcome::RetryAfter(s), Some(i32::MIN)),
+                Outcome::retry_after(s).with_priority(i32::MIN),
             ),
             (
                 Reconciled::Failed(
                     Failure::Panic("x".into()),
                     Action::await_change().with_priority(9),
                 ),
-                finish(Outcome::Forget, None),
+                Outcome::forget(),
             ),
         ];
         for (r, o) in cases {
-            assert_eq!(r.outcome(), o, "{r:?}");
+            assert_eq!(r.outcome(false), o, "{r:?}");
         }
     }
 

@@ -24,7 +24,7 @@ use workqueue_core::ratelimit::Signal;
 use workqueue_core::state::OutageEvent;
 use workqueue_core::{Lease, Outcome};
 
-use super::action::{Finish, Reconciled};
+use super::action::Reconciled;
 use super::catch::catch;
 use super::failures::FailureCounts;
 use super::feed::{Feeder, Source};
@@ -47,6 +47,8 @@ pub struct Limits {
     pub cancel_grace: Duration,
     /// The level of the failure event (`None`: no event).
     pub failure_log: Option<tracing::Level>,
+    /// Whether a failure's `Action::requeue(d)` waits the rate limiter's delay, at least `d`.
+    pub per_key_backoff: bool,
 }
 
 /// Everything the per-lease steps share. Built by [`Engine::start`], which also starts the
@@ -209,7 +211,7 @@ where
         let outage = (
             self.queue.parked_len(),
             self.queue.parked_dropped_at_shutdown(),
-            self.queue.outage_openings(),
+            self.queue.core.outage_openings(),
         );
         self.counters
             .report(self.queue.len(), worker_panics, outage)
@@ -224,7 +226,7 @@ where
             self.failures
                 .record(key, &Reconciled::<E>::Ok(Action::await_change()))
         });
-        finish_lease(lease, Reconciled::<E>::Ok(Action::await_change()).outcome());
+        finish_lease(lease, Outcome::forget());
     }
 
     /// The first step of a lease: its counts, reasons, span and context. A panic of user code
@@ -316,7 +318,7 @@ where
         let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
         let returned = |r: std::thread::Result<Result<Action, E>>| match r {
             Ok(r) => Ran::Returned(r),
-            Err(payload) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
+            Err(payload) => Ran::Panicked(workqueue_core::__private::panic_message(&*payload)),
         };
         let limit = async {
             match self.limits.timeout {
@@ -400,9 +402,13 @@ where
         let signal = self
             .outage
             .then(|| self.signal(verdict, begun.ctx.failures_in_a_row()));
-        let finish = verdict.outcome().with_signal(signal);
-        self.record(lease.key(), verdict, finish.outcome);
-        finish_lease(lease, finish);
+        let outcome = verdict.outcome(self.limits.per_key_backoff);
+        self.record(lease.key(), verdict);
+        let outcome = match signal {
+            Some(signal) => outcome.with_signal(signal),
+            None => outcome,
+        };
+        finish_lease(lease, outcome);
     }
 
     /// What a verdict tells the outage detector: a success, a first failure (the key had no
@@ -431,13 +437,13 @@ where
 
     /// Records a verdict in the runner's failure counts, and the reason of the re-add the
     /// outcome asks for. Never panics (a key's `Hash`, `Eq` or `Clone` may: logged).
-    fn record(&self, key: &T, verdict: &Reconciled<E>, outcome: Outcome) {
+    fn record(&self, key: &T, verdict: &Reconciled<E>) {
         if let Err(message) = catch(|| self.failures.record(key, verdict)) {
             let _ = catch(|| tracing::error!(panic = %message, "counting a failure panicked"));
         }
-        let reason = match (verdict, outcome) {
-            (_, Outcome::Done | Outcome::Forget) => return,
-            (Reconciled::Ok(_), _) => reasons::REQUEUE,
+        let reason = match verdict {
+            _ if !verdict.readds() => return,
+            Reconciled::Ok(_) => reasons::REQUEUE,
             _ => reasons::RETRY,
         };
         if let Err(message) = catch(|| self.reasons.mark([key], reason)) {
@@ -477,19 +483,11 @@ impl Drop for ActiveWorker<'_> {
     }
 }
 
-/// Finishes a lease as `finish` says. The queue finishes the key even when the rate limiter
+/// Finishes a lease with `outcome`. The queue finishes the key even when the rate limiter
 /// panics, then re-raises the panic; it is caught here so that the caller survives, as it does a
 /// panicking reconcile.
-fn finish_lease<T>(lease: Lease<T>, finish: Finish) {
-    let lease = match finish.priority {
-        Some(p) => lease.with_priority(p),
-        None => lease,
-    };
-    let finished = catch(|| match finish.signal {
-        Some(signal) => lease.finish_signalled(finish.outcome, signal),
-        None => lease.finish(finish.outcome),
-    });
-    if let Err(message) = finished {
+fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
+    if let Err(message) = catch(|| lease.finish(outcome)) {
         tracing::error!(
             panic = %message,
             "the rate limiter panicked while finishing a key"

@@ -107,10 +107,10 @@ impl Ended {
     /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
     fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
         Some(match verdict {
-            Reconciled::Ok(_) => match verdict.outcome().outcome {
-                Outcome::RequeueAfter(_) => Ended::RequeueAfter,
-                Outcome::Retry => Ended::Requeue,
-                _ => Ended::Success,
+            Reconciled::Ok(_) => match verdict.outcome(false) {
+                o if o == Outcome::retry() => Ended::Requeue,
+                o if o == Outcome::forget() => Ended::Success,
+                _ => Ended::RequeueAfter,
             },
             Reconciled::Interrupted => return None,
             Reconciled::Failed(failure, _) => {

@@ -422,7 +422,7 @@ where
     /// let queue: WorkQueue<String> = WorkQueue::new();
     /// let stop = CancellationToken::new();
     /// // An initial list, at low priority.
-    /// let list = stream::iter(["a", "b"]).map(|k| (k.to_string(), AddOptions::priority(LOW_PRIORITY)));
+    /// let list = stream::iter(["a", "b"]).map(|k| (k.to_string(), AddOptions::new().priority(LOW_PRIORITY)));
     /// // A watch: a recoverable error is skipped; `Forbidden` stops the controller.
     /// let watch = stream::iter([Ok("a"), Err(WatchError::Interrupted), Ok("c"), Err(WatchError::Forbidden)])
     ///     .inspect({
@@ -480,6 +480,7 @@ where
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
             failure_log: self.failure_log,
+            per_key_backoff: false,
         };
         let (engine, feeders) = Engine::start(
             self.queue,

@@ -49,7 +49,7 @@ where
                     // No key was leased (the queue is as it was before the call). If `get` panics
                     // on every call, this pause keeps the worker from spinning.
                     self.engine
-                        .get_panicked(&workqueue_core::panic_message(&*payload));
+                        .get_panicked(&workqueue_core::__private::panic_message(&*payload));
                     tokio::select! {
                         biased;
                         () = intake.cancelled() => return,

@@ -3,7 +3,7 @@
 //! A driver puts [`QueueState`] behind a lock, reads a clock, calls the rate limiter outside the
 //! lock, and wakes waiters. Only the waiting differs between the blocking queue (condition
 //! variables) and the tokio queue (`Notify` and timers), so everything else lives here, once:
-//! [`QueueCore`] implements every non-waiting operation and [`LeaseOwner`], and a driver supplies
+//! [`QueueCore`] implements every non-waiting operation and `LeaseOwner`, and a driver supplies
 //! a [`Notifier`] and its own `get`/drain loops around [`QueueCore::lock`].
 
 use std::borrow::Borrow;
@@ -19,13 +19,18 @@ use crossbeam_utils::CachePadded;
 use workqueue_ratelimit::{Instant, RateLimiter};
 
 use crate::clock::Clock;
-use crate::drain::{DrainIncomplete, DrainStop};
-use crate::lease::{Lease, LeaseOwner};
+use crate::lease::Lease;
 use crate::options::AddOptions;
-use crate::outcome::Outcome;
-use crate::state::{AddStatus, Counts, Get, OutageEvent, QueueState, Ticket};
+use crate::state::{AddStatus, Counts, Get, OutageEvent, QueueState};
 use crate::sync::{AtomicBool, Mutex, MutexGuard};
-use workqueue_ratelimit::{OutageConfig, Signal};
+use workqueue_ratelimit::OutageConfig;
+
+mod finish;
+mod handle_methods;
+mod wake;
+
+pub use wake::Drain;
+use wake::WakeOnChange;
 
 /// How a driver wakes the tasks or threads that wait on its queue.
 ///
@@ -90,7 +95,7 @@ pub struct CoreConfig<T, S> {
     pub outage: Option<OutageConfig>,
     /// Called after each change of the outage detector (see `Builder::on_outage_event`).
     pub outage_hook: Option<OutageHook>,
-    /// Whether the state gives memory back after a burst (`QueueState::set_shrink`).
+    /// Whether the state gives memory back after a burst (`QueueState::set_shrink_memory`).
     pub shrink: bool,
 }
 
@@ -171,15 +176,15 @@ where
             .unwrap_or_else(|| Arc::new(workqueue_ratelimit::default_controller_rate_limiter()));
         let mut state = QueueState::with_capacity_and_hasher(config.capacity, config.hasher);
         if let Some(max_wait) = config.max_ready_wait {
-            state.set_max_ready_wait(max_wait);
+            state.enable_aging(max_wait);
         }
         if config.group.is_some() {
-            state.set_fair();
+            state.enable_fairness();
         }
         if let Some(outage) = config.outage {
             state.enable_outage_detection(outage);
         }
-        state.set_shrink(config.shrink);
+        state.set_shrink_memory(config.shrink);
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -340,7 +345,7 @@ where
         self.shutting_down.load(Ordering::Acquire)
     }
 
-    /// Whether a drain is complete (see [`QueueState::is_drained`]).
+    /// Whether a drain is complete (see `QueueState::is_drained`).
     pub fn is_drained(&self, locked: &Locked<T, S>) -> bool {
         locked.state.is_drained(self.drain_includes_queued)
     }
@@ -366,21 +371,21 @@ where
     /// See `WorkQueue::add`.
     pub fn add(&self, key: T) -> AddStatus {
         if self.group.is_some() {
-            return self.add_with(key, AddOptions::default());
+            return self.add_with(key, AddOptions::new());
         }
         let (status, unused) = self.mutate(|g| {
             let now = self.now_for(&g.state);
-            g.state.add_or_return(key, now)
+            g.state.add_plain_or_return(key, now)
         });
         drop(unused);
         status
     }
 
-    /// The fairness group of `key` (0 without fairness). The group function is user code: it
-    /// runs before the lock.
+    /// The fairness group of `key` (`None` without fairness). The group function is user code:
+    /// it runs before the lock.
     #[inline]
-    fn group_of(&self, key: &T) -> u64 {
-        self.group.as_ref().map_or(0, |f| f(key))
+    fn group_of(&self, key: &T) -> Option<u64> {
+        self.group.as_ref().map(|f| f(key))
     }
 
     /// See `WorkQueue::add_ref`.
@@ -395,19 +400,19 @@ where
         }
         self.mutate(|g| {
             let now = self.now_for(&g.state);
-            g.state.add_ref(key, now)
+            g.state.add_ref(key, AddOptions::new(), now)
         })
     }
 
     /// See `WorkQueue::add_batch`.
     pub fn add_batch(&self, keys: impl IntoIterator<Item = T>) {
         if self.group.is_some() {
-            return self.add_batch_with(keys, AddOptions::default());
+            return self.add_batch_with(keys, AddOptions::new());
         }
         let unused: Vec<T> = self.mutate(|g| {
             let now = self.now_for(&g.state);
             keys.into_iter()
-                .filter_map(|k| g.state.add_or_return(k, now).1)
+                .filter_map(|k| g.state.add_plain_or_return(k, now).1)
                 .collect()
         });
         drop(unused);
@@ -419,12 +424,12 @@ where
             return AddStatus::ShutDown;
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
-        let delay = opts.delay(self.limiter_delay(&key, opts, now));
+        let after = opts.delay(self.limiter_delay(&key, opts, now));
         let group = self.group_of(&key);
+        let opts = AddOptions { after, ..opts };
         let (status, unused) = self.mutate(|g| {
             let now = now.unwrap_or_else(|| self.now_for(&g.state));
-            g.state
-                .add_in_group_or_return(key, group, opts.priority, delay, now)
+            g.state.add_or_return(key, opts, group, now)
         });
         drop(unused);
         self.count_retry(now.is_some() && status != AddStatus::ShutDown);
@@ -438,7 +443,7 @@ where
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
         // The limiter and the group function are asked outside the lock, key by key.
-        let keys: Vec<(T, Duration, u64)> = keys
+        let keys: Vec<(T, Duration, Option<u64>)> = keys
             .into_iter()
             .map(|key| {
                 let delay = opts.delay(self.limiter_delay(&key, opts, now));
@@ -451,10 +456,9 @@ where
             let mut added = 0;
             let unused = keys
                 .into_iter()
-                .filter_map(|(key, delay, group)| {
-                    let (status, unused) =
-                        g.state
-                            .add_in_group_or_return(key, group, opts.priority, delay, now);
+                .filter_map(|(key, after, group)| {
+                    let opts = AddOptions { after, ..opts };
+                    let (status, unused) = g.state.add_or_return(key, opts, group, now);
                     added += usize::from(status != AddStatus::ShutDown);
                     unused
                 })
@@ -508,10 +512,8 @@ where
 
     fn add_after_at(&self, key: T, delay: Duration, now: Instant) -> AddStatus {
         let group = self.group_of(&key);
-        let (status, unused) = self.mutate(|g| match self.group {
-            Some(_) => g.state.add_in_group_or_return(key, group, 0, delay, now),
-            None => g.state.add_after_or_return(key, delay, now),
-        });
+        let opts = AddOptions::new().after(delay);
+        let (status, unused) = self.mutate(|g| g.state.add_or_return(key, opts, group, now));
         drop(unused);
         status
     }
@@ -591,7 +593,7 @@ where
 
     /// A named queue joins the process-wide refresher (which also sends what its operations
     /// recorded, see `metrics::FLUSH_EVERY`); drivers call it once the core is in its `Arc`.
-    /// A no-op for an unnamed queue, one built with `refresh_thread(false)`, after shutdown, or
+    /// A no-op for an unnamed queue, one built with `metrics_refresh_thread(false)`, after shutdown, or
     /// without the `metrics` feature.
     pub fn join_refresher(self: &Arc<Self>) {
         #[cfg(feature = "metrics")]
@@ -778,8 +780,7 @@ where
     /// (`metrics::FLUSH_EVERY`), under the queue's lock.
     ///
     /// Under the lock on purpose: what is sent lives in the state's timing, and copying it out to
-    /// send after the lock cost more than sending it (measured on W13 when every operation sent
-    /// its metrics: 2,603 instructions per item against 1,850 in place). A `metrics` recorder's
+    /// send after the lock costs more than sending it (ARCHITECTURE.md). A `metrics` recorder's
     /// handles are atomics, and a flush comes once every 64 operations; a recorder that blocks
     /// would block the queue, which the crate docs say.
     #[inline]
@@ -810,350 +811,6 @@ where
         }
         #[cfg(not(feature = "metrics"))]
         let _ = delay;
-    }
-}
-
-/// What finishing a lease learnt before taking the lock: the time (for outcomes that re-add),
-/// the limiter's delay (for a `Retry`), and the first panic of the clock or the limiter.
-#[derive(Default)]
-struct BeforeLock {
-    now: Option<Instant>,
-    delay: Option<Duration>,
-    panic: Option<Box<dyn std::any::Any + Send>>,
-}
-
-impl<T, S, N> QueueCore<T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    /// The clock and the limiter half of `outcome`, each caught: a `Retry` whose clock or limiter
-    /// panicked gets no delay, so it is finished without a re-add.
-    fn before_lock(&self, key: &T, outcome: Outcome) -> BeforeLock {
-        let needs_time = !matches!(outcome, Outcome::Done | Outcome::Forget);
-        let mut before = BeforeLock::default();
-        if needs_time {
-            match catch_unwind(AssertUnwindSafe(|| self.clock.now())) {
-                Ok(now) => before.now = Some(now),
-                Err(panic) => {
-                    before.panic = Some(panic);
-                    return before;
-                }
-            }
-        }
-        let limiter = catch_unwind(AssertUnwindSafe(|| {
-            outcome.consult_limiter(
-                &*self.limiter,
-                key,
-                before.now.unwrap_or_default(),
-                self.is_shutting_down(),
-            )
-        }));
-        match limiter {
-            Ok(delay) => before.delay = delay,
-            Err(panic) => before.panic = Some(panic),
-        }
-        before
-    }
-}
-
-impl<T, S, N> QueueCore<T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    /// [`LeaseOwner::finish`] with outage detection on: the key's [`Signal`] (the one given, or
-    /// the lease's own: `forget` and `requeue_after` succeed, `retry*` fail) goes to the state's
-    /// detector with the outcome. A release (a probe succeeded) forgets each released key in
-    /// the limiter and takes one bucket reservation for it, under the lock, once per outage.
-    #[cold]
-    #[inline(never)]
-    fn finish_observed(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
-        let mut first_panic = None;
-        let signal = signal.unwrap_or_else(|| match outcome {
-            Outcome::Forget | Outcome::RequeueAfter(_) => Signal::Success,
-            Outcome::Retry | Outcome::RetryAfter(_) => {
-                // Read before `when` records this failure.
-                match catch_unwind(AssertUnwindSafe(|| self.limiter.num_requeues(key))) {
-                    Ok(0) => Signal::FirstFailure,
-                    Ok(_) => Signal::Failure,
-                    Err(panic) => {
-                        first_panic = Some(panic);
-                        Signal::Failure
-                    }
-                }
-            }
-            _ => Signal::Ignored,
-        });
-        let mut before = match outcome {
-            Outcome::Done => BeforeLock::default(),
-            _ => self.before_lock(key, outcome),
-        };
-        if let Some(panic) = first_panic {
-            before.panic.get_or_insert(panic);
-        }
-        let now = match before.now {
-            Some(now) => Some(now),
-            None => match catch_unwind(AssertUnwindSafe(|| self.clock.now())) {
-                Ok(now) => Some(now),
-                Err(panic) => {
-                    before.panic.get_or_insert(panic);
-                    None
-                }
-            },
-        };
-        let limiter = &*self.limiter;
-        let (finished, rejected, event, parked) = self.mutate(|g| {
-            let now = now.unwrap_or_else(|| g.state.now());
-            let rejected = g.state.is_shutting_down();
-            let mut pace_panic = None;
-            let mut pace = |k: &T| {
-                catch_unwind(AssertUnwindSafe(|| {
-                    limiter.forget(k);
-                    limiter.pace(k, now)
-                }))
-                .unwrap_or_else(|panic| {
-                    pace_panic.get_or_insert(panic);
-                    Duration::ZERO
-                })
-            };
-            let result =
-                g.state
-                    .finish_signalled(ticket, outcome, before.delay, signal, now, &mut pace);
-            if let Some(panic) = pace_panic {
-                before.panic.get_or_insert(panic);
-            }
-            let parked = g.state.parked_len();
-            match result {
-                Ok((finished, event)) => (Some(finished), rejected, event, parked),
-                Err(_) => (None, rejected, None, parked),
-            }
-        });
-        self.parked.store(parked, Ordering::Relaxed);
-        let released = finished.and_then(|f| f.released);
-        if let Some(event) = event {
-            if event == OutageEvent::Opened {
-                self.outage_openings.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.outage_metrics(&event))) {
-                before.panic.get_or_insert(panic);
-            }
-            let hooks = self
-                .outage_hooks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            for hook in hooks {
-                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| hook(&event))) {
-                    before.panic.get_or_insert(panic);
-                }
-            }
-        } else if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.parked_metric(parked))) {
-            before.panic.get_or_insert(panic);
-        }
-        if let Some(panic) = before.panic {
-            drop(released);
-            resume_unwind(panic);
-        }
-        self.observe_limiter_delay(before.delay);
-        let readd = matches!(
-            outcome,
-            Outcome::Retry | Outcome::RetryAfter(_) | Outcome::RequeueAfter(_)
-        );
-        self.count_retry(readd && !rejected);
-        drop(released);
-    }
-
-    /// `workqueue_outage_openings_total` and `workqueue_parked_keys` of a named queue.
-    fn outage_metrics(&self, event: &OutageEvent) {
-        #[cfg(feature = "metrics")]
-        if let Some(name) = &self.name
-            && self.metrics.is_some()
-            && *event == OutageEvent::Opened
-        {
-            metrics::counter!(
-                crate::metrics::OUTAGE_OPENINGS_TOTAL,
-                crate::metrics::NAME_LABEL => name.to_string()
-            )
-            .increment(1);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = event;
-        self.parked_metric(self.parked.load(Ordering::Relaxed));
-    }
-
-    fn parked_metric(&self, parked: usize) {
-        #[cfg(feature = "metrics")]
-        if let Some(name) = &self.name
-            && self.metrics.is_some()
-        {
-            metrics::gauge!(crate::metrics::PARKED_KEYS, crate::metrics::NAME_LABEL => name.to_string())
-                .set(parked as f64);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = parked;
-    }
-}
-
-/// Sends the wake-ups a change calls for when it ends, normally or by a panic (see
-/// [`QueueCore::mutate`]): one getter when a key became ready or the earliest deadline moved
-/// earlier, every drain when the queue may be drained.
-struct WakeOnChange<'a, 'g, T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    core: &'a QueueCore<T, S, N>,
-    locked: &'g mut Locked<T, S>,
-    ready_before: usize,
-    deadline_before: Option<Instant>,
-}
-
-impl<'a, 'g, T, S, N> WakeOnChange<'a, 'g, T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    #[inline]
-    fn new(core: &'a QueueCore<T, S, N>, locked: &'g mut Locked<T, S>) -> Self {
-        WakeOnChange {
-            core,
-            ready_before: locked.state.ready_len(),
-            deadline_before: locked.state.next_deadline(),
-            locked,
-        }
-    }
-}
-
-impl<T, S, N> Drop for WakeOnChange<'_, '_, T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    #[inline]
-    fn drop(&mut self) {
-        let g = &*self.locked;
-        let earlier_deadline = match (g.state.next_deadline(), self.deadline_before) {
-            (Some(now), Some(before)) => now < before,
-            (now, before) => now.is_some() && before.is_none(),
-        };
-        if g.state.ready_len() > self.ready_before || earlier_deadline {
-            self.core.wake_getter(g);
-        }
-        if g.drains > 0 && self.core.is_drained(g) {
-            self.core.notifier.wake_drainers(g);
-        }
-    }
-}
-
-/// A registered drain (see [`QueueCore::begin_drain`]).
-#[derive(Debug)]
-pub struct Drain<'a, T, S, N: Notifier<T, S>> {
-    core: &'a QueueCore<T, S, N>,
-    releases: u64,
-}
-
-impl<T, S, N> Drain<'_, T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    /// Whether `shut_down()` was called since this drain started.
-    pub fn is_released(&self, locked: &Locked<T, S>) -> bool {
-        locked.releases != self.releases
-    }
-
-    /// Whether the drain is over, and how: `Some(Ok(()))` once drained; `Some(Err(..))` with the
-    /// work still in flight once released by `shut_down()` or `timed_out`; `None` to keep waiting.
-    /// Both drivers' drain loops decide through this one rule.
-    pub fn outcome(
-        &self,
-        locked: &Locked<T, S>,
-        timed_out: bool,
-    ) -> Option<Result<(), DrainIncomplete<T>>> {
-        if self.core.is_drained(locked) {
-            return Some(Ok(()));
-        }
-        let stop = if self.is_released(locked) {
-            DrainStop::Released
-        } else if timed_out {
-            DrainStop::TimedOut
-        } else {
-            return None;
-        };
-        Some(Err(DrainIncomplete {
-            stop,
-            in_flight: locked.state.processing_keys(),
-            queued: locked.state.ready_len(),
-        }))
-    }
-}
-
-impl<T, S, N: Notifier<T, S>> Drop for Drain<'_, T, S, N> {
-    fn drop(&mut self) {
-        self.core.locked.lock().drains -= 1;
-    }
-}
-
-impl<T, S, N> LeaseOwner<T> for QueueCore<T, S, N>
-where
-    T: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    N: Notifier<T, S>,
-{
-    /// Panic safety: the clock and the limiter (`when`, `forget`) run before the lock, each
-    /// caught, so the key is finished whatever they do (a `Retry` whose limiter or clock panicked
-    /// is finished without a re-add); the state's `finish` calls no user code. Only then do the
-    /// metrics recorder and the released key's `Drop` run. The first panic of any of them
-    /// propagates once the key is finished; [`Lease`]'s `Drop` swallows it while unwinding.
-    fn finish(&self, ticket: Ticket, key: &T, outcome: Outcome, signal: Option<Signal>) {
-        if self.outage_on.load(Ordering::Relaxed) {
-            return self.finish_observed(ticket, key, outcome, signal);
-        }
-        // `Done`, the common case, needs neither the clock nor the limiter before the lock.
-        let mut before = match outcome {
-            Outcome::Done => BeforeLock::default(),
-            _ => self.before_lock(key, outcome),
-        };
-        let readd = match outcome {
-            Outcome::Retry => before.delay.is_some(),
-            Outcome::RetryAfter(_) | Outcome::RequeueAfter(_) => true,
-            _ => false,
-        };
-        let (finished, rejected) = self.mutate(|g| {
-            let now = match before.now {
-                Some(now) => now,
-                // Aging alone does not read it: a key re-queued here (re-added while processing)
-                // then counts as ready since the state's latest time, a little early, which
-                // only serves it sooner.
-                None if g.state.has_waiting() || self.has_metrics() => {
-                    // A clock that panics finishes the key at the state's latest time.
-                    catch_unwind(AssertUnwindSafe(|| self.clock.now())).unwrap_or_else(|panic| {
-                        before.panic.get_or_insert(panic);
-                        g.state.now()
-                    })
-                }
-                None => g.state.now(),
-            };
-            let rejected = g.state.is_shutting_down();
-            (
-                g.state.finish_fast(ticket, outcome, before.delay, now),
-                rejected,
-            )
-        });
-        if let Some(panic) = before.panic {
-            drop(finished.released);
-            resume_unwind(panic);
-        }
-        self.observe_limiter_delay(before.delay);
-        self.count_retry(readd && !rejected);
-        drop(finished.released);
     }
 }
 

@@ -1,4 +1,6 @@
-//! The methods both queue handles forward to their [`QueueCore`](crate::driver::QueueCore).
+//! The methods both queue handles forward to their [`QueueCore`](crate::driver::QueueCore):
+//! exported (it must be, for `workqueue-tokio`) as part of the unstable seam,
+//! `__private::queue_handle_methods!`.
 
 /// Expands, inside `impl<T, S> ... { }` of a queue handle with a `core: Arc<QueueCore<T, S, _>>`
 /// field, to the operations every driver offers unchanged: the adds, the non-waiting gets, the
@@ -6,7 +8,7 @@
 /// driver writes only its waiting operations (`get`, the drains) itself.
 #[doc(hidden)]
 #[macro_export]
-macro_rules! queue_handle_methods {
+macro_rules! __queue_handle_methods {
     () => {
         /// The queue's name, if it has one.
         pub fn name(&self) -> ::core::option::Option<&str> {
@@ -124,7 +126,7 @@ macro_rules! queue_handle_methods {
         }
 
         /// How many times the queue compacted to give a burst's memory back (see
-        /// `Builder::shrink`).
+        /// `Builder::shrink_memory`).
         pub fn compactions(&self) -> u64 {
             self.core.compactions()
         }
@@ -169,11 +171,6 @@ macro_rules! queue_handle_methods {
         /// which a shutdown drops (0 when detection is off or before shutdown).
         pub fn parked_dropped_at_shutdown(&self) -> usize {
             self.core.parked_dropped_at_shutdown()
-        }
-
-        /// How many times the outage detector opened.
-        pub fn outage_openings(&self) -> u64 {
-            self.core.outage_openings()
         }
     };
 }
