@@ -395,3 +395,83 @@ async fn request_rate_per_replica() {
         );
     }
 }
+
+/// An outage of the API server (503 for everyone): every replica stops by its renew deadline;
+/// when the server is back each takes its own shards back at once (the records still name it),
+/// without waiting for them to expire.
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_each_replica_takes_its_own_shards_back() {
+    let server = ApiServer::new();
+    let ledger = Ledger::new();
+    let r1 = start(
+        &server,
+        &ledger,
+        config("r1", SHARDS),
+        clock_of(0),
+        Controller::AcksAtOnce,
+    );
+    let r2 = start(
+        &server,
+        &ledger,
+        config("r2", SHARDS),
+        clock_of(1),
+        Controller::AcksAtOnce,
+    );
+    until(secs(5 * RETRY), "settled", || settled(&[&r1, &r2], SHARDS)).await;
+    sleep(secs(5)).await;
+    let (held1, held2) = (r1.held(), r2.held());
+    let down = Instant::now();
+    server.set_down(true);
+    until(secs(11), "both stop", || {
+        r1.held_count() + r2.held_count() == 0
+    })
+    .await;
+    let stopped = down.elapsed();
+    sleep(secs(30)).await;
+    server.set_down(false);
+    let back = until(secs(2 * RETRY + 1), "both take their shards back", || {
+        settled(&[&r1, &r2], SHARDS)
+    })
+    .await;
+    println!("stopped {stopped:?} after the outage began; back {back:?} after it ended");
+    assert_eq!((r1.held(), r2.held()), (held1, held2));
+    ledger.assert_never_two_at_once();
+}
+
+/// More replicas than shards: each holds at most one, the others stand by.
+#[tokio::test(start_paused = true)]
+async fn more_replicas_than_shards() {
+    let server = ApiServer::new();
+    let ledger = Ledger::new();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|i| {
+            start(
+                &server,
+                &ledger,
+                config(&format!("r{i}"), 2),
+                clock_of(i),
+                Controller::AcksAtOnce,
+            )
+        })
+        .collect();
+    let all: Vec<&Replica> = replicas.iter().collect();
+    until(secs(5 * RETRY), "settled", || settled(&all, 2)).await;
+    let standby = replicas.iter().position(|r| r.held_count() == 0).unwrap();
+    let holder = (standby + 1) % 3;
+    let orphan = replicas[holder].held()[0];
+    replicas[holder].kill();
+    let others: Vec<&Replica> = replicas
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != holder)
+        .map(|(_, r)| r)
+        .collect();
+    until(
+        secs(LEASE + RETRY + 1),
+        "the standby takes the orphan",
+        || settled(&others, 2),
+    )
+    .await;
+    assert_eq!(replicas[standby].held(), vec![orphan]);
+    ledger.assert_never_two_at_once();
+}

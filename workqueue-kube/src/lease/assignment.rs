@@ -94,6 +94,12 @@ impl Assignment {
         matches!(self.state(shard), ShardState::Held(h) if h.valid_until > now)
     }
 
+    /// The shard of the object `namespace/name` ([`shard_of`](super::shard_of) with this
+    /// assignment's number of shards).
+    pub fn shard_of(&self, namespace: Option<&str>, name: &str) -> u32 {
+        super::shard_of(namespace, name, self.shard_count())
+    }
+
     /// Whether this replica may still run work of `shard` at `now`: held or being given up,
     /// and valid at `now`.
     pub fn may_run(&self, shard: u32, now: Instant) -> bool {

@@ -14,7 +14,7 @@
 //! toward a fair share, between the floor and the ceiling of shards / replicas: below it, it
 //! takes shards that are free (no holder) or expired; above it, it hands shards over. A replica
 //! takes a free shard only while no live replica is below the floor, so a newcomer gets its share
-//! first and nothing moves back and forth; a replica that just joined waits one retry period
+//! first and nothing moves back and forth; a replica that just joined waits for its next list
 //! before taking anything, so that replicas started together see each other first.
 //!
 //! **Time.** A replica judges another's Lease by its own clock, from the last change it saw: it

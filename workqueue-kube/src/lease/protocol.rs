@@ -514,12 +514,12 @@ impl Run {
         if self.leaving.is_some() || !self.member_valid(Instant::now()) {
             return;
         }
-        // A replica that just joined waits one retry period, so that replicas started together
-        // see each other before they take shards.
+        // A replica that just joined waits for its next list (half a retry period at least), so
+        // that replicas started together see each other before they take shards.
         if self
             .member
             .registered_at
-            .is_none_or(|r| now < r + self.config.retry_period)
+            .is_none_or(|r| now < r + self.config.retry_period / 2)
         {
             return;
         }
@@ -568,7 +568,9 @@ impl Run {
             return;
         }
         self.warned_mismatch = false;
-        let mut takeable = Vec::new();
+        // Takeable shards, this replica's own records first (after an outage each replica takes
+        // its own back rather than another's), then free ones, then expired ones.
+        let (mut own, mut unheld, mut expired) = (Vec::new(), Vec::new(), Vec::new());
         let mut free = 0;
         for &shard in &self.order {
             let slot = &self.slots[shard as usize];
@@ -576,33 +578,32 @@ impl Run {
                 continue;
             }
             let record = view.shards[shard as usize].as_ref();
-            match record.and_then(holder) {
+            let list = match record.and_then(holder) {
                 None => {
                     free += 1;
-                    if !slot.busy {
-                        takeable.push(shard);
-                    }
+                    &mut unheld
                 }
                 // A record naming this replica that it does not hold: a write whose answer was
                 // lost, or a holding lost and not taken since. Taking it back under its version
                 // proves nobody wrote in between.
-                Some(h) if h == me => {
-                    if !slot.busy {
-                        takeable.push(shard);
-                    }
-                }
+                Some(h) if h == me => &mut own,
                 Some(h) => {
                     if record.is_some_and(|r| self.observed.expired(r, d, now)) {
                         free += 1;
-                        if !slot.busy {
-                            takeable.push(shard);
+                        &mut expired
+                    } else {
+                        if let Some(count) = counts.get_mut(h) {
+                            *count += 1;
                         }
-                    } else if let Some(count) = counts.get_mut(h) {
-                        *count += 1;
+                        continue;
                     }
                 }
+            };
+            if !slot.busy {
+                list.push(shard);
             }
         }
+        let takeable: Vec<u32> = own.into_iter().chain(unheld).chain(expired).collect();
         self.members = counts.len() as u32;
         let plan = plan(self.config.shards, me, &counts, free, takeable.len() as u32);
         let takes: Vec<(u32, Option<Lease>)> = takeable

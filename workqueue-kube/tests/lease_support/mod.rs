@@ -73,6 +73,8 @@ pub struct Replica {
     pub assignment: watch::Receiver<Assignment>,
     pub task: JoinHandle<Ended>,
     shutdown: Option<oneshot::Sender<()>>,
+    process: usize,
+    ledger: Ledger,
 }
 
 impl Replica {
@@ -83,9 +85,17 @@ impl Replica {
         }
     }
 
-    /// Stops it dead: its task is dropped, nothing released.
+    /// Stops its protocol dead: its task is dropped, nothing released. Its controller is taken
+    /// to run on until the last published `valid_until` (the ledger keeps its beliefs).
     pub fn kill(&self) {
         self.task.abort();
+    }
+
+    /// The whole process dies: its protocol and its controller, at once. Only then may a new
+    /// process reuse its identity (a pod restarted in place).
+    pub fn crash(&self) {
+        self.task.abort();
+        self.ledger.died(self.process, Instant::now());
     }
 
     pub fn held(&self) -> Vec<u32> {
@@ -137,7 +147,7 @@ pub fn start(
             });
         }
     }
-    ledger.follow(&name, events.assignment.clone());
+    let process = ledger.follow(&name, events.assignment.clone());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(leases.run(async move {
         let _ = rx.await;
@@ -147,6 +157,8 @@ pub fn start(
         assignment: events.assignment,
         task,
         shutdown: Some(tx),
+        process,
+        ledger: ledger.clone(),
     }
 }
 
@@ -155,6 +167,8 @@ pub fn start(
 #[derive(Clone, Debug)]
 pub struct Belief {
     pub replica: String,
+    /// Which process (a replica restarted with the same identity is another process).
+    pub process: usize,
     pub shard: u32,
     pub epoch: u64,
     pub start: Instant,
@@ -181,6 +195,7 @@ impl Belief {
 #[derive(Clone, Default)]
 pub struct Ledger {
     beliefs: Arc<Mutex<Vec<Belief>>>,
+    processes: Arc<Mutex<usize>>,
     samples: Arc<Mutex<usize>>,
     /// What the sampler found (it runs in its own task: a panic there would go unnoticed).
     violations: Arc<Mutex<Vec<String>>>,
@@ -193,7 +208,13 @@ impl Ledger {
         ledger
     }
 
-    fn follow(&self, replica: &str, mut rx: watch::Receiver<Assignment>) {
+    /// Records a process's beliefs; returns its number.
+    fn follow(&self, replica: &str, mut rx: watch::Receiver<Assignment>) -> usize {
+        let process = {
+            let mut n = self.processes.lock().unwrap();
+            *n += 1;
+            *n
+        };
         let beliefs = self.beliefs.clone();
         let replica = replica.to_string();
         tokio::spawn(async move {
@@ -218,6 +239,7 @@ impl Ledger {
                             open.insert(shard, all.len());
                             all.push(Belief {
                                 replica: replica.clone(),
+                                process,
                                 shard,
                                 epoch: h.epoch,
                                 start: now,
@@ -234,6 +256,16 @@ impl Ledger {
                 }
             }
         });
+        process
+    }
+
+    /// A process died at `at`: its beliefs end there.
+    fn died(&self, process: usize, at: Instant) {
+        for b in self.beliefs.lock().unwrap().iter_mut() {
+            if b.process == process && b.ended.is_none_or(|e| e > at) {
+                b.ended = Some(at);
+            }
+        }
     }
 
     /// Checks at regular instants that no shard is believed held by two replicas.
@@ -250,9 +282,12 @@ impl Ledger {
 
     fn check_at(&self, t: Instant) {
         let beliefs = self.beliefs.lock().unwrap();
-        let mut holders: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        let mut holders: BTreeMap<u32, Vec<(&str, usize)>> = BTreeMap::new();
         for b in beliefs.iter().filter(|b| b.covers(t)) {
-            holders.entry(b.shard).or_default().push(&b.replica);
+            holders
+                .entry(b.shard)
+                .or_default()
+                .push((&b.replica, b.process));
         }
         for (shard, replicas) in holders {
             if replicas.len() > 1 {
@@ -282,18 +317,20 @@ impl Ledger {
         let mut smallest: Option<Duration> = None;
         for a in &beliefs {
             for b in &beliefs {
-                if a.shard != b.shard || a.replica == b.replica {
+                if a.shard != b.shard || a.process == b.process {
                     continue;
                 }
                 let disjoint = a.end() <= b.start || b.end() <= a.start;
                 assert!(
                     disjoint,
-                    "shard {}: {} believed it held it from {:?} to {:?}, {} from {:?} to {:?}",
+                    "shard {}: {} (process {}) believed it held it from {:?} to {:?}, {} (process {}) from {:?} to {:?}",
                     a.shard,
                     a.replica,
+                    a.process,
                     a.start,
                     a.end(),
                     b.replica,
+                    b.process,
                     b.start,
                     b.end()
                 );
