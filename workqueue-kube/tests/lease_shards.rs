@@ -475,3 +475,59 @@ async fn more_replicas_than_shards() {
     assert_eq!(replicas[standby].held(), vec![orphan]);
     ledger.assert_never_two_at_once();
 }
+
+/// The hand-over handshake: the shard shows as `GivingUp` from the request on, its Lease still
+/// names the giver (and is renewed) until the controller acknowledges, and is released right
+/// after; the taker sees `Acquired` only then.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_releases_only_after_the_acknowledgement() {
+    use workqueue_kube::lease::{HandOverReason, ShardChange, ShardLeases, ShardState};
+
+    let server = ApiServer::new();
+    let ledger = Ledger::new();
+    let (leases, mut events) =
+        ShardLeases::new(server.client_named("r1"), config("r1", 2)).unwrap();
+    let _r1 = tokio::spawn(leases.with_clock(clock_of(0)).run(std::future::pending()));
+    until(secs(10), "r1 holds both shards", || {
+        events.assignment.borrow().held_count() == 2
+    })
+    .await;
+    let before = events.assignment.borrow_and_update().clone();
+    let r2 = start(
+        &server,
+        &ledger,
+        config("r2", 2),
+        clock_of(1),
+        Controller::AcksAtOnce,
+    );
+    let request = events.hand_overs.recv().await.unwrap();
+    let (shard, asked) = (request.shard(), Instant::now());
+    assert_eq!(request.reason(), HandOverReason::Rebalance);
+    assert_eq!(request.deadline() - asked, secs(10));
+    let now = events.assignment.borrow_and_update().clone();
+    assert!(matches!(now.state(shard), ShardState::GivingUp(_)));
+    assert!(!now.accepts(shard, Instant::now()) && now.may_run(shard, Instant::now()));
+    assert_eq!(
+        now.changes_since(&before),
+        [ShardChange::GivingUp { shard }]
+    );
+    // The controller drains for 5 s: the Lease stays r1's, renewed, and r2 does not take it.
+    let renewed = server.requests_of("r1").len();
+    sleep(secs(5)).await;
+    assert_eq!(stored_holder(&server, shard).as_deref(), Some("r1"));
+    assert!(server.requests_of("r1").len() > renewed);
+    assert_eq!(r2.held_count(), 0);
+    request.acknowledge();
+    let acked = Instant::now();
+    until(secs(1), "released", || {
+        stored_holder(&server, shard).is_none()
+    })
+    .await;
+    let after = events.assignment.borrow().clone();
+    assert_eq!(after.state(shard), ShardState::NotHeld);
+    assert_eq!(after.changes_since(&now), [ShardChange::Ended { shard }]);
+    let took = until(secs(RETRY + 1), "r2 takes it", || r2.held() == vec![shard]).await;
+    println!("released at once after the acknowledgement, taken {took:?} after");
+    assert!(ledger.taken_after(shard, acked).is_some());
+    assert_eq!(after.stats().hand_overs, 1);
+}
