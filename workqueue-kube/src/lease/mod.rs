@@ -78,6 +78,15 @@
 //!   take its shards only after they saw no change for the lease duration, later by at least
 //!   the margin above. Each request gets the retry period to answer.
 //!
+//! # Metrics and tracing
+//!
+//! The [`Assignment`] carries what metrics need: [`Assignment::held_count`] (the shards-held
+//! gauge; with one shard, whether this replica leads), [`Assignment::members`], and the
+//! counters of [`LeaseStats`] (hand-overs, losses, acquisitions, releases, renewal failures),
+//! each only growing. The protocol's events are `tracing` events (acquired, renewing failed,
+//! lost, handing over, acknowledged, released, lapsed), with the `shard` as a field, inside the
+//! span `lease_protocol` with the fields `controller` and `identity`.
+//!
 //! # Cost
 //!
 //! Each replica sends, every retry period, one list and one write per Lease it holds (its shards
