@@ -101,6 +101,8 @@ pub use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 pub use workqueue_tokio::{AddOptions, LOW_PRIORITY};
 
+pub mod lease;
+
 /// What a watch event did to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Change {

@@ -1,0 +1,341 @@
+//! The protocol's configuration and its validation.
+
+use std::time::Duration;
+
+/// What a replica does after it lost a shard's Lease (no renewal within the renew deadline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnLoss {
+    /// Stay a candidate: keep renewing what it still holds and take shards again as its fair
+    /// share asks.
+    #[default]
+    Rejoin,
+    /// Stop: hand over and release every shard it still holds, leave the membership, and end
+    /// [`ShardLeases::run`](super::ShardLeases::run) with [`Ended::Lost`](super::Ended::Lost),
+    /// so that the application can exit (controller-runtime's behaviour on a lost leader Lease).
+    Stop,
+}
+
+/// The Lease protocol's settings: the names of the Leases, this replica's identity, the number
+/// of shards and the timing (controller-runtime's defaults).
+///
+/// The Leases are `{name}-shard-{i}` for `i` in `0..shards` and `{name}-member-{identity}`, in
+/// `namespace`. Every replica of one controller must use the same `name`, `namespace`, `shards`
+/// and timing; the identity must be unique to each process (a pod name is unique among live pods;
+/// a pod restarted in place may reuse it, as its previous process is gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseConfig {
+    /// The controller's name: the prefix of its Leases' names and the value of their
+    /// [`LABEL_CONTROLLER`](super::LABEL_CONTROLLER) label (a lowercase DNS label, at most
+    /// 63 characters).
+    pub name: String,
+    /// The namespace of the Leases.
+    pub namespace: String,
+    /// This replica's identity, written as the holder of the Leases it holds (lowercase
+    /// letters, digits, `-` and `.`, as a pod name).
+    pub identity: String,
+    /// The number of shards (default 32; 1 is leader election). Fixed for the controller's
+    /// life: a key's shard is [`shard_of`](super::shard_of) of its namespace, name and this number.
+    pub shards: u32,
+    /// How long after the last change it saw in a Lease another replica may take it (default
+    /// 15 s; written into the Lease, in whole seconds rounded up).
+    pub lease_duration: Duration,
+    /// How long after the start of its last successful renewal a holder counts itself as
+    /// holding (default 10 s). Shorter than `lease_duration`: the difference is the time the
+    /// controller has to abort a lost shard's work.
+    pub renew_deadline: Duration,
+    /// How often a replica renews, lists the Leases and rebalances (default 2 s), and how long
+    /// it waits for one request's answer.
+    pub retry_period: Duration,
+    /// How long the protocol waits for the controller to acknowledge a hand-over (default
+    /// 10 s); without an acknowledgement the shard is not released and its Lease lapses.
+    pub hand_over_timeout: Duration,
+    /// What to do after a loss (default [`OnLoss::Rejoin`]).
+    pub on_loss: OnLoss,
+}
+
+impl LeaseConfig {
+    /// Sharding with the defaults: 32 shards, lease duration 15 s, renew deadline 10 s, retry
+    /// period 2 s, hand-over timeout 10 s, rejoin after a loss.
+    pub fn new(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        LeaseConfig {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            shards: 32,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            hand_over_timeout: Duration::from_secs(10),
+            on_loss: OnLoss::Rejoin,
+        }
+    }
+
+    /// Leader election: one shard, otherwise [`LeaseConfig::new`]'s defaults.
+    pub fn leader_election(
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        LeaseConfig {
+            shards: 1,
+            ..Self::new(name, namespace, identity)
+        }
+    }
+
+    /// The name of shard `shard`'s Lease.
+    pub fn shard_lease_name(&self, shard: u32) -> String {
+        format!("{}-shard-{shard}", self.name)
+    }
+
+    /// The name of the membership Lease of the replica `identity`.
+    pub fn member_lease_name(&self, identity: &str) -> String {
+        format!("{}-member-{identity}", self.name)
+    }
+
+    /// The `leaseDurationSeconds` written into the Leases: the lease duration rounded up.
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
+        let secs =
+            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+
+    /// Checks the settings; [`ShardLeases::new`](super::ShardLeases::new) does too.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        dns_label("name", &self.name)?;
+        dns_label("namespace", &self.namespace)?;
+        subdomain_part("identity", &self.identity)?;
+        if self.member_lease_name(&self.identity).len() > 253 {
+            return Err(ConfigError::Invalid {
+                what: "identity",
+                value: self.identity.clone(),
+                rule: "too long: the membership Lease's name `{name}-member-{identity}` must be at most 253 characters",
+            });
+        }
+        if self.shards == 0 {
+            return Err(ConfigError::NoShards);
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(ConfigError::RenewDeadline {
+                renew_deadline: self.renew_deadline,
+                lease_duration: self.lease_duration,
+            });
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return Err(ConfigError::RetryPeriod {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
+        }
+        if self.hand_over_timeout.is_zero() {
+            return Err(ConfigError::HandOverTimeout);
+        }
+        Ok(())
+    }
+}
+
+/// A [`LeaseConfig`] the protocol cannot run with.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A name that Kubernetes would refuse in a Lease's name or label.
+    #[error("the {what} {value:?} is not valid: {rule}")]
+    Invalid {
+        /// Which setting.
+        what: &'static str,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// `shards` is 0.
+    #[error("the number of shards must be at least 1 (1 is leader election)")]
+    NoShards,
+    /// The lease duration is under a second (Leases count whole seconds).
+    #[error("the lease duration ({0:?}) must be at least 1 s")]
+    LeaseDurationTooShort(Duration),
+    /// The renew deadline is not shorter than the lease duration.
+    #[error(
+        "the renew deadline ({renew_deadline:?}) must be shorter than the lease duration \
+         ({lease_duration:?}): the difference is the margin in which a holder that lost its \
+         Lease stops its work before another replica may take it"
+    )]
+    RenewDeadline {
+        /// The renew deadline.
+        renew_deadline: Duration,
+        /// The lease duration.
+        lease_duration: Duration,
+    },
+    /// The retry period is zero or not shorter than the renew deadline.
+    #[error(
+        "the retry period ({retry_period:?}) must be above zero and shorter than the renew \
+         deadline ({renew_deadline:?}), so that a holder renews more than once before it \
+         counts its Lease as lost"
+    )]
+    RetryPeriod {
+        /// The retry period.
+        retry_period: Duration,
+        /// The renew deadline.
+        renew_deadline: Duration,
+    },
+    /// The hand-over timeout is zero.
+    #[error("the hand-over timeout must be above zero, or no shard is ever handed over")]
+    HandOverTimeout,
+}
+
+/// A DNS label (RFC 1123): the controller name is a label value and a Lease name prefix, the
+/// namespace a namespace name.
+fn dns_label(what: &'static str, value: &str) -> Result<(), ConfigError> {
+    let invalid = |rule| ConfigError::Invalid {
+        what,
+        value: value.into(),
+        rule,
+    };
+    if value.is_empty() || value.len() > 63 {
+        return Err(invalid("it must have 1 to 63 characters"));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(invalid(
+            "it may hold only lowercase letters, digits and '-' (a DNS label)",
+        ));
+    }
+    if value.starts_with('-') || value.ends_with('-') {
+        return Err(invalid("it must start and end with a letter or a digit"));
+    }
+    Ok(())
+}
+
+/// The end of a DNS subdomain (RFC 1123): the identity ends the membership Lease's name.
+fn subdomain_part(what: &'static str, value: &str) -> Result<(), ConfigError> {
+    let invalid = |rule| ConfigError::Invalid {
+        what,
+        value: value.into(),
+        rule,
+    };
+    if value.is_empty() {
+        return Err(invalid("it must not be empty"));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return Err(invalid(
+            "it may hold only lowercase letters, digits, '-' and '.' (as a pod name)",
+        ));
+    }
+    if !value.ends_with(|c: char| c.is_ascii_alphanumeric())
+        || value.starts_with('.')
+        || value.contains("..")
+        || value.contains(".-")
+        || value.contains("-.")
+    {
+        return Err(invalid(
+            "it must end with a letter or a digit, and each dot-separated part must start and end with one",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LeaseConfig {
+        LeaseConfig::new("widgets", "kube-system", "widgets-7d9f-abcde")
+    }
+
+    #[test]
+    fn the_defaults_are_controller_runtimes_and_valid() {
+        let c = config();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period, c.shards),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+                32
+            )
+        );
+        assert_eq!(c.shard_lease_name(3), "widgets-shard-3");
+        assert_eq!(
+            c.member_lease_name(&c.identity),
+            "widgets-member-widgets-7d9f-abcde"
+        );
+        assert_eq!(LeaseConfig::leader_election("a", "b", "c").shards, 1);
+    }
+
+    #[test]
+    fn timing_must_nest_retry_in_renew_in_lease() {
+        let mut c = config();
+        c.renew_deadline = Duration::from_secs(15);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::RenewDeadline { .. })
+        ));
+        let mut c = config();
+        c.retry_period = Duration::from_secs(10);
+        let e = c.validate().unwrap_err();
+        assert!(matches!(e, ConfigError::RetryPeriod { .. }));
+        assert!(
+            e.to_string().contains("shorter than the renew deadline"),
+            "{e}"
+        );
+        let mut c = config();
+        c.lease_duration = Duration::from_millis(500);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::LeaseDurationTooShort(_))
+        ));
+        let mut c = config();
+        c.shards = 0;
+        assert_eq!(c.validate(), Err(ConfigError::NoShards));
+        let mut c = config();
+        c.hand_over_timeout = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::HandOverTimeout));
+    }
+
+    #[test]
+    fn names_must_be_what_kubernetes_accepts() {
+        for (name, namespace, identity) in [
+            ("Widgets", "default", "a"),
+            ("-w", "default", "a"),
+            ("w", "", "a"),
+            ("w", "default", ""),
+            ("w", "default", "pod_1"),
+            ("w", "default", "pod-"),
+            ("w", "default", "a..b"),
+        ] {
+            let c = LeaseConfig::new(name, namespace, identity);
+            assert!(
+                matches!(c.validate(), Err(ConfigError::Invalid { .. })),
+                "{name} {namespace} {identity}"
+            );
+        }
+        let long = "a".repeat(250);
+        assert!(LeaseConfig::new("w", "default", long).validate().is_err());
+        assert_eq!(
+            LeaseConfig::new("w", "default", "pod.x-1").validate(),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_written_duration_rounds_up_to_seconds() {
+        let mut c = config();
+        c.lease_duration = Duration::from_millis(15_001);
+        assert_eq!(c.lease_duration_seconds(), 16);
+        c.lease_duration = Duration::from_secs(15);
+        assert_eq!(c.lease_duration_seconds(), 15);
+    }
+}

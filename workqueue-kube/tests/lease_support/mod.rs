@@ -1,0 +1,389 @@
+#![allow(dead_code)] // each test binary uses part of the harness
+//! Replicas of the Lease protocol in one process, against one scripted API server, each on its
+//! own named client (its own partitions and latency) and its own skewed clock; and a ledger of
+//! every replica's beliefs ("I may run shard s until T"), recorded as each replica publishes
+//! them, to check that no two replicas ever believe they hold one shard at the same instant.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::SignedDuration;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use workqueue_kube::lease::{
+    Assignment, Ended, HandOver, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
+};
+
+use crate::apiserver::ApiServer;
+
+pub const NAMESPACE: &str = "default";
+pub const CONTROLLER: &str = "ctl";
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+pub fn millis(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A clock `offset_secs` off 2025-01-01 running at `rate`.
+pub fn clock(offset_secs: i64, rate: f64) -> SkewedClock {
+    SkewedClock::new(SignedDuration::from_secs(offset_secs), rate)
+}
+
+/// The clocks of replicas r1, r2, ...: offsets of minutes either way, rates within 1%, the
+/// fastest and the slowest first.
+pub fn clock_of(index: usize) -> SkewedClock {
+    const CLOCKS: [(i64, f64); 6] = [
+        (300, 1.01),
+        (-420, 0.99),
+        (90, 1.005),
+        (-45, 0.995),
+        (1800, 1.0),
+        (-1800, 1.008),
+    ];
+    let (offset, rate) = CLOCKS[index % CLOCKS.len()];
+    clock(offset, rate)
+}
+
+pub fn config(identity: &str, shards: u32) -> LeaseConfig {
+    let mut config = LeaseConfig::new(CONTROLLER, NAMESPACE, identity);
+    config.shards = shards;
+    config
+}
+
+/// What a replica's controller does with hand-overs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controller {
+    /// Acknowledges at once ([`acknowledge_all`]).
+    AcksAtOnce,
+    /// Acknowledges after a delay (its in-flight work finishing).
+    AcksAfter(Duration),
+    /// Never acknowledges (keeps each request until the protocol ends).
+    Never,
+}
+
+/// One running replica.
+pub struct Replica {
+    pub name: String,
+    pub assignment: watch::Receiver<Assignment>,
+    pub task: JoinHandle<Ended>,
+    shutdown: Option<oneshot::Sender<()>>,
+    process: usize,
+    ledger: Ledger,
+}
+
+impl Replica {
+    /// Asks it to leave (the shutdown future completes).
+    pub fn shut_down(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Stops its protocol dead: its task is dropped, nothing released. Its controller is taken
+    /// to run on until the last published `valid_until` (the ledger keeps its beliefs).
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+
+    /// The whole process dies: its protocol and its controller, at once. Only then may a new
+    /// process reuse its identity (a pod restarted in place).
+    pub fn crash(&self) {
+        self.task.abort();
+        self.ledger.died(self.process, Instant::now());
+    }
+
+    pub fn held(&self) -> Vec<u32> {
+        self.assignment.borrow().held().map(|(s, _)| s).collect()
+    }
+
+    pub fn held_count(&self) -> u32 {
+        self.assignment.borrow().held_count()
+    }
+
+    pub fn assignment(&self) -> Assignment {
+        self.assignment.borrow().clone()
+    }
+}
+
+/// Starts a replica on the client `name` with `clock`.
+pub fn start(
+    server: &ApiServer,
+    ledger: &Ledger,
+    config: LeaseConfig,
+    clock: SkewedClock,
+    controller: Controller,
+) -> Replica {
+    let name = config.identity.clone();
+    let (leases, events) = ShardLeases::new(server.client_named(&name), config).unwrap();
+    let leases = leases.with_clock(clock);
+    match controller {
+        Controller::AcksAtOnce => {
+            tokio::spawn(acknowledge_all(events.hand_overs));
+        }
+        Controller::AcksAfter(delay) => {
+            let mut rx = events.hand_overs;
+            tokio::spawn(async move {
+                while let Some(hand_over) = rx.recv().await {
+                    tokio::spawn(async move {
+                        sleep(delay).await;
+                        hand_over.acknowledge();
+                    });
+                }
+            });
+        }
+        Controller::Never => {
+            let mut rx = events.hand_overs;
+            tokio::spawn(async move {
+                let mut kept: Vec<HandOver> = Vec::new();
+                while let Some(hand_over) = rx.recv().await {
+                    kept.push(hand_over);
+                }
+            });
+        }
+    }
+    let process = ledger.follow(&name, events.assignment.clone());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(leases.run(async move {
+        let _ = rx.await;
+    }));
+    Replica {
+        name,
+        assignment: events.assignment,
+        task,
+        shutdown: Some(tx),
+        process,
+        ledger: ledger.clone(),
+    }
+}
+
+/// One replica's belief that it may run one shard: from when it published the holding until it
+/// published its end or its `valid_until` passed, whichever came first.
+#[derive(Clone, Debug)]
+pub struct Belief {
+    pub replica: String,
+    /// Which process (a replica restarted with the same identity is another process).
+    pub process: usize,
+    pub shard: u32,
+    pub epoch: u64,
+    pub start: Instant,
+    /// When the replica published the end (`None`: never, as when its task was killed).
+    pub ended: Option<Instant>,
+    pub valid_until: Instant,
+}
+
+impl Belief {
+    /// The end of the belief: the controller may run the shard's work until then.
+    pub fn end(&self) -> Instant {
+        self.ended
+            .map_or(self.valid_until, |e| e.min(self.valid_until))
+    }
+
+    pub fn covers(&self, t: Instant) -> bool {
+        self.start <= t && t < self.end()
+    }
+}
+
+/// Every replica's beliefs, recorded as each replica publishes its [`Assignment`] (on paused
+/// time a recorder runs at the instant of the change, before time moves on, so the record is
+/// exact), plus samples at regular instants.
+#[derive(Clone, Default)]
+pub struct Ledger {
+    beliefs: Arc<Mutex<Vec<Belief>>>,
+    processes: Arc<Mutex<usize>>,
+    samples: Arc<Mutex<usize>>,
+    /// What the sampler found (it runs in its own task: a panic there would go unnoticed).
+    violations: Arc<Mutex<Vec<String>>>,
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        let ledger = Ledger::default();
+        ledger.sample_every(millis(100));
+        ledger
+    }
+
+    /// Records a process's beliefs; returns its number.
+    fn follow(&self, replica: &str, mut rx: watch::Receiver<Assignment>) -> usize {
+        let process = {
+            let mut n = self.processes.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        let beliefs = self.beliefs.clone();
+        let replica = replica.to_string();
+        tokio::spawn(async move {
+            // Shard -> index of its open belief.
+            let mut open: BTreeMap<u32, usize> = BTreeMap::new();
+            loop {
+                let now = Instant::now();
+                let assignment = rx.borrow_and_update().clone();
+                {
+                    let mut all = beliefs.lock().unwrap();
+                    for shard in 0..assignment.shard_count() {
+                        let holding = assignment.state(shard).holding();
+                        if let Some(&i) = open.get(&shard) {
+                            if holding.is_some_and(|h| h.epoch == all[i].epoch) {
+                                all[i].valid_until = holding.unwrap().valid_until;
+                                continue;
+                            }
+                            all[i].ended = Some(now);
+                            open.remove(&shard);
+                        }
+                        if let Some(h) = holding {
+                            open.insert(shard, all.len());
+                            all.push(Belief {
+                                replica: replica.clone(),
+                                process,
+                                shard,
+                                epoch: h.epoch,
+                                start: now,
+                                ended: None,
+                                valid_until: h.valid_until,
+                            });
+                        }
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    // The protocol ended or was killed: the last published state stands until
+                    // its validity passes.
+                    return;
+                }
+            }
+        });
+        process
+    }
+
+    /// A process died at `at`: its beliefs end there.
+    fn died(&self, process: usize, at: Instant) {
+        for b in self.beliefs.lock().unwrap().iter_mut() {
+            if b.process == process && b.ended.is_none_or(|e| e > at) {
+                b.ended = Some(at);
+            }
+        }
+    }
+
+    /// Checks at regular instants that no shard is believed held by two replicas.
+    fn sample_every(&self, period: Duration) {
+        let ledger = self.clone();
+        tokio::spawn(async move {
+            loop {
+                sleep(period).await;
+                ledger.check_at(Instant::now());
+                *ledger.samples.lock().unwrap() += 1;
+            }
+        });
+    }
+
+    fn check_at(&self, t: Instant) {
+        let beliefs = self.beliefs.lock().unwrap();
+        let mut holders: BTreeMap<u32, Vec<(&str, usize)>> = BTreeMap::new();
+        for b in beliefs.iter().filter(|b| b.covers(t)) {
+            holders
+                .entry(b.shard)
+                .or_default()
+                .push((&b.replica, b.process));
+        }
+        for (shard, replicas) in holders {
+            if replicas.len() > 1 {
+                let found =
+                    format!("shard {shard} believed held by {replicas:?} at once, at {t:?}");
+                self.violations.lock().unwrap().push(found);
+            }
+        }
+    }
+
+    pub fn beliefs(&self) -> Vec<Belief> {
+        self.beliefs.lock().unwrap().clone()
+    }
+
+    /// The exact check: for each shard, the belief intervals of different replicas are
+    /// disjoint. Returns how many beliefs were checked, and the smallest gap between one
+    /// replica's belief ending and another's starting.
+    pub fn assert_never_two_at_once(&self) -> (usize, Option<Duration>) {
+        let violations = self.violations.lock().unwrap().clone();
+        assert!(
+            violations.is_empty(),
+            "{} samples, the first: {:#?}",
+            violations.len(),
+            &violations[..violations.len().min(3)]
+        );
+        let beliefs = self.beliefs();
+        let mut smallest: Option<Duration> = None;
+        for a in &beliefs {
+            for b in &beliefs {
+                if a.shard != b.shard || a.process == b.process {
+                    continue;
+                }
+                let disjoint = a.end() <= b.start || b.end() <= a.start;
+                assert!(
+                    disjoint,
+                    "shard {}: {} (process {}) believed it held it from {:?} to {:?}, {} (process {}) from {:?} to {:?}",
+                    a.shard,
+                    a.replica,
+                    a.process,
+                    a.start,
+                    a.end(),
+                    b.replica,
+                    b.process,
+                    b.start,
+                    b.end()
+                );
+                if a.end() <= b.start {
+                    let gap = b.start - a.end();
+                    smallest = Some(smallest.map_or(gap, |s| s.min(gap)));
+                }
+            }
+        }
+        let samples = *self.samples.lock().unwrap();
+        assert!(samples > 0 || beliefs.is_empty(), "the sampler never ran");
+        (beliefs.len(), smallest)
+    }
+
+    /// The first belief of `replica` in `shard` that started at or after `since`.
+    pub fn taken_after(&self, shard: u32, since: Instant) -> Option<Belief> {
+        self.beliefs()
+            .into_iter()
+            .filter(|b| b.shard == shard && b.start >= since)
+            .min_by_key(|b| b.start)
+    }
+}
+
+/// The Leases of the controller, as stored now.
+pub fn leases(server: &ApiServer) -> Vec<Lease> {
+    server
+        .all("leases.coordination.k8s.io")
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect()
+}
+
+/// The holder of shard `shard`'s Lease as stored now.
+pub fn stored_holder(server: &ApiServer, shard: u32) -> Option<String> {
+    let lease: Lease = server.get_in(NAMESPACE, &format!("{CONTROLLER}-shard-{shard}"))?;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// Waits (on tokio's clock) until `done` holds, checking every 100 ms; panics with `what`
+/// after `limit`.
+pub async fn until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        sleep(millis(100)).await;
+    }
+    start.elapsed()
+}
+
+/// Whether the replicas hold every shard between them, each within one of a fair share.
+pub fn settled(replicas: &[&Replica], shards: u32) -> bool {
+    let counts: Vec<u32> = replicas.iter().map(|r| r.held_count()).collect();
+    let k = replicas.len() as u32;
+    let (floor, ceil) = (shards / k, shards.div_ceil(k));
+    counts.iter().sum::<u32>() == shards && counts.iter().all(|&c| floor <= c && c <= ceil)
+}
