@@ -23,7 +23,9 @@ use workqueue_tokio::runner::{Action, Context, Failure};
 use workqueue_tokio::{Lease, WorkQueue};
 
 use super::error::{Error, RunnerError};
+use super::shards::{ShardEvent, ShardMetrics, Shards};
 use super::triggers::Readiness;
+use crate::lease::{Ended, ShardEvents, ShardLeases};
 
 /// How long a reconcile asked to stop (its context cancelled) may go on before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
@@ -57,6 +59,16 @@ pub(crate) struct Setup<K: Resource> {
     pub(crate) errors: mpsc::UnboundedReceiver<watcher::Error>,
     pub(crate) graceful: Vec<BoxFuture<'static, ()>>,
     pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
+    /// The Lease protocol this replica takes part in, if any.
+    pub(crate) leases: Option<Leases>,
+}
+
+/// A controller's Lease protocol, started with it.
+pub(crate) struct Leases {
+    pub(crate) protocol: ShardLeases,
+    pub(crate) events: ShardEvents,
+    /// How long a lost shard's reconciles may run after its `valid_until`.
+    pub(crate) margin: Duration,
 }
 
 /// Where the dispatcher is in its life.
@@ -83,6 +95,7 @@ where
     background: JoinSet<()>,
     intake: CancellationToken,
     store: Store<K>,
+    dyntype: K::DynamicType,
     gate: Option<watch::Receiver<Readiness>>,
     /// The gate's sender is gone: its value no longer changes.
     gate_final: bool,
@@ -102,6 +115,10 @@ where
     /// When the running reconciles are asked to stop, and then dropped.
     deadlines: Option<(tokio::time::Instant, tokio::time::Instant)>,
     aborted: bool,
+    /// With Leases: the shards this replica holds, and the protocol's task.
+    shards: Option<Shards>,
+    protocol: Option<tokio::task::JoinHandle<Ended>>,
+    shard_metrics: Option<ShardMetrics>,
 }
 
 impl<K, C, E, R, P, Fut> Dispatch<K, C, E, R, P>
@@ -117,6 +134,7 @@ where
     pub(crate) fn new(
         setup: Setup<K>,
         store: Store<K>,
+        dyntype: K::DynamicType,
         reconciler: R,
         error_policy: P,
         context: Arc<C>,
@@ -129,6 +147,7 @@ where
             background: JoinSet::new(),
             intake: CancellationToken::new(),
             store,
+            dyntype,
             gate: None,
             gate_final: false,
             reconciler,
@@ -145,6 +164,9 @@ where
             shutdown_grace: Duration::ZERO,
             deadlines: None,
             aborted: false,
+            shards: None,
+            protocol: None,
+            shard_metrics: None,
         }
     }
 
@@ -191,6 +213,19 @@ where
         if !setup.forceful.is_empty() {
             self.forceful = Box::pin(future::select_all(setup.forceful).map(|_| ()));
         }
+        if let Some(leases) = setup.leases {
+            let shutdown = self.intake.clone().cancelled_owned();
+            self.protocol = Some(tokio::spawn(leases.protocol.run(shutdown)));
+            let shards = Shards::new(
+                leases.events.assignment,
+                leases.events.hand_overs,
+                leases.margin,
+            );
+            let metrics = ShardMetrics::new(engine.queue().name().unwrap_or("unnamed"));
+            metrics.emit(&shards.assignment());
+            self.shards = Some(shards);
+            self.shard_metrics = Some(metrics);
+        }
         self.engine = Some(engine.clone());
         engine
     }
@@ -223,6 +258,7 @@ where
                 && self.running.len() + self.held.len() < self.limit;
             let gate_open = self.gate.is_some() && !self.gate_final;
             let deadline = self.next_deadline();
+            let shard_deadline = self.shards.as_ref().and_then(Shards::next_deadline);
             tokio::select! {
                 biased;
                 () = &mut self.forceful, if !self.forced => {
@@ -235,17 +271,30 @@ where
                 Some(error) = recv(&mut self.errors) => {
                     return Some(Err(Error::QueueError(error)));
                 }
-                Some(joined) = self.running.join_next() => {
-                    match joined {
-                        Ok(done) => {
-                            if let Some(item) = self.verdict(&engine, done) {
-                                return Some(item);
-                            }
+                Some(joined) = self.running.join_next_with_id() => {
+                    let id = match &joined {
+                        Ok((id, _)) => *id,
+                        Err(error) => error.id(),
+                    };
+                    let item = match joined {
+                        Ok((_, done)) => self.verdict(&engine, done),
+                        Err(error) if error.is_cancelled() => {
+                            // Aborted: its shard was lost or handed over; its lease finished
+                            // without a re-add when the task dropped it.
+                            tracing::warn!("a reconcile of a shard given up was aborted");
+                            None
                         }
                         Err(error) => {
                             // `drive` catches the reconcile's panics; this is defence in depth.
                             tracing::error!(%error, "a reconcile task failed");
+                            None
                         }
+                    };
+                    if let Some(shards) = &mut self.shards {
+                        shards.ended(id);
+                    }
+                    if let Some(item) = item {
+                        return Some(item);
                     }
                 }
                 () = &mut self.graceful, if self.phase != Phase::Stopping => {
@@ -286,6 +335,33 @@ where
                 }
                 () = sleep_until(deadline), if deadline.is_some() => {
                     self.on_deadline(&engine);
+                }
+                event = shard_event(&mut self.shards) => match event {
+                    ShardEvent::Changed => self.on_assignment(&engine),
+                    ShardEvent::HandOver(hand_over) => {
+                        if let Some(shards) = &mut self.shards {
+                            shards.hand_over(hand_over);
+                        }
+                    }
+                    ShardEvent::HandOversClosed => {
+                        if let Some(shards) = &mut self.shards {
+                            shards.hand_overs_closed();
+                        }
+                    }
+                },
+                () = sleep_until(shard_deadline), if shard_deadline.is_some() => {
+                    if let Some(shards) = &mut self.shards {
+                        shards.on_time();
+                    }
+                }
+                ended = protocol_ended(&mut self.protocol) => {
+                    // With `OnLoss::Stop`, a lost shard ends the protocol: the controller
+                    // stops too, so that the process can exit.
+                    if let Ok(Ended::Lost { shard }) = ended {
+                        tracing::warn!(shard, "a Lease was lost: the controller shuts down");
+                        self.intake.cancel();
+                        self.begin_stopping();
+                    }
                 }
             }
         }
@@ -329,6 +405,24 @@ where
     async fn stop(&mut self, engine: &Keys<K, E, C>) {
         self.intake.cancel();
         self.background.abort_all();
+        if let Some(shards) = &mut self.shards {
+            // Nothing runs any more: every hand-over can be acknowledged, so that the protocol
+            // releases the Leases for a fast failover (a forced stop drops it: they lapse).
+            shards.acknowledge_everything();
+            let hand_overs = shards.take_hand_overs();
+            if let (Some(protocol), Some(hand_overs), false) =
+                (self.protocol.take(), hand_overs, self.forced)
+            {
+                let acknowledge = crate::lease::acknowledge_all(hand_overs);
+                tokio::select! {
+                    _ = protocol => {}
+                    () = acknowledge => {}
+                }
+            }
+        }
+        if let Some(protocol) = self.protocol.take() {
+            protocol.abort();
+        }
         let feeders = std::mem::take(&mut self.feeders);
         let _report = engine.end(feeders, 0).await;
     }
@@ -339,12 +433,23 @@ where
         engine: &Arc<Keys<K, E, C>>,
         lease: Lease<ObjectRef<K>>,
     ) -> Option<Item<K, E>> {
+        let shard = self.shards.as_ref().map(|shards| shards.shard(lease.key()));
+        if let (Some(shards), Some(shard)) = (&self.shards, shard)
+            && !shards.accepts(shard)
+        {
+            // Queued while its shard was held: another replica runs it now.
+            engine.discard(lease);
+            return None;
+        }
         let Some(object) = self.store.get(lease.key()) else {
             let missing = lease.key().clone().erase();
             engine.discard(lease);
             return Some(Err(Error::ObjectNotFound(Box::new(missing))));
         };
         let mut begun = engine.begin(&lease);
+        if let Some(shard) = shard {
+            begun.span.record("shard", shard);
+        }
         let started = match begun.early.take() {
             Some(message) => Err(message),
             None => {
@@ -367,7 +472,8 @@ where
             }
         };
         let engine = engine.clone();
-        self.running.spawn(async move {
+        let token = begun.ctx.token().clone();
+        let task = self.running.spawn(async move {
             let span = begun.span.clone();
             let ran = engine.drive(move || fut, &begun.ctx).instrument(span).await;
             Finished {
@@ -377,7 +483,34 @@ where
                 ran,
             }
         });
+        if let (Some(shards), Some(shard)) = (&mut self.shards, shard) {
+            shards.started(task.id(), shard, token, task);
+        }
         None
+    }
+
+    /// Handles a change of the shards held: enqueues the objects of each shard taken (behind
+    /// real changes: another replica may have dropped their events), and updates the metrics.
+    fn on_assignment(&mut self, engine: &Keys<K, E, C>) {
+        let Some(shards) = &mut self.shards else {
+            return;
+        };
+        let changes = shards.on_change();
+        if !changes.acquired.is_empty() {
+            let keys: Vec<ObjectRef<K>> = self
+                .store
+                .state()
+                .iter()
+                .map(|object| ObjectRef::from_obj_with(&**object, self.dyntype.clone()))
+                .filter(|key| changes.acquired.contains(&shards.shard(key)))
+                .collect();
+            tracing::info!(shards = ?changes.acquired, objects = keys.len(), "shards taken");
+            let opts = workqueue_tokio::AddOptions::new().priority(workqueue_tokio::LOW_PRIORITY);
+            engine.queue().add_batch_with(keys, opts);
+        }
+        if let Some(metrics) = &self.shard_metrics {
+            metrics.emit(&shards.assignment());
+        }
     }
 
     /// Judges a finished reconcile (the error policy sees the reconcile's error), finishes its
@@ -397,7 +530,15 @@ where
             _ => Action::backoff(),
         };
         let verdict = engine.judge(&key, &begun, ran, policy);
-        engine.finish(lease, &begun, &verdict);
+        let ours = match &self.shards {
+            Some(shards) => shards.accepts(shards.shard(&key)),
+            None => true,
+        };
+        if ours {
+            engine.finish(lease, &begun, &verdict);
+        } else {
+            engine.finish_elsewhere(lease, &verdict);
+        }
         let object = || Box::new(key.clone().erase());
         match verdict {
             Reconciled::Ok(action) => Some(Ok((key, action))),
@@ -441,6 +582,26 @@ async fn changed(
 ) -> Result<(), watch::error::RecvError> {
     match gate {
         Some(rx) => rx.changed().await,
+        None => future::pending().await,
+    }
+}
+
+async fn shard_event(shards: &mut Option<Shards>) -> ShardEvent {
+    match shards {
+        Some(shards) => shards.next_event().await,
+        None => future::pending().await,
+    }
+}
+
+async fn protocol_ended(
+    protocol: &mut Option<tokio::task::JoinHandle<Ended>>,
+) -> Result<Ended, tokio::task::JoinError> {
+    match protocol {
+        Some(handle) => {
+            let ended = handle.await;
+            *protocol = None;
+            ended
+        }
         None => future::pending().await,
     }
 }

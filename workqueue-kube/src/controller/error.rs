@@ -49,4 +49,12 @@ pub enum RunnerError {
         /// The object.
         object: Box<ObjectRef<DynamicObject>>,
     },
+    /// The Lease configuration ([`Controller::leases`](super::Controller::leases)) is invalid:
+    /// the controller did not start.
+    #[error("invalid Lease configuration: {0}")]
+    Leases(#[source] crate::lease::ConfigError),
+    /// [`Controller::leases`](super::Controller::leases) on a controller made without an `Api`
+    /// (`for_stream`): the Leases need a client. Use `Controller::new`.
+    #[error("a controller on Leases needs a client: build it with Controller::new")]
+    LeasesNeedAClient,
 }

@@ -82,6 +82,7 @@
 mod config;
 mod dispatch;
 mod error;
+mod shards;
 mod triggers;
 
 use std::fmt::Debug;
@@ -92,6 +93,7 @@ use std::sync::Arc;
 use futures_util::future::{BoxFuture, FutureExt, TryFuture, ready};
 use futures_util::stream::{self, Stream, StreamExt};
 use k8s_openapi::serde::de::DeserializeOwned;
+use kube::Client;
 use kube::Resource;
 use kube::api::Api;
 #[allow(deprecated)]
@@ -107,7 +109,8 @@ pub use config::Config;
 pub use error::{Error, RunnerError};
 pub use workqueue_tokio::runner::Action;
 
-use dispatch::{Dispatch, Setup};
+use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
+use dispatch::{Dispatch, Leases, Setup};
 use triggers::{Readiness, Trigger};
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
@@ -131,7 +134,20 @@ where
     tasks: Vec<BoxFuture<'static, ()>>,
     graceful: Vec<BoxFuture<'static, ()>>,
     forceful: Vec<BoxFuture<'static, ()>>,
+    /// The main `Api`'s client (the Lease protocol's), when built from an `Api`.
+    client: Option<Client>,
+    leases: Option<(LeaseConfig, Option<Arc<dyn LeaseClock>>)>,
 }
+
+/// The names of the metrics of a controller on Leases (with the `metrics` feature), labelled
+/// `controller`: the shards it holds (a gauge), and with one shard, whether it leads (a gauge of
+/// 0 or 1, as controller-runtime's `leader_election_master_status`); the hand-overs it made (a
+/// counter).
+pub const SHARDS_HELD: &str = "workqueue_kube_shards_held";
+/// See [`SHARDS_HELD`].
+pub const LEADER: &str = "workqueue_kube_leader";
+/// See [`SHARDS_HELD`].
+pub const HAND_OVERS_TOTAL: &str = "workqueue_kube_shard_hand_overs_total";
 
 impl<K> Controller<K>
 where
@@ -149,6 +165,7 @@ where
 
     /// [`Controller::new`] for a dynamic type (found by discovery).
     pub fn new_with(main_api: Api<K>, wc: watcher::Config, dyntype: K::DynamicType) -> Self {
+        let client = main_api.clone().into_client();
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
@@ -164,6 +181,8 @@ where
             tasks: Vec::new(),
             graceful: Vec::new(),
             forceful: Vec::new(),
+            client: Some(client),
+            leases: None,
         }
     }
 
@@ -206,12 +225,57 @@ where
             tasks: vec![ready.boxed()],
             graceful: Vec::new(),
             forceful: Vec::new(),
+            client: None,
+            leases: None,
         }
     }
 
     /// The controller's options.
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Runs this controller as one of several replicas, coordinated by Kubernetes Leases
+    /// ([`crate::lease`]): with [`LeaseConfig::leader_election`], one replica (the leader)
+    /// reconciles and the others stand by; with [`LeaseConfig::new`], the objects are divided
+    /// into shards (32 by default) and each replica reconciles those of the shards it holds, a
+    /// fair share of them. The Leases are written with the main `Api`'s client.
+    ///
+    /// A replica takes a key only while it holds the key's shard (an owned object's key is its
+    /// owner's, so a family stays together); a shard it takes has its objects enqueued (behind
+    /// real changes); a shard it loses (no renewal within the renew deadline) or hands over has
+    /// its queued keys dropped and its reconciles stopped (cancelled, then aborted) before
+    /// another replica can take it. A graceful shutdown releases its shards after its
+    /// reconciles finished, so that another replica takes them at once. An invalid `config` is
+    /// reported as the stream's first item ([`RunnerError::Leases`]), which then ends.
+    ///
+    /// ```no_run
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::{Api, Client};
+    /// use kube::runtime::watcher;
+    /// use workqueue_kube::controller::Controller;
+    /// use workqueue_kube::lease::LeaseConfig;
+    ///
+    /// # async fn build(client: Client) {
+    /// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
+    /// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+    ///     .leases(LeaseConfig::leader_election("counter", "default", identity));
+    /// # let _ = controller;
+    /// # }
+    /// ```
+    pub fn leases(mut self, config: LeaseConfig) -> Self {
+        let clock = self.leases.take().and_then(|(_, clock)| clock);
+        self.leases = Some((config, clock));
+        self
+    }
+
+    /// Judges Lease time by `clock` instead of tokio's (a simulation, or a test that gives each
+    /// replica a clock of its own). Without [`Controller::leases`], it changes nothing.
+    pub fn lease_clock(mut self, clock: impl LeaseClock) -> Self {
+        if let Some((_, c)) = &mut self.leases {
+            *c = Some(Arc::new(clock));
+        }
         self
     }
 
@@ -366,14 +430,28 @@ where
         }
         let queue = queue.build();
         let (errors_tx, errors) = mpsc::unbounded_channel();
+        let (leases, lease_error) = match self
+            .leases
+            .map(|(c, clock)| start_leases(self.client, c, clock))
+        {
+            Some(Ok(leases)) => (Some(leases), None),
+            Some(Err(error)) => (None, Some(error)),
+            None => (None, None),
+        };
+        let accepts = leases
+            .as_ref()
+            .map(|l| shards::source_filter::<K>(l.events.assignment.clone()));
         let debounce = config.debounce;
         let sources = self
             .triggers
             .into_iter()
             .map(|(name, trigger)| {
                 let errors_tx = errors_tx.clone();
+                let mut accepts = accepts.clone();
                 let keys = trigger.filter_map(move |item| {
                     ready(match item {
+                        // Keys of shards this replica does not hold are not queued.
+                        Ok((key, _)) if accepts.as_mut().is_some_and(|a| !a(&key)) => None,
                         Ok((key, opts)) => Some((key, debounced(opts, debounce))),
                         Err(error) => {
                             let _ = errors_tx.send(error);
@@ -395,12 +473,63 @@ where
             errors,
             graceful: self.graceful,
             forceful: self.forceful,
+            leases,
         };
-        let dispatch = Dispatch::new(setup, self.reader, reconciler, error_policy, context);
-        stream::unfold(dispatch, |mut dispatch| async move {
-            let item = dispatch.next().await?;
-            Some((item, dispatch))
-        })
+        let dispatch = Dispatch::new(
+            setup,
+            self.reader,
+            self.dyntype,
+            reconciler,
+            error_policy,
+            context,
+        );
+        let failed = lease_error.map(|e| Err(Error::RunnerError(e)));
+        match failed {
+            Some(error) => stream::iter([error]).left_stream(),
+            None => stream::unfold(dispatch, |mut dispatch| async move {
+                let item = dispatch.next().await?;
+                Some((item, dispatch))
+            })
+            .right_stream(),
+        }
+    }
+}
+
+/// The Lease protocol of a controller, on `client`, or why it cannot run.
+fn start_leases(
+    client: Option<Client>,
+    config: LeaseConfig,
+    clock: Option<Arc<dyn LeaseClock>>,
+) -> Result<Leases, RunnerError> {
+    let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
+    // Within the time the protocol leaves between a loss and another replica's take, less the
+    // clock-rate slack it assumes.
+    let margin = config.lease_duration.saturating_sub(config.renew_deadline) / 2;
+    let (protocol, events) = ShardLeases::new(client, config).map_err(RunnerError::Leases)?;
+    let protocol = match clock {
+        Some(clock) => protocol.with_clock(SharedClock(clock)),
+        None => protocol,
+    };
+    Ok(Leases {
+        protocol,
+        events,
+        margin,
+    })
+}
+
+/// An `Arc` of a clock, as a clock.
+#[derive(Debug)]
+struct SharedClock(Arc<dyn LeaseClock>);
+
+impl LeaseClock for SharedClock {
+    fn now(&self) -> crate::lease::LocalInstant {
+        self.0.now()
+    }
+    fn tokio_instant(&self, local: crate::lease::LocalInstant) -> tokio::time::Instant {
+        self.0.tokio_instant(local)
+    }
+    fn wall(&self) -> k8s_openapi::jiff::Timestamp {
+        self.0.wall()
     }
 }
 

@@ -266,6 +266,7 @@ where
                 failures_in_a_row,
                 priority,
                 reasons = %reasons,
+                shard = tracing::field::Empty,
             )
         })
         .unwrap_or_else(|message| {
@@ -409,6 +410,19 @@ where
             None => outcome,
         };
         finish_lease(lease, outcome);
+    }
+
+    /// [`Engine::finish`] for a lease whose key this replica no longer owns (its shard went to
+    /// another replica): counted and recorded, but finished without any re-add, whatever the
+    /// verdict asks (the new owner runs the key).
+    pub fn finish_elsewhere(&self, lease: Lease<T>, verdict: &Reconciled<E>) {
+        self.counters.count(verdict);
+        let key = lease.key();
+        let _ = catch(|| {
+            self.failures
+                .record(key, &Reconciled::<E>::Ok(Action::await_change()))
+        });
+        finish_lease(lease, Outcome::forget());
     }
 
     /// What a verdict tells the outage detector: a success, a first failure (the key had no
