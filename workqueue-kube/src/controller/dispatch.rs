@@ -561,6 +561,20 @@ where
     }
 }
 
+/// A dropped controller stream is a dead replica: its Lease protocol stops too (its Leases
+/// lapse; nothing is released), as its reconciles and sources do with their task sets.
+impl<K, C, E, R, P> Drop for Dispatch<K, C, E, R, P>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    fn drop(&mut self) {
+        if let Some(protocol) = self.protocol.take() {
+            protocol.abort();
+        }
+    }
+}
+
 /// The next watch error, or never once there are none left to come.
 async fn recv(
     errors: &mut Option<mpsc::UnboundedReceiver<watcher::Error>>,

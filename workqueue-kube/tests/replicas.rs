@@ -1,0 +1,481 @@
+//! Several replicas of one `Controller` on Leases, in one process, against one scripted API
+//! server, on tokio's paused clock: each replica on its own client (its own partitions) and its
+//! own Lease clock (offsets of minutes, rates within 1%). A ledger records every reconcile's
+//! start and end on every replica; every scenario checks that no object ever has overlapping
+//! reconciles on two replicas.
+
+mod apiserver;
+mod lease_support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta};
+use kube::runtime::watcher;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use workqueue_kube::controller::{Action, Config, Controller};
+use workqueue_kube::lease::LeaseConfig;
+
+use apiserver::{ApiServer, Partition};
+use lease_support::{CONTROLLER, NAMESPACE, clock_of, millis, secs, until};
+
+fn cm(name: &str, version: u32) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("v".into(), version.to_string())])),
+        ..Default::default()
+    }
+}
+
+/// One reconcile: which replica ran which object, from when until when (`None`: still running,
+/// or killed with its replica).
+#[derive(Clone, Debug)]
+struct Run {
+    replica: String,
+    object: String,
+    start: Instant,
+    end: Option<Instant>,
+}
+
+#[derive(Clone, Default)]
+struct Ledger(Arc<Mutex<Vec<Run>>>);
+
+/// Ends a run when dropped.
+struct Ended(Ledger, usize);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.end(self.1);
+    }
+}
+
+impl Ledger {
+    fn start(&self, replica: &str, cm: &ConfigMap) -> usize {
+        let mut runs = self.0.lock().unwrap();
+        runs.push(Run {
+            replica: replica.into(),
+            object: cm.name_any(),
+            start: Instant::now(),
+            end: None,
+        });
+        runs.len() - 1
+    }
+
+    fn end(&self, index: usize) {
+        let mut runs = self.0.lock().unwrap();
+        runs[index].end.get_or_insert_with(Instant::now);
+    }
+
+    fn runs(&self) -> Vec<Run> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Closes the open runs of a killed replica at `at` (its process is gone).
+    fn killed(&self, replica: &str, at: Instant) {
+        for run in self.0.lock().unwrap().iter_mut() {
+            if run.replica == replica && run.end.is_none() {
+                run.end = Some(at);
+            }
+        }
+    }
+
+    /// No object has overlapping reconciles on two replicas (a run still open counts until now).
+    fn assert_never_two_at_once(&self) -> usize {
+        let now = Instant::now();
+        let runs = self.runs();
+        let mut by_object: HashMap<&str, Vec<&Run>> = HashMap::new();
+        for run in &runs {
+            by_object.entry(&run.object).or_default().push(run);
+        }
+        for (object, runs) in &by_object {
+            for (i, a) in runs.iter().enumerate() {
+                for b in &runs[i + 1..] {
+                    if a.replica == b.replica {
+                        continue;
+                    }
+                    let (a_end, b_end) = (a.end.unwrap_or(now), b.end.unwrap_or(now));
+                    assert!(
+                        a_end <= b.start || b_end <= a.start,
+                        "{object} ran on {} and {} at once: {a:?} {b:?}",
+                        a.replica,
+                        b.replica
+                    );
+                }
+            }
+        }
+        runs.len()
+    }
+
+    /// The objects each replica reconciled from `since` on.
+    fn reconciled_since(&self, since: Instant) -> HashMap<String, Vec<String>> {
+        let mut by_object: HashMap<String, Vec<String>> = HashMap::new();
+        for run in self.runs() {
+            if run.start >= since {
+                by_object.entry(run.object).or_default().push(run.replica);
+            }
+        }
+        by_object
+    }
+}
+
+/// A running replica: its controller's stream as a task.
+struct Replica {
+    name: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Vec<String>>,
+}
+
+impl Replica {
+    fn start(
+        server: &ApiServer,
+        ledger: &Ledger,
+        index: usize,
+        config: LeaseConfig,
+        takes: Duration,
+        concurrency: u16,
+    ) -> Replica {
+        Self::start_then(
+            server,
+            ledger,
+            index,
+            config,
+            takes,
+            concurrency,
+            Action::await_change(),
+        )
+    }
+
+    /// [`Replica::start`] with a reconcile that returns `then`.
+    fn start_then(
+        server: &ApiServer,
+        ledger: &Ledger,
+        index: usize,
+        config: LeaseConfig,
+        takes: Duration,
+        concurrency: u16,
+        then: Action,
+    ) -> Replica {
+        let name = config.identity.clone();
+        let client = server.client_named(&name);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let reconcile = {
+            let (ledger, name) = (ledger.clone(), name.clone());
+            move |cm: Arc<ConfigMap>, _: Arc<()>| {
+                // The run ends when its future does: returned, or dropped (aborted).
+                let run = Ended(ledger.clone(), ledger.start(&name, &cm));
+                async move {
+                    sleep(takes).await;
+                    drop(run);
+                    Ok::<_, std::convert::Infallible>(then)
+                }
+            }
+        };
+        let stream = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+            .with_config(Config::default().concurrency(concurrency))
+            .leases(config)
+            .lease_clock(clock_of(index))
+            .graceful_shutdown_on(async move {
+                let _ = stopped.await;
+            })
+            .run(
+                reconcile,
+                |_, _: &std::convert::Infallible, _| Action::await_change(),
+                Arc::new(()),
+            );
+        let task = tokio::spawn(stream.map(|item| format!("{item:?}")).collect());
+        Replica {
+            name,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Kills the replica: its controller's stream is dropped at once (its reconciles with it);
+    /// nothing is released.
+    fn kill(&self, ledger: &Ledger) {
+        self.task.abort();
+        ledger.killed(&self.name, Instant::now());
+    }
+
+    async fn shut_down(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap();
+    }
+}
+
+fn leader(identity: &str) -> LeaseConfig {
+    LeaseConfig::leader_election(CONTROLLER, NAMESPACE, identity)
+}
+
+fn sharded(identity: &str) -> LeaseConfig {
+    LeaseConfig::new(CONTROLLER, NAMESPACE, identity)
+}
+
+/// The shards each replica holds, as the server's Leases say.
+fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
+    let mut held = BTreeMap::new();
+    for lease in lease_support::leases(server) {
+        let role = lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(workqueue_kube::lease::LABEL_ROLE).cloned());
+        if role.as_deref() != Some(workqueue_kube::lease::ROLE_SHARD) {
+            continue;
+        }
+        let holder = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        if !holder.is_empty() {
+            *held.entry(holder).or_default() += 1;
+        }
+    }
+    held
+}
+
+/// Whether `replicas` hold all 32 shards, each within one of a fair share.
+fn fair(server: &ApiServer, replicas: &[&str]) -> bool {
+    let held = holders(server);
+    let k = replicas.len() as u32;
+    let (floor, ceil) = (32 / k, 32u32.div_ceil(k));
+    held.values().sum::<u32>() == 32
+        && held.keys().all(|h| replicas.contains(&h.as_str()))
+        && replicas
+            .iter()
+            .all(|r| (floor..=ceil).contains(&held.get(*r).copied().unwrap_or(0)))
+}
+
+/// Failover: the leader is killed in the middle of its reconciles (they poll every second); the
+/// standby takes the Lease and reconciles every object again (a new leader enqueues its whole
+/// store), all within lease duration + retry period + 1 s of the kill.
+#[tokio::test(start_paused = true)]
+async fn a_killed_leader_is_replaced_and_every_object_reconciled_again() {
+    let server = ApiServer::new();
+    for i in 0..20 {
+        server.put(&cm(&format!("cm-{i:02}"), 1));
+    }
+    let ledger = Ledger::default();
+    let poll = Action::requeue(millis(500));
+    let r1 = Replica::start_then(&server, &ledger, 0, leader("r1"), millis(500), 0, poll);
+    sleep(secs(5)).await;
+    let r2 = Replica::start_then(&server, &ledger, 1, leader("r2"), millis(500), 0, poll);
+    sleep(millis(2200)).await;
+    // r1 leads (it started first) and is in the middle of its reconciles.
+    let runs = ledger.runs();
+    assert!(runs.iter().all(|r| r.replica == "r1"), "{runs:?}");
+    assert!(runs.iter().any(|r| r.end.is_none()), "r1 is reconciling");
+    let killed = Instant::now();
+    r1.kill(&ledger);
+    let limit = secs(15) + secs(2) + secs(1);
+    let reconciled = |ledger: &Ledger| {
+        let runs = ledger.runs();
+        let done: std::collections::HashSet<_> = runs
+            .iter()
+            .filter(|r| r.replica == "r2" && r.start >= killed && r.end.is_some())
+            .map(|r| r.object.clone())
+            .collect();
+        done.len()
+    };
+    let took = until(secs(60), "r2 reconciles every object again", || {
+        reconciled(&ledger) == 20
+    })
+    .await;
+    println!("failover: every object reconciled again {took:?} after the kill");
+    assert!(
+        took <= limit,
+        "every object reconciled again {took:?} after the kill"
+    );
+    ledger.assert_never_two_at_once();
+    r2.shut_down().await;
+}
+
+/// Partition: the leader is cut off from the API; it stops reconciling (its valid-until passes)
+/// before the standby can take the Lease, so no object runs on both.
+#[tokio::test(start_paused = true)]
+async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
+    for partition in [Partition::Blackholed, Partition::Refused] {
+        let server = ApiServer::new();
+        for i in 0..10 {
+            server.put(&cm(&format!("cm-{i}"), 1));
+        }
+        let ledger = Ledger::default();
+        // Reconciles that outlive the loss: the partitioned leader must abort them.
+        let r1 = Replica::start(&server, &ledger, 0, leader("r1"), secs(4), 2);
+        sleep(secs(5)).await;
+        let r2 = Replica::start(&server, &ledger, 1, leader("r2"), secs(4), 2);
+        sleep(secs(3)).await;
+        let cut = Instant::now();
+        server.set_partition("r1", partition);
+        until(secs(40), "r2 takes over", || {
+            ledger.runs().iter().any(|r| r.replica == "r2")
+        })
+        .await;
+        sleep(secs(30)).await;
+        let runs = ledger.runs();
+        let r1_last = runs
+            .iter()
+            .filter(|r| r.replica == "r1")
+            .filter_map(|r| r.end)
+            .max()
+            .unwrap();
+        let r2_first = runs
+            .iter()
+            .filter(|r| r.replica == "r2")
+            .map(|r| r.start)
+            .min()
+            .unwrap();
+        println!(
+            "partition ({partition:?}): r1's last reconcile ended {:?} after the cut, r2's first began {:?} after",
+            r1_last - cut,
+            r2_first - cut
+        );
+        assert!(
+            r1_last < r2_first,
+            "{partition:?}: r1's last reconcile ended {:?} after the cut, r2's first began {:?} after",
+            r1_last - cut,
+            r2_first - cut
+        );
+        assert!(
+            runs.iter()
+                .filter(|r| r.replica == "r1")
+                .all(|r| r.end.is_some()),
+            "r1 stopped every reconcile"
+        );
+        ledger.assert_never_two_at_once();
+        r1.kill(&ledger);
+        r2.shut_down().await;
+    }
+}
+
+/// Rebalance with 32 shards, 1 → 3 → 2 replicas: after each change each replica holds within one
+/// of a fair share, the objects of the shards that moved are reconciled by their new owner, and
+/// a change of every object then is reconciled once, by the replica holding its shard.
+#[tokio::test(start_paused = true)]
+async fn rebalance_one_three_two_loses_nothing() {
+    let server = ApiServer::new();
+    const OBJECTS: usize = 200;
+    for i in 0..OBJECTS {
+        server.put(&cm(&format!("cm-{i:03}"), 1));
+    }
+    let ledger = Ledger::default();
+    let mut version = 1;
+    // Touches every object and checks that each is reconciled once after it, on one replica.
+    let touch_all = |version: u32| {
+        for i in 0..OBJECTS {
+            server.put(&cm(&format!("cm-{i:03}"), version));
+        }
+    };
+    let r1 = Replica::start(&server, &ledger, 0, sharded("r1"), millis(10), 4);
+    until(secs(30), "r1 holds everything", || fair(&server, &["r1"])).await;
+    until(secs(30), "every object reconciled", || {
+        ledger.reconciled_since(Instant::now() - secs(60)).len() == OBJECTS
+    })
+    .await;
+    let mut replicas = vec![r1];
+    for (index, name) in [(1, "r2"), (2, "r3")] {
+        replicas.push(Replica::start(
+            &server,
+            &ledger,
+            index,
+            sharded(name),
+            millis(10),
+            4,
+        ));
+    }
+    let joined = Instant::now();
+    until(secs(30), "three replicas settle", || {
+        fair(&server, &["r1", "r2", "r3"])
+    })
+    .await;
+    sleep(secs(5)).await;
+    // The objects of the shards r2 and r3 took were reconciled by them on taking.
+    let taken = ledger.reconciled_since(joined);
+    let by_newcomers = taken
+        .values()
+        .filter(|replicas| replicas.iter().any(|r| r == "r2" || r == "r3"))
+        .count();
+    assert!(
+        by_newcomers >= OBJECTS / 2,
+        "{by_newcomers} objects re-enqueued by r2 and r3"
+    );
+    for round in 0..2 {
+        if round == 1 {
+            // r3 leaves: killed, its shards taken after they expire.
+            let r3 = replicas.pop().unwrap();
+            r3.kill(&ledger);
+            until(secs(60), "two replicas settle", || {
+                fair(&server, &["r1", "r2"])
+            })
+            .await;
+            sleep(secs(5)).await;
+        }
+        version += 1;
+        let touched = Instant::now();
+        touch_all(version);
+        until(secs(30), "every change reconciled", || {
+            ledger.reconciled_since(touched).len() == OBJECTS
+        })
+        .await;
+        sleep(secs(2)).await;
+        let after = ledger.reconciled_since(touched);
+        for (object, on) in &after {
+            assert_eq!(
+                on.len(),
+                1,
+                "{object} reconciled by {on:?} after one change"
+            );
+        }
+    }
+    ledger.assert_never_two_at_once();
+    for replica in replicas {
+        replica.shut_down().await;
+    }
+}
+
+/// Scale: replicas started and settled first, then 10,000 objects created; reconciles of 10 ms,
+/// concurrency 4 per replica. The time until all are reconciled, with 1, 2 and 4 replicas.
+#[tokio::test(start_paused = true)]
+async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
+    const OBJECTS: usize = 10_000;
+    let mut times = Vec::new();
+    for k in [1usize, 2, 4] {
+        let server = ApiServer::new();
+        let ledger = Ledger::default();
+        let names: Vec<String> = (1..=k).map(|i| format!("r{i}")).collect();
+        let replicas: Vec<Replica> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Replica::start(&server, &ledger, i, sharded(n), millis(10), 4))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        until(secs(60), "the replicas settle", || fair(&server, &refs)).await;
+        let created = Instant::now();
+        for i in 0..OBJECTS {
+            server.put(&cm(&format!("cm-{i:05}"), 1));
+        }
+        let took = until(secs(300), "every object reconciled", || {
+            ledger.reconciled_since(created).len() == OBJECTS
+        })
+        .await;
+        ledger.assert_never_two_at_once();
+        println!("{k} replica(s): all {OBJECTS} reconciled in {took:?}");
+        times.push(took);
+        for replica in replicas {
+            replica.shut_down().await;
+        }
+    }
+    let ratio = times[2].as_secs_f64() / times[0].as_secs_f64();
+    println!("4 replicas / 1 replica: {ratio:.2}x");
+    assert!(ratio <= 0.35, "4 replicas took {ratio:.2}x of 1: {times:?}");
+}
