@@ -33,11 +33,14 @@ const CONCURRENCY: u16 = 16;
 #[error("never")]
 struct Never;
 
-/// When each object was triggered and when its reconcile started (ns since the run's start).
+/// When each object was triggered and when its reconcile started (ns since the run's start),
+/// and a signal once every object has been reconciled.
 struct Times {
     start: Instant,
     triggered: Vec<AtomicU64>,
     started: Vec<AtomicU64>,
+    reconciled: AtomicU64,
+    all: tokio::sync::Notify,
 }
 
 impl Times {
@@ -46,7 +49,22 @@ impl Times {
             start: Instant::now(),
             triggered: (0..n).map(|_| AtomicU64::new(0)).collect(),
             started: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            reconciled: AtomicU64::new(0),
+            all: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Records a reconcile's start; signals once every object has started one.
+    fn start(&self, cm: &ConfigMap) {
+        self.started[index(cm)].store(self.now(), Relaxed);
+        if self.reconciled.fetch_add(1, Relaxed) + 1 == self.started.len() as u64 {
+            self.all.notify_one();
+        }
+    }
+
+    /// Completes once every object has been reconciled.
+    async fn done(self: Arc<Self>) {
+        self.all.notified().await;
     }
 
     fn now(&self) -> u64 {
@@ -95,16 +113,19 @@ fn store(n: usize) -> (Store<ConfigMap>, Vec<ObjectRef<ConfigMap>>) {
     (reader, refs)
 }
 
-/// The shared trigger stream: each key, timestamped as it is yielded.
+/// The shared trigger stream: each key, timestamped as it is yielded; then it stays open (a
+/// controller's watches do), until the run is stopped.
 fn triggers(
     refs: Vec<ObjectRef<ConfigMap>>,
     times: Arc<Times>,
 ) -> impl futures_util::Stream<Item = ObjectRef<ConfigMap>> + Send + 'static {
-    stream::iter(refs).map(move |key| {
-        let i: usize = key.name[3..].parse().unwrap();
-        times.triggered[i].store(times.now(), Relaxed);
-        key
-    })
+    stream::iter(refs)
+        .map(move |key| {
+            let i: usize = key.name[3..].parse().unwrap();
+            times.triggered[i].store(times.now(), Relaxed);
+            key
+        })
+        .chain(stream::pending())
 }
 
 async fn run_kube(
@@ -116,12 +137,15 @@ async fn run_kube(
     let reconcile = {
         let times = times.clone();
         move |cm: Arc<ConfigMap>, _: Arc<()>| {
-            times.started[index(&cm)].store(times.now(), Relaxed);
+            times.start(&cm);
             black_box(&cm.metadata.name);
             std::future::ready(Ok::<_, Never>(Action::await_change()))
         }
     };
-    let queue = triggers(refs, times).map(Ok::<_, watcher::Error>);
+    // kube-runtime's graceful shutdown: its queue stream ends.
+    let queue = triggers(refs, times.clone())
+        .take_until(times.done())
+        .map(Ok::<_, watcher::Error>);
     let config = Config::default().concurrency(CONCURRENCY);
     applier(
         reconcile,
@@ -145,13 +169,14 @@ async fn run_ours(
     let reconcile = {
         let times = times.clone();
         move |cm: Arc<ConfigMap>, _: Arc<()>| {
-            times.started[index(&cm)].store(times.now(), Relaxed);
+            times.start(&cm);
             black_box(&cm.metadata.name);
             std::future::ready(Ok::<_, Never>(Action::await_change()))
         }
     };
-    Controller::for_stream(stream::empty(), store)
-        .reconcile_on(triggers(refs, times))
+    Controller::for_stream(stream::pending(), store)
+        .reconcile_on(triggers(refs, times.clone()))
+        .graceful_shutdown_on(times.done())
         .with_config(Config::default().concurrency(CONCURRENCY))
         .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
         .filter(|r| std::future::ready(r.is_ok()))
@@ -171,11 +196,17 @@ fn peak_rss_kib() -> u64 {
 
 /// One run of one implementation, in this process; prints `impl rps p99_us peak_kib`.
 fn child(which: &str, n: usize) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = match std::env::var("W14_RUNTIME").as_deref() {
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap(),
+    };
     let (store, refs) = store(n);
     let times = Arc::new(Times::new(n));
     let begun = Instant::now();

@@ -1,11 +1,21 @@
-//! kube-rs watchers as sources of a [`workqueue_tokio`] runner: client-go's retries,
-//! priorities and fairness for a kube-rs controller.
+//! kube-runtime's `Controller` on a work queue, and kube-rs watchers as sources of a
+//! [`workqueue_tokio`] runner: client-go's retries, priorities and fairness for kube-rs
+//! controllers, and replicas coordinated by Leases.
 //!
-//! kube-runtime has the input side of a controller (its [`watcher()`](kube::runtime::watcher()),
+//! - [`controller::Controller`] has kube-runtime's builder and signatures: a kube-runtime program
+//!   moves over by changing its `use` lines (`workqueue_kube::controller::{Action, Config,
+//!   Controller}` and `workqueue_kube::finalizer::{finalizer, Event}`), and gains per-key backoff,
+//!   priorities, aging, fairness, outage-aware retries and controller-runtime's metrics; see the
+//!   [`controller`] module for the migration table and the guarantees.
+//! - [`Controller::leases`](controller::Controller::leases) runs it as one of several replicas:
+//!   leader election, or the objects divided into shards ([`lease`]).
+//! - [`finalizer()`] is kube-runtime's finalizer helper with this crate's `Action`.
+//!
+//! Beneath `Controller`, for a controller wired by hand on a `workqueue_tokio` runner:
+//! kube-runtime has the input side (its [`watcher()`](kube::runtime::watcher()),
 //! [reflectors](mod@kube::runtime::reflector), [`predicates`](kube::runtime::predicates) and
-//! [`trigger_owners`]); `workqueue-tokio` has the
-//! queue and the workers (per-key backoff, priorities, a per-object error policy). This crate is
-//! the seam between them, three stream stages:
+//! [`trigger_owners`]); `workqueue-tokio` has the queue and the workers. Three stream stages join
+//! them:
 //!
 //! - [`prioritized`] reads a watcher's events and gives each touched object the priority
 //!   controller-runtime gives its key: the initial list at [`LOW_PRIORITY`], a re-listed object
@@ -20,9 +30,8 @@
 //!
 //! A watcher's errors pass through as `Err` items: the runner logs them, counts them in
 //! [`Report::source_errors`](workqueue_tokio::runner::Report::source_errors) and goes on, while
-//! the watcher retries on its own (with its backoff). A reconcile reads the object from a
-//! reflector [`Store`](kube::runtime::reflector::Store) put in the runner's context, not with a
-//! GET.
+//! the watcher retries on its own (with its backoff). A hand-wired runner must keep the
+//! guarantees `Controller` keeps for it (no reconcile before its store is ready, in particular).
 //!
 //! ```
 //! use futures_util::stream::{self, StreamExt};
@@ -72,8 +81,9 @@
 //! ```
 //!
 //! The crate enables no Kubernetes version feature of `k8s-openapi`: the application picks one,
-//! as kube-rs asks of libraries. The counter controller in `examples/counter/` is a complete
-//! controller on this crate (a real cluster given a kubeconfig); its tests run it against a
+//! as kube-rs asks of libraries. `examples/counter/` (the counter controller) and
+//! `examples/configmap_generator.rs` (a custom resource that owns ConfigMaps) are complete
+//! controllers on `Controller` (a real cluster given a kubeconfig); their tests run them against a
 //! scripted API server.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

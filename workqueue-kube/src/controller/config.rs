@@ -106,8 +106,8 @@ impl Config {
     }
 
     /// How long running reconciles may go on after a graceful shutdown began before they are
-    /// asked to stop (and 5 s later dropped). Default 30 s. kube-runtime waits for them without a
-    /// limit; `Duration::MAX` does too.
+    /// dropped. Default 30 s. kube-runtime waits for them without a limit; `Duration::MAX` does
+    /// too.
     #[must_use]
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;

@@ -23,12 +23,9 @@ use workqueue_tokio::runner::{Action, Context, Failure};
 use workqueue_tokio::{Lease, WorkQueue};
 
 use super::error::{Error, RunnerError};
-use super::shards::{ShardEvent, ShardMetrics, Shards};
+use super::shards::{Owner, ShardEvent, ShardMetrics, Shards};
 use super::triggers::Readiness;
 use crate::lease::{Ended, ShardEvents, ShardLeases};
-
-/// How long a reconcile asked to stop (its context cancelled) may go on before it is dropped.
-const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// The engine over a controller's keys.
 type Keys<K, E, C> = Engine<ObjectRef<K>, E, C, workqueue_tokio::DefaultHashBuilder>;
@@ -87,6 +84,7 @@ pub(crate) struct Dispatch<K, C, E, R, P>
 where
     K: Resource + 'static,
     K::DynamicType: Eq + Hash,
+    E: 'static,
 {
     setup: Option<Setup<K>>,
     engine: Option<Arc<Keys<K, E, C>>>,
@@ -102,7 +100,7 @@ where
     reconciler: R,
     error_policy: P,
     context: Arc<C>,
-    running: JoinSet<Finished<K, E, C>>,
+    running: JoinSet<TaskEnd<K, E, C>>,
     /// Leases taken while the store could not be read: dispatched once it can.
     held: Vec<Lease<ObjectRef<K>>>,
     limit: usize,
@@ -112,9 +110,8 @@ where
     phase: Phase,
     forced: bool,
     shutdown_grace: Duration,
-    /// When the running reconciles are asked to stop, and then dropped.
-    deadlines: Option<(tokio::time::Instant, tokio::time::Instant)>,
-    aborted: bool,
+    /// When the reconciles still running after a graceful shutdown began are dropped.
+    abort_at: Option<tokio::time::Instant>,
     /// With Leases: the shards this replica holds, and the protocol's task.
     shards: Option<Shards>,
     protocol: Option<tokio::task::JoinHandle<Ended>>,
@@ -162,8 +159,7 @@ where
             phase: Phase::Running,
             forced: false,
             shutdown_grace: Duration::ZERO,
-            deadlines: None,
-            aborted: false,
+            abort_at: None,
             shards: None,
             protocol: None,
             shard_metrics: None,
@@ -181,10 +177,13 @@ where
             .expect("a dispatcher without an engine has its setup");
         let limits = Limits {
             timeout: None,
-            cancel_grace: CANCEL_GRACE,
+            // Unused: a reconcile here has no timeout, and is stopped by aborting its task.
+            cancel_grace: Duration::ZERO,
             // The stream reports every failure; the caller logs them (as kube-runtime's do).
             failure_log: None,
             per_key_backoff: setup.per_key_backoff,
+            // kube-runtime's reconciles get no context to watch: stopping one is dropping it.
+            stopped_by_abort: true,
         };
         let (engine, feeders) = Engine::start(
             setup.queue,
@@ -265,8 +264,7 @@ where
                     self.forced = true;
                     self.intake.cancel();
                     self.phase = Phase::Stopping;
-                    engine.abort();
-                    engine.hard_stop();
+                    self.running.abort_all();
                 }
                 Some(error) = recv(&mut self.errors) => {
                     return Some(Err(Error::QueueError(error)));
@@ -277,7 +275,8 @@ where
                         Err(error) => error.id(),
                     };
                     let item = match joined {
-                        Ok((_, done)) => self.verdict(&engine, done),
+                        Ok((_, TaskEnd::Judged(item))) => item,
+                        Ok((_, TaskEnd::Failed(done))) => self.verdict(&engine, done),
                         Err(error) if error.is_cancelled() => {
                             // Aborted: its shard was lost or handed over; its lease finished
                             // without a re-add when the task dropped it.
@@ -333,9 +332,7 @@ where
                         None => self.begin_stopping(),
                     }
                 }
-                () = sleep_until(deadline), if deadline.is_some() => {
-                    self.on_deadline(&engine);
-                }
+                () = sleep_until(deadline), if deadline.is_some() => self.on_deadline(),
                 event = shard_event(&mut self.shards) => match event {
                     ShardEvent::Changed => self.on_assignment(&engine),
                     ShardEvent::HandOver(hand_over) => {
@@ -378,27 +375,21 @@ where
             return;
         }
         self.phase = Phase::Stopping;
-        let now = tokio::time::Instant::now();
-        let abort_at = now.checked_add(self.shutdown_grace);
-        self.deadlines = abort_at.and_then(|a| a.checked_add(CANCEL_GRACE).map(|h| (a, h)));
+        // A grace too long to be an instant (`Duration::MAX`) is no limit.
+        self.abort_at = tokio::time::Instant::now().checked_add(self.shutdown_grace);
     }
 
     fn next_deadline(&self) -> Option<tokio::time::Instant> {
         if self.phase != Phase::Stopping || self.running.is_empty() {
             return None;
         }
-        let (abort_at, hard_at) = self.deadlines?;
-        Some(if self.aborted { hard_at } else { abort_at })
+        self.abort_at
     }
 
-    fn on_deadline(&mut self, engine: &Keys<K, E, C>) {
-        if self.aborted {
-            engine.hard_stop();
-            self.deadlines = None;
-        } else {
-            engine.abort();
-            self.aborted = true;
-        }
+    /// The shutdown grace is over: the reconciles still running are dropped.
+    fn on_deadline(&mut self) {
+        self.running.abort_all();
+        self.abort_at = None;
     }
 
     /// Ends the run: stops the sources and background tasks.
@@ -446,45 +437,41 @@ where
             engine.discard(lease);
             return Some(Err(Error::ObjectNotFound(Box::new(missing))));
         };
-        let mut begun = engine.begin(&lease);
-        if let Some(shard) = shard {
-            begun.span.record("shard", shard);
-        }
-        let started = match begun.early.take() {
-            Some(message) => Err(message),
-            None => {
-                let (reconciler, context) = (&mut self.reconciler, &self.context);
-                begun
-                    .span
-                    .in_scope(|| catch(|| reconciler(object.clone(), context.clone())))
-            }
-        };
-        let fut = match started {
-            Ok(fut) => TryFutureExt::into_future(fut),
-            Err(message) => {
-                let done = Finished {
-                    lease,
-                    begun,
-                    object,
-                    ran: Ran::Panicked(message),
-                };
-                return self.verdict(engine, done);
-            }
-        };
+        // The user's reconcile is called here, on the task that polls the stream (it need not be
+        // `Send`); everything else for the lease runs in the reconcile's own task, so that the
+        // runtime's threads share it: the counts and the span, the reconcile, and the finish of a
+        // success. A failure comes back here for the error policy (user code, here again).
+        let started = catch(|| (self.reconciler)(object.clone(), self.context.clone()));
         let engine = engine.clone();
-        let token = begun.ctx.token().clone();
+        let owner = self.shards.as_ref().map(Shards::owner);
         let task = self.running.spawn(async move {
-            let span = begun.span.clone();
-            let ran = engine.drive(move || fut, &begun.ctx).instrument(span).await;
-            Finished {
+            let mut begun = engine.begin(&lease);
+            if let Some(shard) = shard {
+                begun.span.record("shard", shard);
+            }
+            let ran = match (begun.early.take(), started) {
+                (Some(message), _) | (None, Err(message)) => Ran::Panicked(message),
+                (None, Ok(fut)) => {
+                    let fut = TryFutureExt::into_future(fut);
+                    let span = begun.span.clone();
+                    engine.drive(move || fut, &begun.ctx).instrument(span).await
+                }
+            };
+            let done = Finished {
                 lease,
                 begun,
                 object,
                 ran,
+            };
+            match done.ran {
+                Ran::Returned(Ok(_)) | Ran::Interrupted => {
+                    TaskEnd::Judged(finish(&engine, done, owner.as_ref(), never_fails))
+                }
+                _ => TaskEnd::Failed(done),
             }
         });
         if let (Some(shards), Some(shard)) = (&mut self.shards, shard) {
-            shards.started(task.id(), shard, token, task);
+            shards.started(task.id(), shard, task);
         }
         None
     }
@@ -513,51 +500,76 @@ where
         }
     }
 
-    /// Judges a finished reconcile (the error policy sees the reconcile's error), finishes its
+    /// Judges a failed reconcile (the error policy sees the reconcile's error), finishes its
     /// lease, and says what the stream reports.
     fn verdict(&self, engine: &Keys<K, E, C>, done: Finished<K, E, C>) -> Option<Item<K, E>> {
-        let Finished {
-            lease,
-            begun,
-            object,
-            ran,
-        } = done;
-        let key = lease.key().clone();
+        let owner = self.shards.as_ref().map(Shards::owner);
+        let object = done.object.clone();
         let policy = |_: &ObjectRef<K>, failure: &Failure<E>, _: &Context<C>| match failure {
             Failure::Error(error) => {
                 (self.error_policy)(object.clone(), error, self.context.clone())
             }
             _ => Action::backoff(),
         };
-        let verdict = engine.judge(&key, &begun, ran, policy);
-        let ours = match &self.shards {
-            Some(shards) => shards.accepts(shards.shard(&key)),
-            None => true,
-        };
-        if ours {
-            engine.finish(lease, &begun, &verdict);
-        } else {
-            engine.finish_elsewhere(lease, &verdict);
+        finish(engine, done, owner.as_ref(), policy)
+    }
+}
+
+/// What a reconcile's task ends with.
+enum TaskEnd<K: Resource, E: 'static, C> {
+    /// Judged and finished in the task (no error policy needed): what the stream reports.
+    Judged(Option<Item<K, E>>),
+    /// A failure: the error policy, on the dispatcher, judges it.
+    Failed(Finished<K, E, C>),
+}
+
+/// The policy of a reconcile that did not fail (never asked).
+fn never_fails<K: Resource, E, C>(_: &ObjectRef<K>, _: &Failure<E>, _: &Context<C>) -> Action {
+    Action::backoff()
+}
+
+/// Judges a reconcile with `policy`, finishes its lease (without a re-add when its shard is no
+/// longer this replica's, by `owner`), and says what the stream reports.
+fn finish<K, E, C>(
+    engine: &Keys<K, E, C>,
+    done: Finished<K, E, C>,
+    owner: Option<&Owner>,
+    policy: impl FnMut(&ObjectRef<K>, &Failure<E>, &Context<C>) -> Action,
+) -> Option<Item<K, E>>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + Hash + Debug + Send + Sync + 'static,
+    E: std::error::Error + Send + 'static,
+    C: Send + Sync + 'static,
+{
+    let Finished {
+        lease, begun, ran, ..
+    } = done;
+    let key = lease.key().clone();
+    let verdict = engine.judge(&key, &begun, ran, policy);
+    if owner.is_none_or(|o| o.owns(&key)) {
+        engine.finish(lease, &begun, &verdict);
+    } else {
+        engine.finish_elsewhere(lease, &verdict);
+    }
+    let object = || Box::new(key.clone().erase());
+    match verdict {
+        Reconciled::Ok(action) => Some(Ok((key, action))),
+        Reconciled::Failed(Failure::Error(error), _) => {
+            Some(Err(Error::ReconcilerFailed(error, object())))
         }
-        let object = || Box::new(key.clone().erase());
-        match verdict {
-            Reconciled::Ok(action) => Some(Ok((key, action))),
-            Reconciled::Failed(Failure::Error(error), _) => {
-                Some(Err(Error::ReconcilerFailed(error, object())))
-            }
-            Reconciled::Failed(Failure::Panic(message), _) => {
-                Some(Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
-                    object: object(),
-                    message,
-                })))
-            }
-            Reconciled::Failed(Failure::Timeout, _) => {
-                Some(Err(Error::RunnerError(RunnerError::ReconcilerTimedOut {
-                    object: object(),
-                })))
-            }
-            Reconciled::Failed(..) | Reconciled::Interrupted => None,
+        Reconciled::Failed(Failure::Panic(message), _) => {
+            Some(Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
+                object: object(),
+                message,
+            })))
         }
+        Reconciled::Failed(Failure::Timeout, _) => {
+            Some(Err(Error::RunnerError(RunnerError::ReconcilerTimedOut {
+                object: object(),
+            })))
+        }
+        Reconciled::Failed(..) | Reconciled::Interrupted => None,
     }
 }
 
@@ -567,6 +579,7 @@ impl<K, C, E, R, P> Drop for Dispatch<K, C, E, R, P>
 where
     K: Resource + 'static,
     K::DynamicType: Eq + Hash,
+    E: 'static,
 {
     fn drop(&mut self) {
         if let Some(protocol) = self.protocol.take() {

@@ -21,7 +21,6 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, Id};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Assignment, HandOver, ShardChange, shard_of};
 
@@ -45,8 +44,9 @@ pub(crate) struct Shards {
     /// The assignment as last handled (for its changes).
     seen: Assignment,
     hand_overs: Option<mpsc::UnboundedReceiver<HandOver>>,
-    /// In-flight reconciles: their shard, their context's token, their task.
-    tasks: HashMap<Id, (u32, CancellationToken, AbortHandle)>,
+    /// In-flight reconciles: their shard and their task. (A `Controller`'s reconcile sees no
+    /// cancellation token: stopping one is aborting it.)
+    tasks: HashMap<Id, (u32, AbortHandle)>,
     stopping: HashMap<u32, Stopping>,
     /// How long after a lost shard's `valid_until` its reconciles may run: within the time the
     /// protocol leaves before another replica can take it.
@@ -101,26 +101,25 @@ impl Shards {
     }
 
     /// Records a reconcile of `shard` started as the task `id`.
-    pub(crate) fn started(
-        &mut self,
-        id: Id,
-        shard: u32,
-        token: CancellationToken,
-        task: AbortHandle,
-    ) {
-        self.tasks.insert(id, (shard, token, task));
+    pub(crate) fn started(&mut self, id: Id, shard: u32, task: AbortHandle) {
+        self.tasks.insert(id, (shard, task));
+    }
+
+    /// Who owns which keys, for the reconciles' tasks.
+    pub(crate) fn owner(&self) -> Owner {
+        Owner(self.assignment.clone())
     }
 
     /// A task ended (finished or aborted): acknowledges its shard's hand-over if it was the last.
     pub(crate) fn ended(&mut self, id: Id) {
-        if let Some((shard, _, _)) = self.tasks.remove(&id) {
+        if let Some((shard, _)) = self.tasks.remove(&id) {
             self.settle(shard);
         }
     }
 
     /// Acknowledges `shard`'s hand-over once none of its reconciles runs.
     fn settle(&mut self, shard: u32) {
-        if self.tasks.values().any(|(s, _, _)| *s == shard) {
+        if self.tasks.values().any(|(s, _)| *s == shard) {
             return;
         }
         if let Some(stopping) = self.stopping.remove(&shard)
@@ -131,13 +130,9 @@ impl Shards {
         }
     }
 
-    /// Stops `shard`'s work: cancels its reconciles' contexts; they are aborted at `abort_at`.
+    /// Stops `shard`'s work: no key of it is taken any more; its reconciles still running are
+    /// aborted at `abort_at`.
     fn stop(&mut self, shard: u32, abort_at: Instant, hand_over: Option<HandOver>) {
-        for (s, token, _) in self.tasks.values() {
-            if *s == shard {
-                token.cancel();
-            }
-        }
         let stopping = self.stopping.entry(shard).or_insert(Stopping {
             abort_at,
             hand_over: None,
@@ -192,7 +187,7 @@ impl Shards {
         let now = Instant::now();
         let mut lost = Vec::new();
         let assignment = self.assignment.borrow().clone();
-        let mut shards: Vec<u32> = self.tasks.values().map(|(s, _, _)| *s).collect();
+        let mut shards: Vec<u32> = self.tasks.values().map(|(s, _)| *s).collect();
         shards.sort_unstable();
         shards.dedup();
         for shard in shards {
@@ -221,7 +216,7 @@ impl Shards {
 
     /// Aborts the reconciles of `shard` still running.
     fn abort(&mut self, shard: u32) {
-        for (s, _, task) in self.tasks.values() {
+        for (s, task) in self.tasks.values() {
             if *s == shard {
                 task.abort();
             }
@@ -235,12 +230,12 @@ impl Shards {
         let valid = self
             .tasks
             .values()
-            .filter(|(s, _, _)| !self.stopping.contains_key(s))
-            .filter_map(|(s, _, _)| assignment.state(*s).holding().map(|h| h.valid_until));
+            .filter(|(s, _)| !self.stopping.contains_key(s))
+            .filter_map(|(s, _)| assignment.state(*s).holding().map(|h| h.valid_until));
         let aborts = self
             .stopping
             .iter()
-            .filter(|(s, _)| self.tasks.values().any(|(t, _, _)| t == *s))
+            .filter(|(s, _)| self.tasks.values().any(|(t, _)| t == *s))
             .map(|(_, st)| st.abort_at);
         valid.chain(aborts).min()
     }
@@ -296,6 +291,24 @@ impl Shards {
     /// The assignment now (for the metrics).
     pub(crate) fn assignment(&self) -> Assignment {
         self.assignment.borrow().clone()
+    }
+}
+
+/// Which keys this replica owns now (a reconcile's task asks it as it finishes).
+#[derive(Debug, Clone)]
+pub(crate) struct Owner(watch::Receiver<Assignment>);
+
+impl Owner {
+    /// Whether `key`'s shard is held and valid now (a lease of a shard given up or lost is
+    /// finished without a re-add).
+    pub(crate) fn owns<K: kube::Resource>(&self, key: &ObjectRef<K>) -> bool {
+        let assignment = self.0.borrow();
+        let shard = shard_of(
+            key.namespace.as_deref(),
+            &key.name,
+            assignment.shard_count().max(1),
+        );
+        assignment.accepts(shard, Instant::now())
     }
 }
 

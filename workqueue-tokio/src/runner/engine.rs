@@ -49,6 +49,11 @@ pub struct Limits {
     pub failure_log: Option<tracing::Level>,
     /// Whether a failure's `Action::requeue(d)` waits the rate limiter's delay, at least `d`.
     pub per_key_backoff: bool,
+    /// Whether the front end stops reconciles by aborting their tasks, and its reconciles see
+    /// no [`Context`]: then a context is not linked to [`Engine::abort`] (a linked token costs a
+    /// lock on the runner's token at each reconcile's start and end), and [`Engine::drive`] does
+    /// not watch [`Engine::hard_stop`].
+    pub stopped_by_abort: bool,
 }
 
 /// Everything the per-lease steps share. Built by [`Engine::start`], which also starts the
@@ -273,9 +278,14 @@ where
             caught(message);
             tracing::Span::none()
         });
+        let token = if self.limits.stopped_by_abort {
+            CancellationToken::new()
+        } else {
+            self.abort.child_token()
+        };
         let ctx = Context::new(
             self.context.clone(),
-            self.abort.child_token(),
+            token,
             rate_limited_retries,
             failures_in_a_row,
             priority,
@@ -327,10 +337,17 @@ where
                 None => std::future::pending().await,
             }
         };
+        let hard_stop = async {
+            if self.limits.stopped_by_abort {
+                std::future::pending().await
+            } else {
+                self.hard_stop.cancelled().await
+            }
+        };
         tokio::select! {
             biased;
             r = &mut fut => returned(r),
-            () = self.hard_stop.cancelled() => Ran::Interrupted,
+            () = hard_stop => Ran::Interrupted,
             () = limit => {
                 token.cancel();
                 tokio::select! {

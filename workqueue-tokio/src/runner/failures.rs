@@ -6,9 +6,11 @@
 //! [`Context::failures_in_a_row`]: super::Context::failures_in_a_row
 
 use std::collections::HashMap;
+
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
+use workqueue_core::state::DefaultHashBuilder;
 
 use super::action::Reconciled;
 
@@ -18,7 +20,7 @@ use super::action::Reconciled;
 /// reconcile and the update at its end never race for one key.
 #[derive(Debug)]
 pub(crate) struct FailureCounts<T> {
-    counts: Mutex<HashMap<T, u32>>,
+    counts: Mutex<HashMap<T, u32, DefaultHashBuilder>>,
     /// Whether `counts` may hold entries: false only while it is empty (written under its lock),
     /// so that while no key is failing, a reconcile takes no lock here. A key's entry is written
     /// at the end of one lease and read at the start of its next; the queue's lock orders the
@@ -29,7 +31,7 @@ pub(crate) struct FailureCounts<T> {
 impl<T: Hash + Eq + Clone> FailureCounts<T> {
     pub(crate) fn new() -> Self {
         FailureCounts {
-            counts: Mutex::new(HashMap::new()),
+            counts: Mutex::new(HashMap::default()),
             any: AtomicBool::new(false),
         }
     }

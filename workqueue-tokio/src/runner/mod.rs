@@ -41,6 +41,7 @@
 //! | `failures_in_a_row` | [`Context::failures_in_a_row`] |
 //! | `priority` | the priority the key was handed out at |
 //! | `reasons` | why the key was queued, merged across de-duplicated adds: `source:NAME`, `requeue`, `retry`, `direct` |
+//! | `shard` | the key's shard, for a `workqueue-kube` `Controller` on Leases (empty otherwise) |
 //!
 //! A failed reconcile logs one event in that span, at the level [`Runner::failure_log`] sets
 //! (`ERROR` by default, or none): `reconcile failed` (with the `error`), `reconcile panicked`
@@ -481,6 +482,7 @@ where
             cancel_grace: self.cancel_grace,
             failure_log: self.failure_log,
             per_key_backoff: false,
+            stopped_by_abort: false,
         };
         let (engine, feeders) = Engine::start(
             self.queue,

@@ -2,10 +2,12 @@
 //! reconcile's tracing span. Never given to the reconcile (see [`Context`](super::Context)).
 
 use std::collections::HashMap;
+
 use std::fmt;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use workqueue_core::state::DefaultHashBuilder;
 
 /// A reason bit: a requeue the reconcile asked for.
 pub(crate) const REQUEUE: u64 = 1;
@@ -33,7 +35,7 @@ pub(crate) fn source_bit(index: usize) -> u64 {
 /// lease of the same key (a delayed add explained before its time): reasons are a log aid, not
 /// an exact account.
 pub(crate) struct Reasons<T> {
-    pending: Mutex<HashMap<T, u64>>,
+    pending: Mutex<HashMap<T, u64, DefaultHashBuilder>>,
     /// Whether `pending` may hold entries: false only while it is empty (written under its
     /// lock). A runner without sources and without retries then takes no lock per lease. A mark
     /// is made before the add it explains, and the queue's lock orders that add before the lease
@@ -46,7 +48,7 @@ pub(crate) struct Reasons<T> {
 impl<T: Hash + Eq + Clone> Reasons<T> {
     pub(crate) fn new(names: Arc<[Arc<str>]>) -> Self {
         Reasons {
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::default()),
             any: AtomicBool::new(false),
             names,
         }
