@@ -8,6 +8,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::{self, BoxFuture, FutureExt, TryFuture, TryFutureExt};
@@ -438,13 +439,17 @@ where
             return Some(Err(Error::ObjectNotFound(Box::new(missing))));
         };
         // The user's reconcile is called here, on the task that polls the stream (it need not be
-        // `Send`); everything else for the lease runs in the reconcile's own task, so that the
-        // runtime's threads share it: the counts and the span, the reconcile, and the finish of a
-        // success. A failure comes back here for the error policy (user code, here again).
+        // `Send`). The rest of the lease is one future: the counts and the span, the reconcile's
+        // future under the runner's limits, and the finish of a success. It is polled here once:
+        // a reconcile with nothing to wait for (the usual no-op of a level-triggered controller,
+        // which finds the object as it should be) ends there, without a task; one that waits
+        // goes on as a task of its own, so that the runtime's threads share the reconciles. A
+        // failure comes back here for the error policy (user code, here again).
         let started = catch(|| (self.reconciler)(object.clone(), self.context.clone()));
-        let engine = engine.clone();
         let owner = self.shards.as_ref().map(Shards::owner);
-        let task = self.running.spawn(async move {
+        let job_engine = engine.clone();
+        let mut job = Box::pin(async move {
+            let engine = job_engine;
             let mut begun = engine.begin(&lease);
             if let Some(shard) = shard {
                 begun.span.record("shard", shard);
@@ -470,6 +475,21 @@ where
                 _ => TaskEnd::Failed(done),
             }
         });
+        // The job catches every panic of user code (`drive` and the engine's steps do); a waker
+        // that does nothing is enough: a future that is not ready registers its wake-ups again
+        // when the task polls it.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match catch(|| job.as_mut().poll(&mut cx)) {
+            Ok(Poll::Ready(TaskEnd::Judged(item))) => return item,
+            Ok(Poll::Ready(TaskEnd::Failed(done))) => return self.verdict(engine, done),
+            Ok(Poll::Pending) => {}
+            Err(message) => {
+                // Defence in depth, as for a task's panic: the lease ends with the job.
+                tracing::error!(panic = %message, "a reconcile's job panicked");
+                return None;
+            }
+        }
+        let task = self.running.spawn(job);
         if let (Some(shards), Some(shard)) = (&mut self.shards, shard) {
             shards.started(task.id(), shard, task);
         }
