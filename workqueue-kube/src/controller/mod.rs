@@ -400,8 +400,12 @@ where
     /// taken, or why there was none), which does nothing until it is polled.
     ///
     /// `reconciler` and `error_policy` are called on the task that polls the stream, so they
-    /// need not be `Send` or `Sync`; the reconciles' futures run as tasks of their own (hence
-    /// `Send + 'static`). The stream ends after a shutdown ([`Controller::graceful_shutdown_on`],
+    /// need not be `Send` or `Sync`. A reconcile's future is polled once there; if it has to
+    /// wait (an API call), it goes on as a task of its own (hence `Send + 'static`), so that
+    /// reconciles run in parallel on the runtime's threads, as kube-runtime spawns them. One
+    /// with nothing to wait for (a reconcile that finds its object as it should be) ends at that
+    /// first poll, without the cost of a task; keep long computations out of a reconcile's
+    /// first steps, as out of the closure itself. The stream ends after a shutdown ([`Controller::graceful_shutdown_on`],
     /// [`Controller::shutdown_on_signal`]), or once every trigger has ended and the objects due
     /// were reconciled. Must be polled inside a tokio runtime.
     pub fn run<ReconcilerFut, Ctx>(
