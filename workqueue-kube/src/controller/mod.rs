@@ -171,6 +171,19 @@ where
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
         let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
         let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
+        Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
+    }
+
+    /// A controller whose main trigger is `main`, reading `reader`, taking keys once `gate` says
+    /// the store is ready (with `tasks` started with it to keep the gate).
+    fn with_main(
+        main: Trigger<K>,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+        gate: watch::Receiver<Readiness>,
+        tasks: Vec<BoxFuture<'static, ()>>,
+        client: Option<Client>,
+    ) -> Self {
         let name = K::kind(&dyntype).to_lowercase();
         Controller {
             triggers: vec![(name, main)],
@@ -178,10 +191,10 @@ where
             dyntype,
             config: Config::default(),
             gate,
-            tasks: Vec::new(),
+            tasks,
             graceful: Vec::new(),
             forceful: Vec::new(),
-            client: Some(client),
+            client,
             leases: None,
         }
     }
@@ -214,20 +227,8 @@ where
                 }
             }
         };
-        let name = K::kind(&dyntype).to_lowercase();
         let main = triggers::applied(trigger, dyntype.clone()).boxed();
-        Controller {
-            triggers: vec![(name, main)],
-            reader,
-            dyntype,
-            config: Config::default(),
-            gate,
-            tasks: vec![ready.boxed()],
-            graceful: Vec::new(),
-            forceful: Vec::new(),
-            client: None,
-            leases: None,
-        }
+        Self::with_main(main, reader, dyntype, gate, vec![ready.boxed()], None)
     }
 
     /// The controller's options.
