@@ -55,10 +55,22 @@ fn priority() -> impl Strategy<Value = i32> {
     prop_oneof![Just(-100), Just(-1), Just(0), Just(1), Just(7)]
 }
 
+/// An add with flags (rate-limited, debounced, bypassing parking), debounces often.
+fn add_flags(keys: u8) -> impl Strategy<Value = Op> {
+    (
+        0..keys,
+        priority(),
+        delay(),
+        prop_oneof![3 => Just(2u8), 1 => 0u8..8],
+    )
+        .prop_map(|(k, p, d, f)| Op::AddFlags(k, p, d, f))
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS;
     prop_oneof![
         4 => (key.clone(), priority(), delay()).prop_map(|(k, p, d)| Op::AddWith(k, p, d)),
+        3 => add_flags(KEYS),
         6 => key.clone().prop_map(Op::Add),
         2 => key.clone().prop_map(Op::AddRef),
         5 => (key, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
@@ -116,6 +128,7 @@ fn outage_op() -> impl Strategy<Value = Op> {
         8 => Just(Op::Get),
         3 => (0..KEYS).prop_map(Op::Add),
         2 => (0..KEYS, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
+        3 => add_flags(KEYS),
         3 => (0u64..3).prop_map(|n| Op::Advance(Duration::from_secs(n))),
         2 => (0u64..6).prop_map(|n| Op::Advance(Duration::from_millis(n))),
         1 => (0usize..8, outcome(), proptest::option::of(delay()))
@@ -167,8 +180,9 @@ fn outage_runs_open_probe_and_close() {
     );
 }
 
-/// The pinned cases, scripted: an add of a parked key runs it (an extra probe), a give-up while
-/// open is not parked, shutdown drops parked keys and the drain ends without them.
+/// The pinned cases, scripted: an add of a parked key leaves it parked (one that bypasses
+/// parking runs it, as an extra probe), a give-up while open is not parked, shutdown drops
+/// parked keys and the drain ends without them.
 #[test]
 fn outage_pinned_cases_scripted() {
     use Op::*;
@@ -187,11 +201,24 @@ fn outage_pinned_cases_scripted() {
     assert!(h.state().outage_detector().unwrap().is_open());
     let parked = h.state().parked_len();
     assert!(parked >= 2, "{parked}");
-    // An add of a parked key runs it at once; its failure parks it again.
-    h.apply(&Add(3));
+    // An add of a parked key leaves it parked, whatever its options (but bypass).
+    let parked_key = (0..4)
+        .find(|&k| h.state().is_parked(format!("k{k}").as_str()))
+        .unwrap();
+    let len = h.state().counts().ready;
+    h.apply(&Add(parked_key));
+    h.apply(&AddWith(parked_key, 7, Duration::ZERO));
+    h.apply(&AddAfter(parked_key, Duration::from_millis(1)));
+    h.apply(&AddFlags(parked_key, 0, Duration::from_millis(1), 1));
+    h.apply(&AddFlags(parked_key, 0, Duration::from_millis(1), 2));
+    assert_eq!(h.state().counts().ready, len);
+    assert!(h.state().is_parked(format!("k{parked_key}").as_str()));
+    // One that bypasses parking runs it at once; its failure parks it again.
+    h.apply(&AddFlags(parked_key, 0, Duration::ZERO, 4));
     h.apply(&Get);
     h.apply(&FinishSignalled(0, Outcome::Retry, None, 2));
     assert!(h.state().outage_detector().unwrap().is_open());
+    assert!(h.state().is_parked(format!("k{parked_key}").as_str()));
     // A give-up (Forget) of a failing key while open: not parked.
     h.apply(&Add(5));
     h.apply(&Get);
@@ -258,6 +285,20 @@ proptest! {
     #[test]
     fn live_state_agrees_with_model(ops in proptest::collection::vec(live_op(), 1..150)) {
         replay(&ops);
+    }
+
+    /// `keep_backoff`: adds of keys waiting on a rate-limited retry are held, and retries carry
+    /// re-adds made during the run; alone and with outage detection.
+    #[test]
+    fn state_agrees_with_model_keeping_backoff(
+        ops in proptest::collection::vec(outage_op(), 1..200),
+        outage in any::<bool>(),
+    ) {
+        let mut h = StateHarness::new().with_keep_backoff();
+        if outage {
+            h = h.with_outage_detection(outage_config());
+        }
+        h.run(&ops);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use workqueue_core::ratelimit::{OutageConfig, Signal};
 use workqueue_core::state::{DefaultHashBuilder, Get, OutageEvent, QueueState, Ticket};
 
 use crate::faults::{self, Fault, FaultyKey};
-use crate::{AddStatus, Instant, Model, ModelEvent, ModelFinished, ModelGet, Outcome};
+use crate::{AddStatus, Instant, Model, ModelAdd, ModelEvent, ModelFinished, ModelGet, Outcome};
 
 /// One step of a differential run. Keys are small integers, named `k{n}` in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,9 @@ pub enum Op {
     AddAfter(u8, Duration),
     /// An add at `priority` after `d` (through `add_or_return`).
     AddWith(u8, i32, Duration),
+    /// An add at `priority` after `d` with the flags in `flags` (through `add_or_return`): bit 0
+    /// `rate_limited`, bit 1 `debounced`, bit 2 `bypass_parking`.
+    AddFlags(u8, i32, Duration, u8),
     /// `get()`: the ticket is held until a [`Op::Finish`].
     Get,
     /// Finishes the held ticket at `index % held` with an outcome; the `Option` is the limiter's
@@ -198,6 +201,13 @@ impl<S: BuildHasher> StateHarness<S> {
         self
     }
 
+    /// The same harness with `keep_backoff` on both sides (`QueueState::set_keep_backoff`).
+    pub fn with_keep_backoff(mut self) -> Self {
+        self.state.set_keep_backoff(true);
+        self.model = std::mem::take(&mut self.model).with_keep_backoff();
+        self
+    }
+
     /// The same harness with aging on both sides (`QueueState::set_max_ready_wait`).
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.state.enable_aging(max_wait);
@@ -332,6 +342,33 @@ impl<S: BuildHasher> StateHarness<S> {
                     back.is_none(),
                     stored,
                     "{ctx}: add_or_return with options hands back"
+                );
+            }
+            Op::AddFlags(k, priority, delay, flags) => {
+                let key = key_name(k);
+                self.seen.insert(key.clone());
+                let tracked = self.model.is_tracked(&key);
+                let qkey = faulty(k);
+                let add = ModelAdd {
+                    priority,
+                    delay,
+                    rate_limited: flags & 1 != 0,
+                    debounced: flags & 2 != 0,
+                    bypass_parking: flags & 4 != 0,
+                };
+                let Some((status, back)) = self.on_state(ctx, true, |s| {
+                    s.add_or_return(qkey, add.to_queue(), Some(group(k)), now)
+                }) else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
+                let expected = self.model.add_options(key.clone(), add, now);
+                assert_eq!(status, expected, "{ctx}: add with {add:?}: status");
+                let stored = !tracked && !matches!(status, AddStatus::ShutDown | AddStatus::Never);
+                assert_eq!(
+                    back.is_none(),
+                    stored,
+                    "{ctx}: add_or_return with flags hands back"
                 );
             }
             Op::Get => self.get(ctx, now),
