@@ -107,7 +107,11 @@ fn triggers(
     })
 }
 
-async fn run_kube(store: Store<ConfigMap>, refs: Vec<ObjectRef<ConfigMap>>, times: Arc<Times>) -> usize {
+async fn run_kube(
+    store: Store<ConfigMap>,
+    refs: Vec<ObjectRef<ConfigMap>>,
+    times: Arc<Times>,
+) -> usize {
     use kube::runtime::controller::{Action, Config, applier};
     let reconcile = {
         let times = times.clone();
@@ -119,13 +123,24 @@ async fn run_kube(store: Store<ConfigMap>, refs: Vec<ObjectRef<ConfigMap>>, time
     };
     let queue = triggers(refs, times).map(Ok::<_, watcher::Error>);
     let config = Config::default().concurrency(CONCURRENCY);
-    applier(reconcile, |_, _, _| Action::await_change(), Arc::new(()), store, queue, config)
-        .filter(|r| std::future::ready(r.is_ok()))
-        .count()
-        .await
+    applier(
+        reconcile,
+        |_, _, _| Action::await_change(),
+        Arc::new(()),
+        store,
+        queue,
+        config,
+    )
+    .filter(|r| std::future::ready(r.is_ok()))
+    .count()
+    .await
 }
 
-async fn run_ours(store: Store<ConfigMap>, refs: Vec<ObjectRef<ConfigMap>>, times: Arc<Times>) -> usize {
+async fn run_ours(
+    store: Store<ConfigMap>,
+    refs: Vec<ObjectRef<ConfigMap>>,
+    times: Arc<Times>,
+) -> usize {
     use workqueue_kube::controller::{Action, Config, Controller};
     let reconcile = {
         let times = times.clone();
@@ -186,7 +201,10 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let which = args.first().map_or("all", String::as_str);
     let n: usize = args.get(1).map_or(100_000, |s| s.parse().expect("N"));
     if which != "all" {
@@ -199,14 +217,27 @@ fn main() {
         vec![("kube".into(), Vec::new()), ("ours".into(), Vec::new())];
     for _ in 0..runs {
         for (name, results) in &mut figures {
-            let out = Command::new(&exe).args([name.as_str(), &n.to_string()]).output().unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let out = Command::new(&exe)
+                .args([name.as_str(), &n.to_string()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let line = String::from_utf8(out.stdout).unwrap();
-            let f: Vec<f64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+            let f: Vec<f64> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap())
+                .collect();
             results.push((f[0], f[1], f[2]));
         }
     }
-    println!("W14 controller throughput, {n} objects, concurrency {CONCURRENCY}, 2 runtime threads, {runs} runs each (median [min, max])");
+    println!(
+        "W14 controller throughput, {n} objects, concurrency {CONCURRENCY}, 2 runtime threads, {runs} runs each (median [min, max])"
+    );
     println!("| implementation | reconciles/s | p99 trigger-to-start (ms) | peak RSS (MiB) |");
     println!("|---|---:|---:|---:|");
     let mut medians = Vec::new();

@@ -275,11 +275,21 @@ mod tests {
     fn per_key_backoff_floors_a_failures_requeue_at_the_limiters_delay() {
         let s = Duration::from_secs(1);
         let failed = |a| Reconciled::Failed(Failure::Error(()), a);
-        assert_eq!(failed(Action::requeue(s)).outcome(true), Outcome::retry_at_least(s));
+        assert_eq!(
+            failed(Action::requeue(s)).outcome(true),
+            Outcome::retry_at_least(s)
+        );
         assert_eq!(failed(Action::backoff()).outcome(true), Outcome::retry());
-        assert_eq!(failed(Action::await_change()).outcome(true), Outcome::forget());
+        assert_eq!(
+            failed(Action::await_change()).outcome(true),
+            Outcome::forget()
+        );
         let ok = Reconciled::<()>::Ok(Action::requeue(s));
-        assert_eq!(ok.outcome(true), Outcome::requeue_after(s), "a success polls at d");
+        assert_eq!(
+            ok.outcome(true),
+            Outcome::requeue_after(s),
+            "a success polls at d"
+        );
     }
 
     /// A priority changes the re-add's priority and nothing else: every case maps to the outcome
