@@ -213,7 +213,9 @@ fn main() {
     }
     let runs: usize = args.get(2).map_or(5, |s| s.parse().expect("RUNS"));
     let exe = std::env::current_exe().unwrap();
-    let mut figures: Vec<(String, Vec<(f64, f64, f64)>)> =
+    // Per implementation, one (figures of a run) triple per run.
+    type Runs = Vec<(f64, f64, f64)>;
+    let mut figures: Vec<(String, Runs)> =
         vec![("kube".into(), Vec::new()), ("ours".into(), Vec::new())];
     for _ in 0..runs {
         for (name, results) in &mut figures {
