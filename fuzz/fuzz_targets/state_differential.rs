@@ -18,7 +18,8 @@
 //! model's, with no parked key lost or leased twice.
 //!
 //! Adds with flags (`AddFlags`: rate-limited, debounced, bypassing parking) and the input's
-//! `keep_backoff` exercise the rules that look at why a key waits.
+//! `keep_backoff` exercise the rules that look at why a key waits; `Retain` removes keys by a
+//! predicate that may panic (the state must then be as it was).
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -53,6 +54,8 @@ enum FOp {
     Fault(FFault, u8),
     /// Forces a compaction.
     Compact,
+    /// `retain` keeping the keys whose bit is set; `keep` panics at the given call (0: never).
+    Retain(u32, u8),
 }
 
 /// A few priorities that collide, and any other.
@@ -171,6 +174,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Rewind(d) => Op::Rewind(d.get()),
         FOp::Drain => Op::Drain,
         FOp::Compact => Op::Compact,
+        FOp::Retain(mask, n) => Op::Retain(mask, n % 24),
         FOp::Fault(f, n) => Op::Fault(
             match f {
                 FFault::Clone => Fault::Clone,

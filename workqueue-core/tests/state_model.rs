@@ -66,9 +66,15 @@ fn add_flags(keys: u8) -> impl Strategy<Value = Op> {
         .prop_map(|(k, p, d, f)| Op::AddFlags(k, p, d, f))
 }
 
+/// A removal by predicate (a mask of the keys kept), whose `keep` panics sometimes.
+fn retain() -> impl Strategy<Value = Op> {
+    (any::<u32>(), prop_oneof![3 => Just(0u8), 1 => 1u8..8]).prop_map(|(m, p)| Op::Retain(m, p))
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS;
     prop_oneof![
+        1 => retain(),
         4 => (key.clone(), priority(), delay()).prop_map(|(k, p, d)| Op::AddWith(k, p, d)),
         3 => add_flags(KEYS),
         6 => key.clone().prop_map(Op::Add),
@@ -129,6 +135,7 @@ fn outage_op() -> impl Strategy<Value = Op> {
         3 => (0..KEYS).prop_map(Op::Add),
         2 => (0..KEYS, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
         3 => add_flags(KEYS),
+        1 => retain(),
         3 => (0u64..3).prop_map(|n| Op::Advance(Duration::from_secs(n))),
         2 => (0u64..6).prop_map(|n| Op::Advance(Duration::from_millis(n))),
         1 => (0usize..8, outcome(), proptest::option::of(delay()))
@@ -423,6 +430,35 @@ fn saturating_delays_and_clock_going_back() {
         ),
         Op::Len,
     ]);
+}
+
+/// Retain removes queued, waiting and parked keys (a removed probe is replaced), clears the
+/// dirty mark of a processing key that is not kept, and changes nothing when `keep` panics.
+#[test]
+fn retain_removes_queued_waiting_and_parked_keys() {
+    use Op::*;
+    let retry = |i| FinishSignalled(i, Outcome::Retry, Some(ms(5)), 1);
+    let mut h = StateHarness::new().with_outage_detection(outage_config());
+    for k in 0..5 {
+        h.apply(&Add(k));
+    }
+    for _ in 0..4 {
+        h.apply(&Get);
+    }
+    for _ in 0..4 {
+        h.apply(&retry(0));
+    }
+    assert!(h.state().parked_len() >= 2);
+    h.apply(&AddFlags(5, 0, ms(3), 2));
+    h.apply(&Get); // k4
+    h.apply(&Add(4)); // dirty
+    h.apply(&Retain(0b1, 3)); // keep panics at its third call: nothing changes
+    assert_eq!(h.panics(), 1);
+    h.apply(&Retain(0b1, 0)); // keep only k0
+    assert_eq!(h.state().counts().tracked, 2, "k0 and the processing k4");
+    h.apply(&Finish(0, Outcome::Done, None));
+    assert_eq!(h.state().counts().tracked, 1);
+    h.wind_down();
 }
 
 #[test]

@@ -59,6 +59,10 @@ pub enum Op {
     ForeignFinish,
     /// `shut_down()`.
     ShutDown,
+    /// `retain(keep)` keeping key `k` when bit `k % 32` of the mask is set; with a second value
+    /// `n > 0`, `keep` panics at its `n`-th call (the state must then be as it was, and `keep`
+    /// must be the only user code called).
+    Retain(u32, u8),
     /// `len()`, which promotes due keys.
     Len,
     /// Moves the driver's clock forward.
@@ -390,6 +394,7 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.finish_signalled(ctx, i, outcome, delay, signal, now);
                 }
             }
+            Op::Retain(mask, panic_at) => self.retain(ctx, mask, panic_at),
             Op::ForeignFinish => {
                 let mut other: QueueState<String> = QueueState::new();
                 other.add(key_name(0), AddOptions::new(), now);
@@ -485,6 +490,56 @@ impl<S: BuildHasher> StateHarness<S> {
             }
             Err(p) => resume_unwind(p),
         }
+    }
+
+    /// `retain` on both sides: the same keys removed (no longer tracked), or, when `keep`
+    /// panics, nothing changed on either side.
+    fn retain(&mut self, ctx: Ctx<'_>, mask: u32, panic_at: u8) {
+        let kept = |key: &str| {
+            let k: u32 = key[1..].parse().expect("keys are k<number>");
+            mask & (1 << (k % 32)) != 0
+        };
+        let fired = std::cell::Cell::new(false);
+        let calls = std::cell::Cell::new(0u32);
+        let keep = |key: &FaultyKey| {
+            calls.set(calls.get() + 1);
+            if calls.get() == u32::from(panic_at) {
+                fired.set(true);
+                std::panic::panic_any(faults::INJECTED);
+            }
+            kept(key.as_str())
+        };
+        let tracked = self.model.tracked_keys().len();
+        // Any other fault armed must not strike: `keep` is the only user code `retain` calls.
+        let (fault, nth) = self.fault.take().unwrap_or((Fault::Clone, 0));
+        let state = &mut self.state;
+        let removed = match faults::with_fault(fault, nth, || state.retain(keep)) {
+            Ok(removed) => removed,
+            Err(p) if faults::is_injected(&*p) => {
+                assert!(
+                    fired.get(),
+                    "{ctx}: retain called user code other than keep"
+                );
+                assert_eq!(
+                    calls.get(),
+                    u32::from(panic_at),
+                    "{ctx}: keep was called after its panic"
+                );
+                self.panics += 1;
+                return;
+            }
+            Err(p) => resume_unwind(p),
+        };
+        assert!(!fired.get(), "{ctx}: keep's panic was swallowed");
+        assert_eq!(
+            calls.get() as usize,
+            tracked,
+            "{ctx}: keep is asked once per key"
+        );
+        let mut removed = names(removed);
+        removed.sort();
+        let expected = self.model.retain(|key: &String| kept(key));
+        assert_eq!(removed, expected, "{ctx}: retain removed");
     }
 
     fn get(&mut self, ctx: Ctx<'_>, now: Instant) {

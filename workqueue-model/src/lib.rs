@@ -597,6 +597,40 @@ impl<K: Ord + Clone> Model<K> {
         released
     }
 
+    /// `retain(keep)`: every tracked key for which `keep` is false leaves the ready set, its
+    /// dirty mark and its waiting entry are dropped; the keys no longer tracked are returned,
+    /// sorted (one being processed stays until its lease ends). `keep` is asked about every
+    /// tracked key first; if it panics, nothing changed. A removed probe is replaced by the next
+    /// parked key.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) -> Vec<K> {
+        let dropped: Vec<K> = self
+            .tracked_keys()
+            .into_iter()
+            .filter(|k| !keep(k))
+            .collect();
+        let mut removed = Vec::new();
+        let mut probe_removed = false;
+        for key in dropped {
+            self.ready.remove(&key);
+            self.dirty.remove(&key);
+            self.waiting.remove(&key);
+            if self.processing.contains_key(&key) {
+                continue;
+            }
+            if let Some(p) = &mut self.parking
+                && p.probe.as_ref() == Some(&key)
+            {
+                p.probe = None;
+                probe_removed = true;
+            }
+            removed.push(key);
+        }
+        if probe_removed {
+            self.next_probe();
+        }
+        removed
+    }
+
     /// `len()`: keys ready at `now`.
     pub fn len(&mut self, now: Instant) -> usize {
         self.promote(now);

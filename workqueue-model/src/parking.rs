@@ -165,7 +165,7 @@ impl<K: Ord + Clone> Model<K> {
         }
     }
 
-    fn next_probe(&mut self) {
+    pub(crate) fn next_probe(&mut self) {
         let p = self.parking.as_ref().expect("on");
         let (Some(interval), None) = (p.detector.probe_interval(), &p.probe) else {
             return;

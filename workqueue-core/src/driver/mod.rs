@@ -550,6 +550,32 @@ where
         status
     }
 
+    /// See `WorkQueue::retain`. `keep` runs under the lock (the state asks it about every key
+    /// before changing anything); the removed keys are forgotten in the limiter, each caught,
+    /// and dropped outside it; the first panic of those propagates afterwards.
+    pub fn retain(&self, keep: impl FnMut(&T) -> bool) -> usize {
+        let (removed, parked) = self.mutate(|g| {
+            let removed = g.state.retain(keep);
+            let parked = self.has_outage_detection().then(|| g.state.parked_len());
+            (removed, parked)
+        });
+        if let Some(parked) = parked {
+            self.parked.store(parked, Ordering::Relaxed);
+        }
+        let mut first_panic = None;
+        for key in &removed {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.limiter.forget(key))) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        let n = removed.len();
+        drop(removed);
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
+        n
+    }
+
     /// See `WorkQueue::forget`.
     pub fn forget(&self, key: &T) {
         self.limiter.forget(key)

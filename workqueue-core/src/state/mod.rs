@@ -61,6 +61,7 @@ mod invariants;
 mod parking;
 mod priorities;
 mod ready;
+mod retain;
 pub(crate) mod seam;
 mod slots;
 pub(crate) mod timing;

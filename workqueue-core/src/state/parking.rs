@@ -357,8 +357,23 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
+    /// For a removal (`retain`), once the removed keys' entries are gone and before they are
+    /// freed: forgets the probe if it is one of them (nothing refers to its slot any more).
+    /// Returns whether it did: the next parked key is then probed (`schedule_probe`).
+    pub(super) fn forget_removed_probe(&mut self) -> bool {
+        let slots = &self.slots;
+        let Some(p) = self.parking.as_deref_mut() else {
+            return false;
+        };
+        let removed = p.probe.is_some_and(|probe| slots.is_unreferenced(probe));
+        if removed {
+            p.probe = None;
+        }
+        removed
+    }
+
     /// While open with no probe pending, moves the key parked longest ago to the probe time.
-    fn schedule_probe(&mut self) {
+    pub(super) fn schedule_probe(&mut self) {
         let Some(parking) = self.parking.as_deref() else {
             return;
         };
