@@ -32,7 +32,18 @@ pub struct AddOptions {
     pub(crate) rate_limited: bool,
     pub(crate) debounced: bool,
     pub(crate) bypass_parking: bool,
+    /// What a wait after `after` is, as the state marks its entry (derived from `rate_limited`
+    /// and `debounced`, kept here so that a delayed add reads one byte): [`WAIT_REMINDER`],
+    /// [`WAIT_RETRY`] or [`WAIT_DEBOUNCE`].
+    pub(crate) wait: u8,
 }
+
+/// [`AddOptions::wait`]: a plain delay, a reminder.
+pub(crate) const WAIT_REMINDER: u8 = 0;
+/// [`AddOptions::wait`]: the rate limiter's delay (`rate_limited`, whatever `debounced` says).
+pub(crate) const WAIT_RETRY: u8 = 1;
+/// [`AddOptions::wait`]: a debounce.
+pub(crate) const WAIT_DEBOUNCE: u8 = 2;
 
 impl AddOptions {
     /// The options of a plain `add`: priority 0, no delay, no rate limiter.
@@ -43,7 +54,18 @@ impl AddOptions {
             rate_limited: false,
             debounced: false,
             bypass_parking: false,
+            wait: WAIT_REMINDER,
         }
+    }
+
+    /// [`AddOptions::wait`] for the flags as they are now.
+    const fn with_wait(mut self) -> Self {
+        self.wait = match (self.rate_limited, self.debounced) {
+            (true, _) => WAIT_RETRY,
+            (false, true) => WAIT_DEBOUNCE,
+            (false, false) => WAIT_REMINDER,
+        };
+        self
     }
 
     /// Higher priorities are served first; 0 is the default and [`LOW_PRIORITY`] the convention
@@ -68,7 +90,7 @@ impl AddOptions {
     /// until it ends.
     pub const fn rate_limited(mut self, enabled: bool) -> Self {
         self.rate_limited = enabled;
-        self
+        self.with_wait()
     }
 
     /// Whether [`after`](AddOptions::after) is a debounce (a trailing edge) rather than a delay:
@@ -109,7 +131,7 @@ impl AddOptions {
     /// ```
     pub const fn debounced(mut self, enabled: bool) -> Self {
         self.debounced = enabled;
-        self
+        self.with_wait()
     }
 
     /// Whether this add ignores the outage detector's parking (see

@@ -16,9 +16,9 @@ use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
 use super::waiting::{Kind, Waiting};
-use super::{AddStatus, QueueState, SlotId, duration_to_nanos};
+use super::{AddStatus, Finished, QueueState, SlotId, Ticket, duration_to_nanos};
 use crate::options::AddOptions;
-use crate::outcome::Op;
+use crate::outcome::{Op, Outcome};
 
 impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Whether an add leaves a key that waits on a rate-limited retry waiting until the retry's
@@ -75,6 +75,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// The debounced-add rule for a tracked slot: queued, nothing changes but the priority;
     /// waiting, it waits until `deadline` instead (a new sequence), at the higher priority;
     /// else it waits until `deadline`.
+    #[inline(never)]
     pub(super) fn debounce(&mut self, slot: SlotId, deadline: u64, priority: i32) -> AddStatus {
         if self.slots.is_queued(slot) {
             return self.enqueue(slot, priority);
@@ -104,16 +105,46 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         self.outage_detector().is_some_and(|d| d.is_open())
     }
 
-    /// With `keep_backoff`: whether a finish with `op`, whose re-add is `readd`, is a retry
-    /// that carries a re-add made during the run (one that is stored: not after shutdown, not
-    /// zero, not never).
+    /// With `keep_backoff`: whether a finish with `op` and the limiter's delay `limiter_delay`
+    /// is a retry that carries a re-add made during the run (one that is stored: not after
+    /// shutdown, not zero, not never).
     #[cold]
-    pub(super) fn retry_carries_dirty(&self, op: Op, readd: Option<Duration>) -> bool {
-        matches!(op, Op::Retry(_))
-            && !self.shutting_down
-            && readd.is_some_and(|d| {
+    pub(super) fn retry_carries_dirty(&self, op: Op, limiter_delay: Option<Duration>) -> bool {
+        let Op::Retry(min) = op else {
+            return false;
+        };
+        !self.shutting_down
+            && limiter_delay.map(|d| d.max(min)).is_some_and(|d| {
                 !d.is_zero() && self.now.saturating_add(duration_to_nanos(d)) != u64::MAX
             })
+    }
+
+    /// The rest of a finish (processing already cleared) whose rate-limited retry carries the
+    /// re-add made during the run, at `dirty` (see [`QueueState::retry_carries_dirty`]): the key
+    /// waits for the retry, at the higher of the two priorities.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn finish_carrying_dirty(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        limiter_delay: Option<Duration>,
+        dirty: i32,
+    ) -> Finished<T> {
+        let slot = ticket.slot;
+        self.withdraw_dirty(slot, dirty);
+        let (Op::Retry(min), Some(delay)) = (outcome.op, limiter_delay) else {
+            unreachable!("only a stored retry carries a re-add");
+        };
+        let deadline = self.now.saturating_add(duration_to_nanos(delay.max(min)));
+        let priority = outcome.priority.unwrap_or(ticket.priority).max(dirty);
+        self.schedule(slot, deadline, priority, Kind::Retry);
+        Finished {
+            requeued: false,
+            waiting: true,
+            released: None,
+            outage: None,
+        }
     }
 
     /// A re-add made while `slot` was processing (its dirty mark, at `priority`, already

@@ -79,7 +79,7 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
-use crate::options::AddOptions;
+use crate::options::{AddOptions, WAIT_DEBOUNCE};
 use crate::outcome::Op;
 use aging::Aging;
 use compaction::COMPACT_MIN;
@@ -425,7 +425,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         };
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.add_tracked(slot, opts, deadline), Some(key)),
+            Some(slot) => (
+                self.add_tracked_out_of_line(slot, opts, deadline),
+                Some(key),
+            ),
             None => {
                 let slot = self.insert_new(hash, key);
                 if let Some(groups) = &mut self.groups {
@@ -436,7 +439,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                         self.enqueue_new(slot, opts.priority);
                         AddStatus::Queued
                     }
-                    Some(deadline) => self.schedule(slot, deadline, opts.priority, kind_of(&opts)),
+                    Some(deadline) => self.schedule_bits(slot, deadline, opts.priority, opts.wait),
                 };
                 (status, None)
             }
@@ -457,7 +460,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.add_tracked(slot, AddOptions::new(), None), Some(key)),
+            Some(slot) => (self.add_plain_tracked(slot), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
                 self.enqueue_new(slot, 0);
@@ -509,6 +512,33 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
+    /// [`QueueState::add_tracked`] with the default options: the hold rules out of line.
+    #[inline(always)]
+    fn add_plain_tracked(&mut self, slot: SlotId) -> AddStatus {
+        if self.parking.is_some() || self.keep_backoff {
+            return self.add_plain_held(slot);
+        }
+        self.enqueue(slot, 0)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_plain_held(&mut self, slot: SlotId) -> AddStatus {
+        self.add_tracked(slot, AddOptions::new(), None)
+    }
+
+    /// [`QueueState::add_tracked`] for the adds with options: out of line, so that the path of a
+    /// new key (a delayed add's, the common case) keeps its registers.
+    #[inline(never)]
+    fn add_tracked_out_of_line(
+        &mut self,
+        slot: SlotId,
+        opts: AddOptions,
+        deadline: Option<u64>,
+    ) -> AddStatus {
+        self.add_tracked(slot, opts, deadline)
+    }
+
     /// The add rule for a tracked slot: queued now (`deadline` `None`), or waiting, unless its
     /// waiting entry holds it (`holds.rs`).
     #[inline(always)]
@@ -520,9 +550,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         match deadline {
             None => self.enqueue(slot, opts.priority),
-            Some(deadline) => match kind_of(&opts) {
-                Kind::Debounce => self.debounce(slot, deadline, opts.priority),
-                kind => self.schedule(slot, deadline, opts.priority, kind),
+            Some(deadline) => match opts.wait {
+                WAIT_DEBOUNCE => self.debounce(slot, deadline, opts.priority),
+                wait => self.schedule_bits(slot, deadline, opts.priority, wait),
             },
         }
     }
@@ -695,30 +725,25 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             t.on_finish(slot, self.now);
         }
         self.processing -= 1;
+        let mut requeued = false;
+        if self.slots.stop_processing(slot) {
+            let priority = self.queued_priority(slot);
+            if self.keep_backoff && self.retry_carries_dirty(outcome.op, limiter_delay) {
+                return Ok(self.finish_carrying_dirty(ticket, outcome, limiter_delay, priority));
+            }
+            self.push_ready(slot, priority, self.now);
+            requeued = true;
+        }
         let readd = match outcome.op {
             Op::Done | Op::Forget => None,
             Op::Retry(min) => limiter_delay.map(|d| d.max(min)),
             Op::RetryAfter(d) | Op::RequeueAfter(d) => Some(d),
         };
-        let mut requeued = false;
-        // The priority of a re-add made during the run that the retry carries (`keep_backoff`).
-        let mut carried = None;
-        if self.slots.stop_processing(slot) {
-            let priority = self.queued_priority(slot);
-            if self.keep_backoff && self.retry_carries_dirty(outcome.op, readd) {
-                self.withdraw_dirty(slot, priority);
-                carried = Some(priority);
-            } else {
-                self.push_ready(slot, priority, self.now);
-                requeued = true;
-            }
-        }
         // A re-add keeps the priority the key was handed out at, unless the outcome names one.
         if let Some(delay) = readd
             && !self.shutting_down
         {
             let priority = outcome.priority.unwrap_or(ticket.priority);
-            let priority = carried.map_or(priority, |p| p.max(priority));
             if delay.is_zero() {
                 requeued |= self.enqueue(slot, priority) == AddStatus::Queued;
             } else {
@@ -1012,8 +1037,14 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The delayed-add rule: earliest deadline wins (and its `kind`), highest priority wins.
+    #[inline(always)]
     fn schedule(&mut self, slot: SlotId, deadline: u64, priority: i32, kind: Kind) -> AddStatus {
-        let seq = Waiting::order(self.seq, kind);
+        self.schedule_bits(slot, deadline, priority, kind as u8)
+    }
+
+    /// [`QueueState::schedule`] of a kind given as its bits (an add's `AddOptions::wait`).
+    fn schedule_bits(&mut self, slot: SlotId, deadline: u64, priority: i32, kind: u8) -> AddStatus {
+        let seq = Waiting::order_bits(self.seq, kind);
         self.seq += 1;
         match self.slots.heap_pos(slot) {
             Some(pos) => {
@@ -1091,19 +1122,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             self.use_priorities();
         }
         self.priorities.as_deref_mut()
-    }
-}
-
-/// Why a key added with `opts` after a delay waits: the limiter's delay, a debounce, or a
-/// plain reminder.
-#[inline(always)]
-fn kind_of(opts: &AddOptions) -> Kind {
-    if opts.rate_limited {
-        Kind::Retry
-    } else if opts.debounced {
-        Kind::Debounce
-    } else {
-        Kind::Reminder
     }
 }
 

@@ -19,6 +19,14 @@ pub(crate) enum Kind {
 /// The low bits of [`Waiting::seq`] that hold the entry's [`Kind`].
 const KIND_BITS: u32 = 2;
 
+// An add's options carry the kind of their wait as these bits (`AddOptions::wait`).
+const _: () = {
+    use crate::options::{WAIT_DEBOUNCE, WAIT_REMINDER, WAIT_RETRY};
+    assert!(Kind::Reminder as u8 == WAIT_REMINDER);
+    assert!(Kind::Retry as u8 == WAIT_RETRY);
+    assert!(Kind::Debounce as u8 == WAIT_DEBOUNCE);
+};
+
 /// One waiting key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Waiting {
@@ -38,7 +46,13 @@ impl Waiting {
     /// The `seq` of an entry inserted as the `seq`-th, of kind `kind`.
     #[inline(always)]
     pub(crate) const fn order(seq: u64, kind: Kind) -> u64 {
-        (seq << KIND_BITS) | kind as u64
+        Self::order_bits(seq, kind as u8)
+    }
+
+    /// [`Waiting::order`] of a kind given as its bits (`kind as u8`, or an add's wait).
+    #[inline(always)]
+    pub(crate) const fn order_bits(seq: u64, kind: u8) -> u64 {
+        (seq << KIND_BITS) | (kind & 3) as u64
     }
 
     /// Why the key waits.
