@@ -16,6 +16,10 @@
 //! probes and closes within a run); `FinishSignalled` then finishes a ticket with a signal, and
 //! parked keys, probes, releases (in order, with their pacing) and events must agree with the
 //! model's, with no parked key lost or leased twice.
+//!
+//! Adds with flags (`AddFlags`: rate-limited, debounced, bypassing parking) and the input's
+//! `keep_backoff` exercise the rules that look at why a key waits; `Retain` removes keys by a
+//! predicate that may panic (the state must then be as it was).
 #![no_main]
 
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher, Hasher};
@@ -32,6 +36,8 @@ enum FOp {
     AddRef(u8),
     AddAfter(u8, FDelay),
     AddWith(u8, FPriority, FDelay),
+    /// An add with flags: bit 0 rate-limited, bit 1 debounced, bit 2 bypassing parking.
+    AddFlags(u8, FPriority, FDelay, u8),
     Get,
     Finish(u8, FOutcome, Option<FDelay>),
     FinishAt(u8, FOutcome, Option<FDelay>, FPriority),
@@ -48,6 +54,8 @@ enum FOp {
     Fault(FFault, u8),
     /// Forces a compaction.
     Compact,
+    /// `retain` keeping the keys whose bit is set; `keep` panics at the given call (0: never).
+    Retain(u32, u8),
 }
 
 /// A few priorities that collide, and any other.
@@ -97,6 +105,8 @@ struct Input {
     fair: bool,
     /// Outage detection on, with these parameters.
     outage: Option<FOutage>,
+    /// `QueueState::set_keep_backoff(true)`.
+    keep_backoff: bool,
     /// `get` compacts from this many live keys, mod 8 (`None`: the default, which 20 keys never
     /// reach); with bit 3 set, at the first get below the threshold, without settling.
     compact_min: Option<u8>,
@@ -146,6 +156,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::AddRef(k) => Op::AddRef(k % KEYS),
         FOp::AddAfter(k, d) => Op::AddAfter(k % KEYS, d.get()),
         FOp::AddWith(k, p, d) => Op::AddWith(k % KEYS, p.get(), d.get()),
+        FOp::AddFlags(k, p, d, f) => Op::AddFlags(k % KEYS, p.get(), d.get(), f % 8),
         FOp::Get => Op::Get,
         FOp::Finish(i, o, d) => Op::Finish(usize::from(i), o.get(), d.map(FDelay::get)),
         FOp::FinishAt(i, o, d, p) => {
@@ -163,6 +174,7 @@ fn op(f: &FOp) -> Option<Op> {
         FOp::Rewind(d) => Op::Rewind(d.get()),
         FOp::Drain => Op::Drain,
         FOp::Compact => Op::Compact,
+        FOp::Retain(mask, n) => Op::Retain(mask, n % 24),
         FOp::Fault(f, n) => Op::Fault(
             match f {
                 FFault::Clone => Fault::Clone,
@@ -190,6 +202,9 @@ fn run<S: BuildHasher>(h: StateHarness<S>, input: &Input) {
     }
     if let Some(outage) = input.outage {
         h = h.with_outage_detection(outage.get());
+    }
+    if input.keep_backoff {
+        h = h.with_keep_backoff();
     }
     let ops = &input.ops;
     for f in ops.iter().take(2048) {

@@ -9,7 +9,7 @@ use workqueue_core::ratelimit::{
     ExponentialFailure, Instant, MaxPair, OutageConfig, RateLimiter, Signal, TokenBucket,
 };
 use workqueue_core::state::OutageEvent;
-use workqueue_core::{ManualClock, Outcome, WorkQueue};
+use workqueue_core::{AddOptions, AddStatus, ManualClock, Outcome, WorkQueue};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -160,22 +160,116 @@ fn a_successful_probe_releases_every_key_paced_by_the_bucket_in_park_order() {
     assert_eq!(order.len(), 5);
 }
 
+/// Every kind of add of a parked key leaves it parked: no run, no failure counted, no backoff
+/// moved. A higher priority is kept for the release.
 #[test]
-fn an_add_of_a_parked_key_runs_it_at_once_as_an_extra_probe() {
+fn an_add_of_a_parked_key_leaves_it_parked() {
     let clock = ManualClock::new();
     let (queue, _) = queue(&clock);
     open(&queue, &clock, 6);
     let parked = (0..6).find(|&k| queue.is_parked(&k)).unwrap();
-    queue.add(parked);
+    let failures = queue.num_requeues(&parked);
+    let before = queue.counts();
+    assert_eq!(queue.add(parked), AddStatus::Parked);
+    assert_eq!(queue.add_after(parked, ms(1)), AddStatus::Parked);
+    assert_eq!(queue.add_rate_limited(parked), AddStatus::Parked);
+    let debounced = AddOptions::new().after(ms(1)).debounced(true);
+    assert_eq!(queue.add_with(parked, debounced), AddStatus::Parked);
+    assert_eq!(
+        queue.add_with(parked, AddOptions::new().priority(5)),
+        AddStatus::Parked
+    );
+    queue.add_batch_with([parked], AddOptions::new().rate_limited(true));
+    assert!(queue.try_get().is_none(), "nothing runs");
+    assert_eq!(queue.counts(), before);
+    assert!(queue.is_parked(&parked));
+    assert_eq!(queue.num_requeues(&parked), failures, "no failure counted");
+    // Released at priority 5: once the bucket's pacing has let every key through, it is first.
+    clock.advance(secs(60));
+    queue.try_get().expect("the probe").forget();
+    assert!(!queue.is_outage_open());
+    clock.advance(secs(10));
+    assert_eq!(queue.len(), 5);
+    let first = queue.try_get().unwrap();
+    assert_eq!((*first, first.priority()), (parked, 5));
+}
+
+/// The one way to run a parked key at once: an add that bypasses parking. Its run is an extra
+/// probe: a failure parks it again, a success closes the detector and releases every key.
+#[test]
+fn an_add_that_bypasses_parking_runs_the_key_as_an_extra_probe() {
+    let clock = ManualClock::new();
+    let (queue, _) = queue(&clock);
+    open(&queue, &clock, 6);
+    let parked = (0..6).find(|&k| queue.is_parked(&k)).unwrap();
+    let bypass = AddOptions::new().bypass_parking(true);
+    assert_eq!(queue.add_with(parked, bypass), AddStatus::Queued);
     let lease = queue.try_get().expect("the parked key runs at once");
     assert_eq!(*lease, parked);
     lease.retry(); // still down: parked again, the detector stays open
     assert!(queue.is_outage_open());
     assert!(queue.is_parked(&parked));
-    queue.add(parked);
+    queue.add_with(parked, bypass);
     queue.try_get().unwrap().forget(); // back: it closes, everything is released
     assert!(!queue.is_outage_open());
     assert_eq!(queue.parked_len(), 0);
+}
+
+/// The dirty path: a key re-added during a run that fails while the detector is open is parked,
+/// not run again at once; the re-add's priority is carried. A run that succeeds meanwhile is
+/// re-queued as usual.
+#[test]
+fn a_key_re_added_during_a_run_that_fails_while_open_is_parked() {
+    let clock = ManualClock::new();
+    let (queue, _) = queue(&clock);
+    open(&queue, &clock, 6);
+    queue.add(100);
+    let lease = queue.try_get().unwrap();
+    assert_eq!(
+        queue.add_with(100, AddOptions::new().priority(3)),
+        AddStatus::Dirty
+    );
+    lease.retry();
+    assert!(queue.is_parked(&100));
+    assert!(queue.try_get().is_none(), "not re-queued");
+    // Even a give-up: something asked for it to run again.
+    queue.add(101);
+    let lease = queue.try_get().unwrap();
+    queue.add(101);
+    lease.finish(Outcome::forget().with_signal(Signal::Failure));
+    assert!(queue.is_parked(&101));
+    // A per-object failure (not an outage signal) is re-queued as usual.
+    queue.add(102);
+    let lease = queue.try_get().unwrap();
+    queue.add(102);
+    lease.finish(Outcome::retry().with_signal(Signal::Ignored));
+    assert!(!queue.is_parked(&102));
+    assert_eq!(*queue.try_get().unwrap(), 102);
+}
+
+/// A key waiting on its own backoff when the detector opened is not parked: an add runs it at
+/// once, as without detection; its failure parks it (its backoff entry is replaced).
+#[test]
+fn a_key_in_backoff_is_added_as_usual_and_parked_when_it_fails() {
+    let clock = ManualClock::new();
+    let (queue, _) = queue(&clock);
+    open(&queue, &clock, 6);
+    // A per-object failure: it waits an hour on its own, not parked.
+    queue.add(51);
+    let lease = queue.try_get().unwrap();
+    lease.finish(Outcome::retry_after(secs(3600)).with_signal(Signal::Ignored));
+    assert_eq!(
+        queue.add(51),
+        AddStatus::Queued,
+        "a key in backoff runs at once"
+    );
+    let lease = queue.try_get().unwrap();
+    lease.retry();
+    assert!(
+        queue.is_parked(&51),
+        "its failure parks it, replacing its hour"
+    );
+    assert_eq!(queue.counts().waiting, queue.parked_len() + 1); // and the probe
 }
 
 #[test]

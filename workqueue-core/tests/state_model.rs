@@ -55,10 +55,28 @@ fn priority() -> impl Strategy<Value = i32> {
     prop_oneof![Just(-100), Just(-1), Just(0), Just(1), Just(7)]
 }
 
+/// An add with flags (rate-limited, debounced, bypassing parking), debounces often.
+fn add_flags(keys: u8) -> impl Strategy<Value = Op> {
+    (
+        0..keys,
+        priority(),
+        delay(),
+        prop_oneof![3 => Just(2u8), 1 => 0u8..8],
+    )
+        .prop_map(|(k, p, d, f)| Op::AddFlags(k, p, d, f))
+}
+
+/// A removal by predicate (a mask of the keys kept), whose `keep` panics sometimes.
+fn retain() -> impl Strategy<Value = Op> {
+    (any::<u32>(), prop_oneof![3 => Just(0u8), 1 => 1u8..8]).prop_map(|(m, p)| Op::Retain(m, p))
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS;
     prop_oneof![
+        1 => retain(),
         4 => (key.clone(), priority(), delay()).prop_map(|(k, p, d)| Op::AddWith(k, p, d)),
+        3 => add_flags(KEYS),
         6 => key.clone().prop_map(Op::Add),
         2 => key.clone().prop_map(Op::AddRef),
         5 => (key, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
@@ -116,6 +134,8 @@ fn outage_op() -> impl Strategy<Value = Op> {
         8 => Just(Op::Get),
         3 => (0..KEYS).prop_map(Op::Add),
         2 => (0..KEYS, delay()).prop_map(|(k, d)| Op::AddAfter(k, d)),
+        3 => add_flags(KEYS),
+        1 => retain(),
         3 => (0u64..3).prop_map(|n| Op::Advance(Duration::from_secs(n))),
         2 => (0u64..6).prop_map(|n| Op::Advance(Duration::from_millis(n))),
         1 => (0usize..8, outcome(), proptest::option::of(delay()))
@@ -167,8 +187,9 @@ fn outage_runs_open_probe_and_close() {
     );
 }
 
-/// The pinned cases, scripted: an add of a parked key runs it (an extra probe), a give-up while
-/// open is not parked, shutdown drops parked keys and the drain ends without them.
+/// The pinned cases, scripted: an add of a parked key leaves it parked (one that bypasses
+/// parking runs it, as an extra probe), a give-up while open is not parked, shutdown drops
+/// parked keys and the drain ends without them.
 #[test]
 fn outage_pinned_cases_scripted() {
     use Op::*;
@@ -187,11 +208,24 @@ fn outage_pinned_cases_scripted() {
     assert!(h.state().outage_detector().unwrap().is_open());
     let parked = h.state().parked_len();
     assert!(parked >= 2, "{parked}");
-    // An add of a parked key runs it at once; its failure parks it again.
-    h.apply(&Add(3));
+    // An add of a parked key leaves it parked, whatever its options (but bypass).
+    let parked_key = (0..4)
+        .find(|&k| h.state().is_parked(format!("k{k}").as_str()))
+        .unwrap();
+    let len = h.state().counts().ready;
+    h.apply(&Add(parked_key));
+    h.apply(&AddWith(parked_key, 7, Duration::ZERO));
+    h.apply(&AddAfter(parked_key, Duration::from_millis(1)));
+    h.apply(&AddFlags(parked_key, 0, Duration::from_millis(1), 1));
+    h.apply(&AddFlags(parked_key, 0, Duration::from_millis(1), 2));
+    assert_eq!(h.state().counts().ready, len);
+    assert!(h.state().is_parked(format!("k{parked_key}").as_str()));
+    // One that bypasses parking runs it at once; its failure parks it again.
+    h.apply(&AddFlags(parked_key, 0, Duration::ZERO, 4));
     h.apply(&Get);
     h.apply(&FinishSignalled(0, Outcome::Retry, None, 2));
     assert!(h.state().outage_detector().unwrap().is_open());
+    assert!(h.state().is_parked(format!("k{parked_key}").as_str()));
     // A give-up (Forget) of a failing key while open: not parked.
     h.apply(&Add(5));
     h.apply(&Get);
@@ -258,6 +292,20 @@ proptest! {
     #[test]
     fn live_state_agrees_with_model(ops in proptest::collection::vec(live_op(), 1..150)) {
         replay(&ops);
+    }
+
+    /// `keep_backoff`: adds of keys waiting on a rate-limited retry are held, and retries carry
+    /// re-adds made during the run; alone and with outage detection.
+    #[test]
+    fn state_agrees_with_model_keeping_backoff(
+        ops in proptest::collection::vec(outage_op(), 1..200),
+        outage in any::<bool>(),
+    ) {
+        let mut h = StateHarness::new().with_keep_backoff();
+        if outage {
+            h = h.with_outage_detection(outage_config());
+        }
+        h.run(&ops);
     }
 
     #[test]
@@ -382,6 +430,35 @@ fn saturating_delays_and_clock_going_back() {
         ),
         Op::Len,
     ]);
+}
+
+/// Retain removes queued, waiting and parked keys (a removed probe is replaced), clears the
+/// dirty mark of a processing key that is not kept, and changes nothing when `keep` panics.
+#[test]
+fn retain_removes_queued_waiting_and_parked_keys() {
+    use Op::*;
+    let retry = |i| FinishSignalled(i, Outcome::Retry, Some(ms(5)), 1);
+    let mut h = StateHarness::new().with_outage_detection(outage_config());
+    for k in 0..5 {
+        h.apply(&Add(k));
+    }
+    for _ in 0..4 {
+        h.apply(&Get);
+    }
+    for _ in 0..4 {
+        h.apply(&retry(0));
+    }
+    assert!(h.state().parked_len() >= 2);
+    h.apply(&AddFlags(5, 0, ms(3), 2));
+    h.apply(&Get); // k4
+    h.apply(&Add(4)); // dirty
+    h.apply(&Retain(0b1, 3)); // keep panics at its third call: nothing changes
+    assert_eq!(h.panics(), 1);
+    h.apply(&Retain(0b1, 0)); // keep only k0
+    assert_eq!(h.state().counts().tracked, 2, "k0 and the processing k4");
+    h.apply(&Finish(0, Outcome::Done, None));
+    assert_eq!(h.state().counts().tracked, 1);
+    h.wind_down();
 }
 
 #[test]

@@ -28,7 +28,7 @@ use workqueue_core::ratelimit::{OutageConfig, Signal};
 use workqueue_core::state::{DefaultHashBuilder, Get, OutageEvent, QueueState, Ticket};
 
 use crate::faults::{self, Fault, FaultyKey};
-use crate::{AddStatus, Instant, Model, ModelEvent, ModelFinished, ModelGet, Outcome};
+use crate::{AddStatus, Instant, Model, ModelAdd, ModelEvent, ModelFinished, ModelGet, Outcome};
 
 /// One step of a differential run. Keys are small integers, named `k{n}` in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,9 @@ pub enum Op {
     AddAfter(u8, Duration),
     /// An add at `priority` after `d` (through `add_or_return`).
     AddWith(u8, i32, Duration),
+    /// An add at `priority` after `d` with the flags in `flags` (through `add_or_return`): bit 0
+    /// `rate_limited`, bit 1 `debounced`, bit 2 `bypass_parking`.
+    AddFlags(u8, i32, Duration, u8),
     /// `get()`: the ticket is held until a [`Op::Finish`].
     Get,
     /// Finishes the held ticket at `index % held` with an outcome; the `Option` is the limiter's
@@ -56,6 +59,10 @@ pub enum Op {
     ForeignFinish,
     /// `shut_down()`.
     ShutDown,
+    /// `retain(keep)` keeping key `k` when bit `k % 32` of the mask is set; with a second value
+    /// `n > 0`, `keep` panics at its `n`-th call (the state must then be as it was, and `keep`
+    /// must be the only user code called).
+    Retain(u32, u8),
     /// `len()`, which promotes due keys.
     Len,
     /// Moves the driver's clock forward.
@@ -198,6 +205,13 @@ impl<S: BuildHasher> StateHarness<S> {
         self
     }
 
+    /// The same harness with `keep_backoff` on both sides (`QueueState::set_keep_backoff`).
+    pub fn with_keep_backoff(mut self) -> Self {
+        self.state.set_keep_backoff(true);
+        self.model = std::mem::take(&mut self.model).with_keep_backoff();
+        self
+    }
+
     /// The same harness with aging on both sides (`QueueState::set_max_ready_wait`).
     pub fn with_max_ready_wait(mut self, max_wait: Duration) -> Self {
         self.state.enable_aging(max_wait);
@@ -334,6 +348,33 @@ impl<S: BuildHasher> StateHarness<S> {
                     "{ctx}: add_or_return with options hands back"
                 );
             }
+            Op::AddFlags(k, priority, delay, flags) => {
+                let key = key_name(k);
+                self.seen.insert(key.clone());
+                let tracked = self.model.is_tracked(&key);
+                let qkey = faulty(k);
+                let add = ModelAdd {
+                    priority,
+                    delay,
+                    rate_limited: flags & 1 != 0,
+                    debounced: flags & 2 != 0,
+                    bypass_parking: flags & 4 != 0,
+                };
+                let Some((status, back)) = self.on_state(ctx, true, |s| {
+                    s.add_or_return(qkey, add.to_queue(), Some(group(k)), now)
+                }) else {
+                    self.model.interrupted(now);
+                    return self.compare(ctx);
+                };
+                let expected = self.model.add_options(key.clone(), add, now);
+                assert_eq!(status, expected, "{ctx}: add with {add:?}: status");
+                let stored = !tracked && !matches!(status, AddStatus::ShutDown | AddStatus::Never);
+                assert_eq!(
+                    back.is_none(),
+                    stored,
+                    "{ctx}: add_or_return with flags hands back"
+                );
+            }
             Op::Get => self.get(ctx, now),
             Op::Finish(index, outcome, delay) => {
                 if !self.held.is_empty() {
@@ -353,6 +394,7 @@ impl<S: BuildHasher> StateHarness<S> {
                     self.finish_signalled(ctx, i, outcome, delay, signal, now);
                 }
             }
+            Op::Retain(mask, panic_at) => self.retain(ctx, mask, panic_at),
             Op::ForeignFinish => {
                 let mut other: QueueState<String> = QueueState::new();
                 other.add(key_name(0), AddOptions::new(), now);
@@ -448,6 +490,56 @@ impl<S: BuildHasher> StateHarness<S> {
             }
             Err(p) => resume_unwind(p),
         }
+    }
+
+    /// `retain` on both sides: the same keys removed (no longer tracked), or, when `keep`
+    /// panics, nothing changed on either side.
+    fn retain(&mut self, ctx: Ctx<'_>, mask: u32, panic_at: u8) {
+        let kept = |key: &str| {
+            let k: u32 = key[1..].parse().expect("keys are k<number>");
+            mask & (1 << (k % 32)) != 0
+        };
+        let fired = std::cell::Cell::new(false);
+        let calls = std::cell::Cell::new(0u32);
+        let keep = |key: &FaultyKey| {
+            calls.set(calls.get() + 1);
+            if calls.get() == u32::from(panic_at) {
+                fired.set(true);
+                std::panic::panic_any(faults::INJECTED);
+            }
+            kept(key.as_str())
+        };
+        let tracked = self.model.tracked_keys().len();
+        // Any other fault armed must not strike: `keep` is the only user code `retain` calls.
+        let (fault, nth) = self.fault.take().unwrap_or((Fault::Clone, 0));
+        let state = &mut self.state;
+        let removed = match faults::with_fault(fault, nth, || state.retain(keep)) {
+            Ok(removed) => removed,
+            Err(p) if faults::is_injected(&*p) => {
+                assert!(
+                    fired.get(),
+                    "{ctx}: retain called user code other than keep"
+                );
+                assert_eq!(
+                    calls.get(),
+                    u32::from(panic_at),
+                    "{ctx}: keep was called after its panic"
+                );
+                self.panics += 1;
+                return;
+            }
+            Err(p) => resume_unwind(p),
+        };
+        assert!(!fired.get(), "{ctx}: keep's panic was swallowed");
+        assert_eq!(
+            calls.get() as usize,
+            tracked,
+            "{ctx}: keep is asked once per key"
+        );
+        let mut removed = names(removed);
+        removed.sort();
+        let expected = self.model.retain(|key: &String| kept(key));
+        assert_eq!(removed, expected, "{ctx}: retain removed");
     }
 
     fn get(&mut self, ctx: Ctx<'_>, now: Instant) {

@@ -83,6 +83,67 @@ impl Outcome {
     }
 }
 
+/// One add's options, as the model reads them (the queue's
+/// [`AddOptions`](workqueue_core::AddOptions) is opaque).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelAdd {
+    /// `AddOptions::priority`.
+    pub priority: i32,
+    /// `AddOptions::after`.
+    pub delay: Duration,
+    /// `AddOptions::rate_limited`: the delay is a rate-limited retry's (the state has no limiter).
+    pub rate_limited: bool,
+    /// `AddOptions::debounced`.
+    pub debounced: bool,
+    /// `AddOptions::bypass_parking`.
+    pub bypass_parking: bool,
+}
+
+impl ModelAdd {
+    /// The queue's options with these values.
+    pub fn to_queue(self) -> workqueue_core::AddOptions {
+        workqueue_core::AddOptions::new()
+            .priority(self.priority)
+            .after(self.delay)
+            .rate_limited(self.rate_limited)
+            .debounced(self.debounced)
+            .bypass_parking(self.bypass_parking)
+    }
+
+    /// Why a key added with these options after a delay waits.
+    fn kind(self) -> Kind {
+        if self.rate_limited {
+            Kind::Retry
+        } else if self.debounced {
+            Kind::Debounce
+        } else {
+            Kind::Reminder
+        }
+    }
+}
+
+/// Why a key waits: what its entry was last set by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A plain delayed add: a reminder.
+    Reminder,
+    /// The rate limiter's delay.
+    Retry,
+    /// A debounced add.
+    Debounce,
+    /// Parked, or waiting to be the probe.
+    Parked,
+}
+
+/// A waiting key's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) deadline: u64,
+    pub(crate) seq: u64,
+    pub(crate) priority: i32,
+    pub(crate) kind: Kind,
+}
+
 /// What [`Model::get`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelGet<K> {
@@ -115,7 +176,7 @@ pub struct ModelFinished {
 ///   level above all, moved there at each `get`);
 /// - `processing`: keys handed out and not finished, with the priority they were handed out at;
 ///   `dirty`: those re-added meanwhile, with the priority they are queued at when finished;
-/// - `waiting`: each delayed key with its `(deadline, sequence, priority)`;
+/// - `waiting`: each delayed key with its deadline, sequence, priority and why it waits;
 /// - `now`: the latest time seen (earlier `now`s are clamped to it).
 #[derive(Debug, Clone)]
 pub struct Model<K> {
@@ -124,8 +185,10 @@ pub struct Model<K> {
     group: Option<fn(&K) -> u64>,
     processing: BTreeMap<K, i32>,
     dirty: BTreeMap<K, i32>,
-    waiting: BTreeMap<K, (u64, u64, i32)>,
+    waiting: BTreeMap<K, Entry>,
     shutting_down: bool,
+    /// `QueueState::set_keep_backoff`.
+    keep_backoff: bool,
     now: u64,
     seq: u64,
     /// Outage detection (`parking.rs`), when on.
@@ -154,6 +217,7 @@ impl<K: Ord + Clone> Model<K> {
             dirty: BTreeMap::new(),
             waiting: BTreeMap::new(),
             shutting_down: false,
+            keep_backoff: false,
             now: 0,
             seq: 0,
             parking: None,
@@ -179,6 +243,12 @@ impl<K: Ord + Clone> Model<K> {
         self
     }
 
+    /// Turns `QueueState::set_keep_backoff` on.
+    pub fn with_keep_backoff(mut self) -> Self {
+        self.keep_backoff = true;
+        self
+    }
+
     fn group_of(&self, key: &K) -> u64 {
         self.group.map_or(0, |g| g(key))
     }
@@ -192,11 +262,11 @@ impl<K: Ord + Clone> Model<K> {
             let due = self
                 .waiting
                 .iter()
-                .filter(|&(_, &(deadline, _, _))| deadline <= self.now)
-                .min_by_key(|&(_, &(deadline, seq, _))| (deadline, seq))
-                .map(|(k, &(_, _, priority))| (k.clone(), priority));
+                .filter(|&(_, e)| e.deadline <= self.now)
+                .min_by_key(|&(_, e)| (e.deadline, e.seq))
+                .map(|(k, e)| (k.clone(), e.priority));
             let Some((key, priority)) = due else { break };
-            let (deadline, _, _) = self.waiting.remove(&key).expect("found");
+            let deadline = self.waiting.remove(&key).expect("found").deadline;
             self.enqueue_at(key, priority, deadline);
         }
     }
@@ -238,18 +308,24 @@ impl<K: Ord + Clone> Model<K> {
         self.ready.push(key, priority, since, group);
     }
 
-    /// The delayed-add rule: the earlier deadline wins (and takes a new sequence), and so does
-    /// the higher priority.
-    fn schedule(&mut self, key: K, deadline: u64, priority: i32) -> AddStatus {
+    /// The delayed-add rule: the earlier deadline wins (and takes a new sequence and its
+    /// `kind`), and so does the higher priority.
+    pub(crate) fn schedule(
+        &mut self,
+        key: K,
+        deadline: u64,
+        priority: i32,
+        kind: Kind,
+    ) -> AddStatus {
         match self.waiting.get_mut(&key) {
             Some(entry) => {
-                let (earlier, raised) = (deadline < entry.0, priority > entry.2);
+                let (earlier, raised) = (deadline < entry.deadline, priority > entry.priority);
                 if earlier {
                     self.seq += 1;
-                    (entry.0, entry.1) = (deadline, self.seq);
+                    (entry.deadline, entry.seq, entry.kind) = (deadline, self.seq, kind);
                 }
                 if raised {
-                    entry.2 = priority;
+                    entry.priority = priority;
                 }
                 match earlier || raised {
                     true => AddStatus::Waiting,
@@ -258,10 +334,24 @@ impl<K: Ord + Clone> Model<K> {
             }
             None => {
                 self.seq += 1;
-                self.waiting.insert(key, (deadline, self.seq, priority));
+                let entry = Entry {
+                    deadline,
+                    seq: self.seq,
+                    priority,
+                    kind,
+                };
+                self.waiting.insert(key, entry);
                 AddStatus::Waiting
             }
         }
+    }
+
+    /// Raises `key`'s waiting entry to `priority` if that is higher; whether it did.
+    pub(crate) fn raise_waiting(&mut self, key: &K, priority: i32) -> bool {
+        let entry = self.waiting.get_mut(key).expect("waits");
+        let raised = priority > entry.priority;
+        entry.priority = entry.priority.max(priority);
+        raised
     }
 
     // ---- operations ----------------------------------------------------------------------------
@@ -279,18 +369,75 @@ impl<K: Ord + Clone> Model<K> {
     /// `add_with(k, priority, d)`: `add` at `priority` when `d` is zero; else waits until
     /// `now + d` (earliest deadline and highest priority win).
     pub fn add_with(&mut self, key: K, priority: i32, delay: Duration, now: Instant) -> AddStatus {
+        let add = ModelAdd {
+            priority,
+            delay,
+            ..ModelAdd::default()
+        };
+        self.add_options(key, add, now)
+    }
+
+    /// An add with every option (`QueueState::add_or_return`):
+    ///
+    /// 1. ignored after shutdown; a delay that never ends stores nothing;
+    /// 2. a key whose waiting entry the add would touch (any add with a delay, except a
+    ///    debounced add of a queued key; an add without delay of a key that only waits) is
+    ///    held, changing nothing but the entry's priority, when the entry is parked (or the
+    ///    probe's) while the detector is open and the add does not bypass parking, or when it is
+    ///    a rate-limited retry, `keep_backoff` is on and the add is not rate-limited;
+    /// 3. without delay: the add rule (`enqueue`);
+    /// 4. debounced: a queued key keeps its place (the add rule); a waiting key waits until
+    ///    `now + d` instead, a new entry; else it waits until `now + d`;
+    /// 5. else the delayed-add rule (`schedule`).
+    pub fn add_options(&mut self, key: K, add: ModelAdd, now: Instant) -> AddStatus {
         self.promote(now);
         if self.shutting_down {
             return AddStatus::ShutDown;
         }
-        if delay.is_zero() {
-            return self.enqueue(key, priority);
-        }
-        let deadline = self.now.saturating_add(nanos(delay));
-        if deadline == u64::MAX {
+        let delayed = !add.delay.is_zero();
+        let deadline = self.now.saturating_add(nanos(add.delay));
+        if delayed && deadline == u64::MAX {
             return AddStatus::Never;
         }
-        self.schedule(key, deadline, priority)
+        let kind = add.kind();
+        let queued = self.is_queued(&key);
+        let processing = self.processing.contains_key(&key);
+        if let Some(entry) = self.waiting.get(&key).copied() {
+            let touches = match delayed {
+                false => !queued && !processing,
+                true => !(queued && kind == Kind::Debounce),
+            };
+            if touches && entry.kind == Kind::Parked && !add.bypass_parking && self.is_outage_open()
+            {
+                self.raise_waiting(&key, add.priority);
+                return AddStatus::Parked;
+            }
+            if touches && entry.kind == Kind::Retry && self.keep_backoff && !add.rate_limited {
+                return match self.raise_waiting(&key, add.priority) {
+                    true => AddStatus::Waiting,
+                    false => AddStatus::AlreadyWaiting,
+                };
+            }
+        }
+        if !delayed {
+            return self.enqueue(key, add.priority);
+        }
+        if kind == Kind::Debounce {
+            if queued {
+                return self.enqueue(key, add.priority);
+            }
+            if let Some(entry) = self.waiting.get_mut(&key) {
+                self.seq += 1;
+                *entry = Entry {
+                    deadline,
+                    seq: self.seq,
+                    priority: entry.priority.max(add.priority),
+                    kind,
+                };
+                return AddStatus::Waiting;
+            }
+        }
+        self.schedule(key, deadline, add.priority, kind)
     }
 
     /// What an add or a `get` that user code interrupted leaves behind (a key's `Clone`, `Hash` or
@@ -388,26 +535,41 @@ impl<K: Ord + Clone> Model<K> {
         let leased_at = priority;
         self.promote(now);
         self.processing.remove(key);
-        let mut requeued = false;
-        if let Some(priority) = self.dirty.remove(key) {
-            self.push_ready(key.clone(), priority, self.now);
-            requeued = true;
-        }
         // A re-add keeps the priority the key was handed out at.
         let readd = match outcome {
             Outcome::Retry => limiter_delay,
             Outcome::RetryAfter(d) | Outcome::RequeueAfter(d) => Some(d),
             _ => None,
         };
+        // With `keep_backoff`, a rate-limited retry that is stored carries a re-add made during
+        // the run instead of queueing the key now.
+        let stored_retry = outcome == Outcome::Retry
+            && !self.shutting_down
+            && readd.is_some_and(|d| !d.is_zero() && self.now.saturating_add(nanos(d)) != u64::MAX);
+        let mut requeued = false;
+        let mut carried = None;
+        if let Some(priority) = self.dirty.remove(key) {
+            if self.keep_backoff && stored_retry {
+                carried = Some(priority);
+            } else {
+                self.push_ready(key.clone(), priority, self.now);
+                requeued = true;
+            }
+        }
         if let Some(delay) = readd
             && !self.shutting_down
         {
+            let priority = carried.map_or(leased_at, |p| p.max(leased_at));
             if delay.is_zero() {
-                requeued |= self.enqueue(key.clone(), leased_at) == AddStatus::Queued;
+                requeued |= self.enqueue(key.clone(), priority) == AddStatus::Queued;
             } else {
                 let deadline = self.now.saturating_add(nanos(delay));
                 if deadline != u64::MAX {
-                    self.schedule(key.clone(), deadline, leased_at);
+                    let kind = match outcome {
+                        Outcome::Retry => Kind::Retry,
+                        _ => Kind::Reminder,
+                    };
+                    self.schedule(key.clone(), deadline, priority, kind);
                 }
             }
         }
@@ -433,6 +595,40 @@ impl<K: Ord + Clone> Model<K> {
             p.probe = None;
         }
         released
+    }
+
+    /// `retain(keep)`: every tracked key for which `keep` is false leaves the ready set, its
+    /// dirty mark and its waiting entry are dropped; the keys no longer tracked are returned,
+    /// sorted (one being processed stays until its lease ends). `keep` is asked about every
+    /// tracked key first; if it panics, nothing changed. A removed probe is replaced by the next
+    /// parked key.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) -> Vec<K> {
+        let dropped: Vec<K> = self
+            .tracked_keys()
+            .into_iter()
+            .filter(|k| !keep(k))
+            .collect();
+        let mut removed = Vec::new();
+        let mut probe_removed = false;
+        for key in dropped {
+            self.ready.remove(&key);
+            self.dirty.remove(&key);
+            self.waiting.remove(&key);
+            if self.processing.contains_key(&key) {
+                continue;
+            }
+            if let Some(p) = &mut self.parking
+                && p.probe.as_ref() == Some(&key)
+            {
+                p.probe = None;
+                probe_removed = true;
+            }
+            removed.push(key);
+        }
+        if probe_removed {
+            self.next_probe();
+        }
+        removed
     }
 
     /// `len()`: keys ready at `now`.
@@ -467,7 +663,7 @@ impl<K: Ord + Clone> Model<K> {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.waiting
             .values()
-            .map(|&(deadline, _, _)| deadline)
+            .map(|e| e.deadline)
             .min()
             .filter(|&d| d != parking::PARKED || self.parking.is_none())
             .map(Instant::from_nanos)
@@ -518,7 +714,7 @@ impl<K: Ord + Clone> Model<K> {
 
     /// The priority of `key`'s waiting entry.
     pub fn waiting_priority(&self, key: &K) -> Option<i32> {
-        self.waiting.get(key).map(|&(_, _, p)| p)
+        self.waiting.get(key).map(|e| e.priority)
     }
 
     /// The priority `key` was handed out at, while it is processed.
@@ -545,7 +741,7 @@ impl<K: Ord + Clone> Model<K> {
     pub fn waiting_deadline(&self, key: &K) -> Option<Instant> {
         self.waiting
             .get(key)
-            .map(|&(deadline, _, _)| Instant::from_nanos(deadline))
+            .map(|e| Instant::from_nanos(e.deadline))
     }
 }
 

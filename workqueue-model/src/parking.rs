@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use workqueue_core::ratelimit::{OutageConfig, OutageDetector, Signal, Transition};
 
-use crate::{Instant, Model, ModelFinished, Outcome, nanos};
+use crate::{Instant, Kind, Model, ModelFinished, Outcome, nanos};
 
 /// The sentinel deadline of a parked key (the state's `PARKED`).
 pub const PARKED: u64 = u64::MAX - 1;
@@ -47,9 +47,12 @@ impl<K: Ord + Clone> Model<K> {
         self.parked_keys().contains(key)
     }
 
-    /// Whether `key` waits at the sentinel deadline (with detection on).
-    fn at_sentinel(&self, key: &K) -> bool {
-        self.parking.is_some() && self.waiting.get(key).is_some_and(|w| w.0 == PARKED)
+    /// The sequence of `key`'s entry if it is parked: of kind `Parked`, at the sentinel.
+    fn parked_seq(&self, key: &K) -> Option<u64> {
+        self.waiting
+            .get(key)
+            .filter(|w| w.kind == Kind::Parked && w.deadline == PARKED)
+            .map(|w| w.seq)
     }
 
     /// The parked keys, in park order.
@@ -59,11 +62,7 @@ impl<K: Ord + Clone> Model<K> {
         };
         p.round
             .iter()
-            .filter(|(k, seq)| {
-                self.waiting
-                    .get(k)
-                    .is_some_and(|w| w.0 == PARKED && w.1 == *seq)
-            })
+            .filter(|(k, seq)| self.parked_seq(k) == Some(*seq))
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -98,8 +97,7 @@ impl<K: Ord + Clone> Model<K> {
         self.processing.get(key)?;
         self.promote(now);
         let now = Instant::from_nanos(self.now);
-        let was_parked = self.at_sentinel(key);
-        let parked_seq_before = self.waiting.get(key).filter(|w| w.0 == PARKED).map(|w| w.1);
+        let was_parked = self.parked_seq(key).is_some();
         let p = self.parking.as_mut().expect("on");
         // Nothing parked, no probe pending: the next key to finish is the probe.
         let is_probe =
@@ -117,22 +115,28 @@ impl<K: Ord + Clone> Model<K> {
             _ => None,
         };
         let readds = !matches!(outcome, Outcome::Done | Outcome::Forget);
-        let park = p.detector.is_open() && signal.is_failure() && readds && self.now < PARKED;
-        let outcome = match park {
-            true => Outcome::RetryAfter(Duration::from_nanos(PARKED - self.now)),
-            false => outcome,
+        // Parked if anything would run the key again: a re-add, a re-add made during the run,
+        // or a waiting entry.
+        let again = readds || self.dirty.contains_key(key) || self.waiting.contains_key(key);
+        let park = p.detector.is_open()
+            && signal.is_failure()
+            && !self.shutting_down
+            && self.now < PARKED
+            && again;
+        let finished = match park {
+            true => self.finish_parked(key, readds.then_some(priority)),
+            false => self.finish_unobserved(key, outcome, limiter_delay, priority, now)?,
         };
-        let finished = self.finish_unobserved(key, outcome, limiter_delay, priority, now)?;
-        let entry = self.waiting.get(key).copied();
+        let parked = park.then(|| self.parked_seq(key)).flatten();
+        let pending = self
+            .waiting
+            .get(key)
+            .is_some_and(|w| w.kind == Kind::Parked && w.deadline != PARKED);
         let p = self.parking.as_mut().expect("on");
-        if park
-            && let Some((PARKED, seq, _)) = entry
-            && parked_seq_before != Some(seq)
-        {
+        if let Some(seq) = parked {
             p.round.push((key.clone(), seq));
         }
-        let pending = entry.is_some_and(|w| w.0 != PARKED);
-        if p.probe.as_ref() == Some(key) && !(pending && park) {
+        if p.probe.as_ref() == Some(key) && !pending {
             p.probe = None;
         }
         if let Transition::Closed { lasted } = transition {
@@ -144,7 +148,24 @@ impl<K: Ord + Clone> Model<K> {
         Some((finished, event))
     }
 
-    fn next_probe(&mut self) {
+    /// A run parked: processing ends; its re-add (at `readd`), a re-add made during the run and
+    /// its waiting entry become one parked entry at the highest of their priorities.
+    fn finish_parked(&mut self, key: &K, readd: Option<i32>) -> ModelFinished {
+        self.processing.remove(key);
+        let priorities = readd
+            .into_iter()
+            .chain(self.dirty.remove(key))
+            .chain(self.waiting.remove(key).map(|e| e.priority));
+        let priority = priorities.max().expect("something would run the key again");
+        self.schedule(key.clone(), PARKED, priority, Kind::Parked);
+        ModelFinished {
+            requeued: false,
+            waiting: true,
+            released: false,
+        }
+    }
+
+    pub(crate) fn next_probe(&mut self) {
         let p = self.parking.as_ref().expect("on");
         let (Some(interval), None) = (p.detector.probe_interval(), &p.probe) else {
             return;
@@ -156,7 +177,7 @@ impl<K: Ord + Clone> Model<K> {
             self.parking.as_mut().expect("on").round.clear();
             return;
         };
-        let seq = self.waiting[&key].1;
+        let seq = self.waiting[&key].seq;
         let p = self.parking.as_mut().expect("on");
         let at = p
             .round
@@ -167,7 +188,7 @@ impl<K: Ord + Clone> Model<K> {
         let deadline = self.now.saturating_add(nanos(interval)).min(PARKED - 1);
         self.seq += 1;
         let entry = self.waiting.get_mut(&key).expect("parked");
-        (entry.0, entry.1) = (deadline, self.seq);
+        (entry.deadline, entry.seq) = (deadline, self.seq);
         self.parking.as_mut().expect("on").probe = Some(key);
     }
 
@@ -185,9 +206,11 @@ impl<K: Ord + Clone> Model<K> {
             let deadline = self.now.saturating_add(nanos(pace(key))).min(PARKED - 1);
             self.seq += 1;
             let entry = self.waiting.get_mut(key).expect("waits");
-            if deadline < entry.0 {
-                (entry.0, entry.1) = (deadline, self.seq);
+            if deadline < entry.deadline {
+                (entry.deadline, entry.seq) = (deadline, self.seq);
             }
+            // Released keys wait on the limiter's pacing.
+            entry.kind = Kind::Retry;
         }
         // Keys released without delay are ready now.
         self.promote(Instant::from_nanos(self.now));

@@ -146,6 +146,16 @@ impl<K: Clone + PartialEq> ModelReady<K> {
         self.enter(i64::from(priority), group);
     }
 
+    /// Takes `key` out of the ready set (a removal); whether it was there.
+    pub(crate) fn remove(&mut self, key: &K) -> bool {
+        let Some(i) = self.entries.iter().position(|e| e.key == *key) else {
+            return false;
+        };
+        let e = self.entries.remove(i);
+        self.leave(e.level(), e.group);
+        true
+    }
+
     /// Moves every key ready for longer than `max_wait` at `now` to the overdue level, in the
     /// order keys became ready.
     pub(crate) fn age(&mut self, now: u64, max_wait: u64) {

@@ -25,13 +25,18 @@
 //!
 //! Options: `--objects N`, `--outage SECS` (or `10m`, `1h`), `--policy
 //! all|requeue|default|jitter|maxwait|outage`, `--workers N`, `--max-wait SECS`, `--own-failures
-//! PCT` (that share of the objects fails for its own reasons throughout), `--svg PATH`; `--help`
-//! lists them.
+//! PCT` (that share of the objects fails for its own reasons throughout), `--events-per-sec N`
+//! (during the outage, every object gets N events a second: an informer re-adds it, as status
+//! updates and other controllers' writes do), `--keep-backoff` (every policy's queue with
+//! `Builder::keep_backoff(true)`: an event leaves a key waiting on its backoff), `--svg PATH`;
+//! `--help` lists them.
 //!
 //! The summary ends with policy 5's targets, PASS or FAIL from the simulated figures: requests
 //! during the outage at most 0.25x the default limiter's; every object converged within 20 s of
 //! the recovery (for outages longer than 2 minutes); with `--own-failures` and no outage, the
-//! detector never opens and the failing objects are retried exactly as by the default.
+//! detector never opens and the failing objects are retried exactly as by the default; with
+//! `--events-per-sec`, requests during the outage at most 1.5x policy 5's own without events
+//! (run once more for the comparison).
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -126,6 +131,14 @@ impl Policy {
     }
 
     fn short(self, opts: &Options) -> String {
+        let short = self.short_policy(opts);
+        match opts.keep_backoff {
+            true => format!("{short}, keep_backoff"),
+            false => short,
+        }
+    }
+
+    fn short_policy(self, opts: &Options) -> String {
         match self {
             Policy::Requeue => format!("requeue({}s) on errors", REQUEUE_AFTER.as_secs()),
             Policy::Default => "default limiter".to_string(),
@@ -145,6 +158,10 @@ struct Options {
     max_wait: Duration,
     /// Percent of the objects that fail for their own reasons throughout.
     own_failures: u32,
+    /// Events per second for every object during the outage.
+    events_per_sec: u32,
+    /// `Builder::keep_backoff(true)` for every policy.
+    keep_backoff: bool,
     svg: Option<PathBuf>,
 }
 
@@ -174,6 +191,12 @@ struct Cli {
     /// every (100 / PCT)-th object
     #[arg(long, value_name = "PCT", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     own_failures: u32,
+    /// Events per second for every object during the outage (an informer re-adds it)
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    events_per_sec: u32,
+    /// Every policy's queue keeps a key waiting on its backoff when an event adds it
+    #[arg(long)]
+    keep_backoff: bool,
     /// Also write the chart as an SVG file
     #[arg(long, value_name = "PATH")]
     svg: Option<PathBuf>,
@@ -239,6 +262,8 @@ fn parse_args() -> Options {
         workers: cli.workers,
         max_wait: cli.max_wait,
         own_failures: cli.own_failures,
+        events_per_sec: cli.events_per_sec,
+        keep_backoff: cli.keep_backoff,
         svg: cli.svg,
     }
 }
@@ -376,6 +401,8 @@ struct Outcome {
     invalid_requests: u64,
     /// How many times the outage detector opened (policy 5).
     openings: u64,
+    /// For policy 5 with `--events-per-sec`: its requests during the outage without events.
+    without_events: Option<u64>,
 }
 
 async fn scenario(opts: &Options, policy: Policy) -> Outcome {
@@ -405,7 +432,8 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
     ));
     let mut builder = WorkQueue::builder()
         .rate_limiter(limiter)
-        .capacity(opts.objects as usize);
+        .capacity(opts.objects as usize)
+        .keep_backoff(opts.keep_backoff);
     if policy == Policy::Outage {
         builder = builder.outage_detection(OutageConfig::default());
     }
@@ -430,6 +458,21 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
     let stop = CancellationToken::new();
     let runner = Runner::new(queue.clone(), reconcile).workers(opts.workers);
     let running = tokio::spawn(runner.run(stop.clone()));
+    if opts.events_per_sec > 0 {
+        // The informer: every object re-added `events_per_sec` times a second until the API is
+        // back (and not past the simulated time an instant can reach).
+        let (queue, objects) = (queue.clone(), opts.objects);
+        let until = api.recovers_at;
+        let every = Duration::from_secs(1) / opts.events_per_sec;
+        tokio::spawn(async move {
+            let mut next = Instant::now() + every;
+            while next < until {
+                sleep_until(next).await;
+                queue.add_batch(0..objects);
+                next += every;
+            }
+        });
+    }
 
     // The longest any object can wait after the recovery: the jittered backoff cap, the bucket's
     // 10 qps for every object, and a margin. Past it the scenario is reported as not converged.
@@ -437,6 +480,12 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
         + MAX_BACKOFF.mul_f64(1.0 + JITTER)
         + Duration::from_millis(100) * opts.objects
         + Duration::from_secs(300);
+    if opts.events_per_sec > 0 {
+        // Every failed event takes a token of the 10 qps bucket: its debt can delay the first
+        // retries after the recovery by up to one tenth of a second per event.
+        let events = u64::from(opts.events_per_sec) * u64::from(opts.objects);
+        give_up_at += (opts.outage / 10).saturating_mul(events.min(u64::from(u32::MAX)) as u32);
+    }
     if api.lock().remaining == 0 {
         // Nothing to converge (every object fails on its own): watch the retries for a while.
         give_up_at = api.recovers_at + Duration::from_secs(600);
@@ -482,6 +531,7 @@ async fn run(opts: &Options, policy: Policy, limiter: impl RateLimiter<u32> + 's
             .map(|t| t.saturating_duration_since(api.recovers_at)),
         invalid_requests: s.invalid_requests,
         openings: report.outage_openings,
+        without_events: None,
     }
 }
 
@@ -605,6 +655,14 @@ fn vs_default(o: &Outcome, default: Option<&Outcome>) -> String {
     }
 }
 
+/// "all converged N s after the recovery", or that they did not within the run.
+fn converged_clause(o: &Outcome) -> String {
+    match o.converged_after {
+        Some(d) => format!("all converged {} after the recovery", fmt_secs(d)),
+        None => "not all converged within the run".to_string(),
+    }
+}
+
 fn takeaway(o: &Outcome, opts: &Options, default: Option<&Outcome>) -> String {
     let objects = opts.objects;
     let cap = opts.max_wait.as_secs();
@@ -621,11 +679,19 @@ fn takeaway(o: &Outcome, opts: &Options, default: Option<&Outcome>) -> String {
                 REQUEUE_AFTER.as_secs(),
             )
         }
+        (Policy::Default, _) if opts.events_per_sec > 0 => format!(
+            "each event makes its waiting object ready at once (client-go's rule), so backoff \
+             never holds and every event is a request ({steady} rps steady); each failure also \
+             takes a token of the bucket, and the debt they run up delays the retries long \
+             after the recovery ({})",
+            converged_clause(o)
+        ),
         (Policy::Default, _) => format!(
             "the 10 qps bucket paces the retries, then per-key backoff doubles toward {} s and \
              the load fades to {steady} rps; the price is a late first retry after a long outage \
-             (all converged {converged} after the recovery)",
-            MAX_BACKOFF.as_secs()
+             ({})",
+            MAX_BACKOFF.as_secs(),
+            converged_clause(o)
         ),
         (Policy::Jitter, Some(d)) => {
             let later = |o: &Outcome| o.peak_later.unwrap_or(0);
@@ -685,10 +751,18 @@ fn takeaway(o: &Outcome, opts: &Options, default: Option<&Outcome>) -> String {
                 1 => "the detector opened once".to_string(),
                 n => format!("the detector opened {n} times"),
             };
+            let events = match o.without_events {
+                Some(quiet) => format!(
+                    "; events for parked objects left them parked ({:.2}x its requests without \
+                     events)",
+                    o.during_outage as f64 / quiet.max(1) as f64
+                ),
+                None => String::new(),
+            };
             format!(
                 "{opened}: failing keys were parked and one probe ran at a time, every {} s at \
-                 most ({steady} rps steady{vs}); the first probe after the recovery released \
-                 every key through the bucket (all converged {converged} after it)",
+                 most ({steady} rps steady{vs}{events}); the first probe after the recovery \
+                 released every key through the bucket (all converged {converged} after it)",
                 OutageConfig::default().probe_max().as_secs()
             )
         }
@@ -729,6 +803,17 @@ fn targets(outcomes: &[Outcome], opts: &Options) -> Vec<(String, bool)> {
                     .is_some_and(|c| c <= Duration::from_secs(20)),
             ));
         }
+    }
+    if let Some(quiet) = o.without_events {
+        let bound = quiet as f64 * 1.5;
+        out.push((
+            format!(
+                "with {} event(s)/s per object, requests during the outage <= 1.5x its own \
+                 without events ({} <= {bound:.0})",
+                opts.events_per_sec, o.during_outage
+            ),
+            o.during_outage as f64 <= bound,
+        ));
     }
     if opts.own_failures > 0 && opts.outage.is_zero() {
         out.push((
@@ -954,14 +1039,32 @@ fn main() {
     let outcomes: Vec<Outcome> = runtime.block_on(async {
         let mut outcomes = Vec::with_capacity(opts.policies.len());
         for &policy in &opts.policies {
-            outcomes.push(scenario(&opts, policy).await);
+            let mut outcome = scenario(&opts, policy).await;
+            if policy == Policy::Outage && opts.events_per_sec > 0 && !opts.outage.is_zero() {
+                // The reference of the events target: the same policy without events.
+                let quiet = Options {
+                    events_per_sec: 0,
+                    policies: Vec::new(),
+                    svg: None,
+                    ..opts
+                };
+                outcome.without_events = Some(scenario(&quiet, policy).await.during_outage);
+            }
+            outcomes.push(outcome);
         }
         outcomes
     });
 
+    let mut events = match opts.events_per_sec {
+        0 => String::new(),
+        n => format!("; {n} event(s) per second for every object during the outage"),
+    };
+    if opts.keep_backoff {
+        events.push_str("; queues keep keys waiting on their backoff (keep_backoff)");
+    }
     println!(
         "{} objects; the API is down for {} s, then healthy; latency {} ms + {} ms per request \
-         it received in the last second; {} workers; tokio's paused clock.\n",
+         it received in the last second; {} workers{events}; tokio's paused clock.\n",
         opts.objects,
         opts.outage.as_secs(),
         BASE_LATENCY.as_millis(),

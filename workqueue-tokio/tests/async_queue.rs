@@ -980,3 +980,38 @@ async fn multi_thread_random_cancellation_hands_out_each_key_once() {
     assert_eq!(*seen.lock().unwrap(), KEYS);
     assert_eq!(queue.counts(), Counts::default());
 }
+
+/// `retain` while workers run: the keys given away that are queued or waiting are removed; those
+/// being processed finish without being queued again; the kept keys all run; a getter waiting
+/// for a removed key's deadline does not hang.
+#[tokio::test(start_paused = true)]
+async fn retain_removes_keys_while_workers_run() {
+    let queue: WorkQueue<u32> = WorkQueue::builder().build();
+    queue.add_batch(0..20);
+    queue.add_after(21, secs(5));
+    let ran: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let mut workers = JoinSet::new();
+    for _ in 0..4 {
+        let (queue, ran) = (queue.clone(), ran.clone());
+        workers.spawn(async move {
+            while let Some(lease) = queue.get().await {
+                ran.lock().unwrap().push(*lease);
+                sleep(ms(100)).await;
+                lease.done();
+            }
+        });
+    }
+    sleep(ms(50)).await;
+    // 0..4 are processing; re-added meanwhile, the odd ones would run again.
+    queue.add_batch(0..4);
+    let removed = queue.retain(|k| k.is_multiple_of(2));
+    assert_eq!(removed, 8 + 1, "5, 7, ..., 19 and 21");
+    sleep(secs(10)).await;
+    queue.shut_down();
+    within(async { while workers.join_next().await.is_some() {} }).await;
+    let mut ran = ran.lock().unwrap().clone();
+    ran.sort_unstable();
+    let mut expected: Vec<u32> = (0..4).chain((0..20).step_by(2)).collect();
+    expected.sort_unstable();
+    assert_eq!(ran, expected);
+}

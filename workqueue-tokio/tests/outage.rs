@@ -1,6 +1,7 @@
 //! Outage-aware retries, end to end on tokio's paused clock: the storm demo's targets against a
-//! simulated API, and the pinned cases (an add of a parked key, a give-up while open, shutdown
-//! and drain with parked keys, a probe that panics, a classifier that panics).
+//! simulated API, events that keep arriving during an outage, and the pinned cases (an add of a
+//! parked key, a give-up while open, shutdown and drain with parked keys, a probe that panics, a
+//! classifier that panics).
 //!
 //! The simulated API is the storm demo's: each request takes 20 ms plus 1 ms per request the
 //! server received in the last second, and fails while the server is down.
@@ -16,8 +17,8 @@ use common::{max_retries, secs};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use workqueue_ratelimit::{OutageConfig, default_controller_rate_limiter};
-use workqueue_tokio::WorkQueue;
 use workqueue_tokio::runner::{Action, Context, Failure, Report, Runner};
+use workqueue_tokio::{AddOptions, AddStatus, WorkQueue};
 
 #[derive(Debug)]
 enum ApiError {
@@ -196,6 +197,121 @@ async fn objects_failing_on_their_own_never_open_it_and_back_off_as_today() {
     assert_eq!(detected.converged_after, default.converged_after);
 }
 
+// ---- events during an outage -----------------------------------------------------------------
+
+/// What [`events_during_an_outage`] measured.
+#[derive(Debug)]
+struct Events {
+    /// Requests during the five minutes of events.
+    during_events: u64,
+    /// From the recovery until every key (the new one too) had succeeded.
+    converged_after: Option<Duration>,
+    /// Whether the detector was open when the events began.
+    open_at_events: bool,
+}
+
+/// 50 keys, 8 workers, a reconcile of 20 ms that fails while the API is down, the default
+/// limiter. One second in (the detector, when on, has opened by then), an informer re-adds the 50
+/// keys every second for five minutes; a new key joins half-way; the API recovers as the events
+/// end. `keep_backoff` is the builder's option of that name.
+async fn events_during_an_outage(detection: bool, keep_backoff: bool) -> Events {
+    const KEYS: u32 = 50;
+    const NEW_KEY: u32 = KEYS;
+    let down = Arc::new(AtomicBool::new(true));
+    let requests: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let succeeded: Arc<Mutex<HashMap<u32, Instant>>> = Arc::default();
+    let mut builder = WorkQueue::builder()
+        .rate_limiter(default_controller_rate_limiter::<u32>())
+        .keep_backoff(keep_backoff);
+    if detection {
+        builder = builder.outage_detection(OutageConfig::default());
+    }
+    let queue: WorkQueue<u32> = builder.build();
+    queue.add_batch(0..KEYS);
+    let reconcile = {
+        let (down, requests, succeeded) = (down.clone(), requests.clone(), succeeded.clone());
+        move |key: u32, _ctx: Context| {
+            let (down, requests, succeeded) = (down.clone(), requests.clone(), succeeded.clone());
+            async move {
+                requests.lock().unwrap().push(Instant::now());
+                let failed = down.load(SeqCst);
+                sleep(Duration::from_millis(20)).await;
+                if failed {
+                    return Err("unavailable");
+                }
+                succeeded
+                    .lock()
+                    .unwrap()
+                    .entry(key)
+                    .or_insert_with(Instant::now);
+                Ok(Action::await_change())
+            }
+        }
+    };
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        Runner::new(queue.clone(), reconcile)
+            .workers(8)
+            .run(stop.clone()),
+    );
+    sleep(secs(1)).await;
+    let open_at_events = queue.is_outage_open();
+    let events_from = Instant::now();
+    for second in 0..300 {
+        queue.add_batch(0..KEYS);
+        if second == 150 {
+            queue.add(NEW_KEY);
+        }
+        sleep(secs(1)).await;
+    }
+    let recovered = Instant::now();
+    down.store(false, SeqCst);
+    // Long enough for the default limiter's backoff after five minutes of failures.
+    sleep(secs(1200)).await;
+    stop.cancel();
+    run.await.unwrap();
+    let during_events = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&t| events_from <= t && t < recovered)
+        .count() as u64;
+    let succeeded = succeeded.lock().unwrap();
+    let converged_after = (succeeded.len() == KEYS as usize + 1)
+        .then(|| succeeded.values().max().unwrap().duration_since(recovered));
+    Events {
+        during_events,
+        converged_after,
+        open_at_events,
+    }
+}
+
+/// Issue 24's target: with outage detection, events for parked keys do not run them. At most 200
+/// requests during the five minutes of events (one per event without parking: 15,000), and every
+/// key, the new one too, reconciled within 20 s of the recovery.
+#[tokio::test(start_paused = true)]
+async fn events_during_an_outage_leave_parked_keys_parked() {
+    let e = events_during_an_outage(true, false).await;
+    eprintln!("outage detection: {e:?}");
+    assert!(e.open_at_events);
+    assert!(e.during_events <= 200, "{e:?}");
+    let converged = e.converged_after.expect("every key reconciled");
+    assert!(converged <= secs(20), "{e:?}");
+}
+
+/// Without detection: `keep_backoff` keeps events from defeating per-key backoff (the default
+/// runs every key at every event), at the price of a recovery that waits for the backoff.
+#[tokio::test(start_paused = true)]
+async fn events_during_an_outage_with_keep_backoff_and_without_detection() {
+    let default = events_during_an_outage(false, false).await;
+    let kept = events_during_an_outage(false, true).await;
+    eprintln!("default limiter: {default:?}");
+    eprintln!("default limiter + keep_backoff: {kept:?}");
+    assert!(default.during_events > 10_000, "{default:?}");
+    assert!(kept.during_events * 10 <= default.during_events, "{kept:?}");
+    assert!(kept.converged_after.is_some(), "{kept:?}");
+}
+
 // ---- pinned cases --------------------------------------------------------------------------
 
 /// A small controller: `keys` keys, 4 workers, an API that is down until `up` is set; it counts
@@ -240,30 +356,42 @@ impl Small {
     }
 }
 
+/// An event for a parked key while the API is down leaves it parked: no request. Once the API is
+/// back, the next probe (within the probe interval's cap, 5 s) releases every key; an event
+/// that bypasses parking runs the key at once as an extra probe.
 #[tokio::test(start_paused = true)]
-async fn an_add_of_a_parked_key_runs_it_at_once_as_an_extra_probe() {
+async fn an_add_of_a_parked_key_leaves_it_parked_until_a_probe_succeeds() {
     let s = Small::new(20);
     let runner = Runner::new(s.queue.clone(), s.reconcile(None)).workers(4);
     let stop = CancellationToken::new();
     let run = tokio::spawn(runner.run(stop.clone()));
     sleep(secs(60)).await;
     assert!(s.queue.is_outage_open());
-    // An event for a parked key while the API is still down: it runs at once, fails, and is
-    // parked again; the detector stays open.
+    let parked = (0..20).find(|k| s.queue.is_parked(k)).unwrap();
     let parked_before = s.queue.parked_len();
-    let before = s.requests.lock().unwrap().get(&7).copied().unwrap_or(0);
-    s.queue.add(7);
+    let before = s.requests.lock().unwrap()[&parked];
+    assert_eq!(s.queue.add(parked), AddStatus::Parked);
     sleep(Duration::from_millis(1)).await;
-    assert_eq!(s.requests.lock().unwrap()[&7], before + 1);
+    assert_eq!(s.requests.lock().unwrap()[&parked], before, "no request");
+    assert!(s.queue.is_parked(&parked));
+    assert_eq!(s.queue.parked_len(), parked_before);
+    // A bypass runs it at once: still down, it fails and is parked again.
+    s.queue
+        .add_with(parked, AddOptions::new().bypass_parking(true));
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(s.requests.lock().unwrap()[&parked], before + 1);
     assert!(s.queue.is_outage_open());
-    assert!(s.queue.parked_len() >= parked_before.saturating_sub(1));
-    // The API is back; an event for a parked key is a probe that succeeds: everything is
-    // released at once, without waiting for the probe interval.
+    // The API is back; events leave the keys parked, the next probe releases them all.
     s.up.store(true, SeqCst);
-    s.queue.add(7);
-    sleep(Duration::from_millis(1)).await;
-    assert!(!s.queue.is_outage_open());
-    sleep(secs(1)).await;
+    let back = Instant::now();
+    for k in 0..20 {
+        s.queue.add(k);
+    }
+    while s.queue.is_outage_open() {
+        sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back.elapsed() <= secs(5), "{:?}", back.elapsed());
+    sleep(secs(2)).await;
     let mut ok = s.ok.lock().unwrap().clone();
     ok.sort_unstable();
     ok.dedup();

@@ -79,6 +79,23 @@ macro_rules! __queue_handle_methods {
             self.core.add_rate_limited(key)
         }
 
+        /// Removes every key for which `keep` returns `false` that is queued or waiting (delayed,
+        /// debounced, in backoff, parked), and forgets each in the rate limiter: what a replica
+        /// does with the keys of a shard it hands over. Returns how many keys were removed.
+        ///
+        /// A key being processed is not removed: its lease still finishes. A re-add made while it
+        /// runs, and its waiting entry, are dropped, so that the finish does not queue it again;
+        /// but a re-add the finish itself asks for (`retry`, `requeue_after`) is applied as
+        /// usual, so a caller that gives such keys away finishes their leases without one
+        /// (`done()` or `forget()`).
+        ///
+        /// `keep` runs under the queue's lock, once per key the queue tracks, before anything
+        /// changes: keep it cheap. If it panics, the queue is as it was and the panic propagates.
+        /// The limiter's `forget` and the removed keys' `Drop` run after the lock is released.
+        pub fn retain(&self, keep: impl FnMut(&T) -> bool) -> usize {
+            self.core.retain(keep)
+        }
+
         /// Clears the rate limiter's failures for `key`. Does not cancel a waiting re-add.
         pub fn forget(&self, key: &T) {
             self.core.forget(key)

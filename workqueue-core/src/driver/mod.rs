@@ -85,6 +85,9 @@ pub struct CoreConfig<T, S> {
     pub drain_includes_queued: bool,
     /// Whether `add_rate_limited` skips the limiter for a key already queued or waiting.
     pub skip_limiter_when_pending: bool,
+    /// Whether an add leaves a key waiting on a rate-limited retry waiting (see
+    /// `Builder::keep_backoff`).
+    pub keep_backoff: bool,
     /// Aging: how long a key may be ready before it is served ahead of every other.
     pub max_ready_wait: Option<Duration>,
     /// Fairness: each key's group, as a hash of what the user's function returned.
@@ -113,6 +116,7 @@ impl<T, S> fmt::Debug for CoreConfig<T, S> {
             .field("capacity", &self.capacity)
             .field("drain_includes_queued", &self.drain_includes_queued)
             .field("skip_limiter_when_pending", &self.skip_limiter_when_pending)
+            .field("keep_backoff", &self.keep_backoff)
             .field("max_ready_wait", &self.max_ready_wait)
             .field("fair", &self.group.is_some())
             .field("refresh_thread", &self.refresh_thread)
@@ -185,6 +189,7 @@ where
             state.enable_outage_detection(outage);
         }
         state.set_shrink_memory(config.shrink);
+        state.set_keep_backoff(config.keep_backoff);
         #[cfg(feature = "metrics")]
         let metrics = config.name.clone().map(|name| {
             state.enable_timing();
@@ -418,10 +423,25 @@ where
         drop(unused);
     }
 
+    /// With outage detection on: whether a rate-limited add of `key` is held because the key is
+    /// parked (applied under the lock: its priority raised), so that the limiter is not asked.
+    fn held_parked(&self, key: &T, opts: AddOptions) -> bool {
+        if opts.bypass_parking || !self.has_outage_detection() {
+            return false;
+        }
+        self.mutate(|g| {
+            let now = self.now_for(&g.state);
+            g.state.hold_if_parked(key, opts.priority, now)
+        })
+    }
+
     /// See `WorkQueue::add_with`.
     pub fn add_with(&self, key: T, opts: AddOptions) -> AddStatus {
         if opts.rate_limited && self.is_shutting_down() {
             return AddStatus::ShutDown;
+        }
+        if opts.rate_limited && self.held_parked(&key, opts) {
+            return AddStatus::Parked;
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
         let after = opts.delay(self.limiter_delay(&key, opts, now));
@@ -442,9 +462,17 @@ where
             return;
         }
         let now = (opts.rate_limited || !opts.after.is_zero()).then(|| self.clock.now());
+        let mut held = Vec::new();
         // The limiter and the group function are asked outside the lock, key by key.
         let keys: Vec<(T, Duration, Option<u64>)> = keys
             .into_iter()
+            .filter_map(|key| {
+                if opts.rate_limited && self.held_parked(&key, opts) {
+                    held.push(key);
+                    return None;
+                }
+                Some(key)
+            })
             .map(|key| {
                 let delay = opts.delay(self.limiter_delay(&key, opts, now));
                 let group = self.group_of(&key);
@@ -466,6 +494,7 @@ where
             (unused, added)
         });
         drop(unused);
+        drop(held);
         if now.is_some() {
             (0..added).for_each(|_| self.count_retry(true));
         }
@@ -483,7 +512,7 @@ where
     /// See `WorkQueue::add_after`.
     pub fn add_after(&self, key: T, delay: Duration) -> AddStatus {
         let now = self.clock.now();
-        let status = self.add_after_at(key, delay, now);
+        let status = self.add_after_at(key, AddOptions::new().after(delay), now);
         self.count_retry(status != AddStatus::ShutDown);
         status
     }
@@ -502,20 +531,49 @@ where
                 return AddStatus::AlreadyWaiting;
             }
         }
+        let opts = AddOptions::new().rate_limited(true);
+        if self.held_parked(&key, opts) {
+            return AddStatus::Parked;
+        }
         let now = self.clock.now();
         let delay = self.limiter.when(&key, now);
         self.observe_limiter_delay(Some(delay));
-        let status = self.add_after_at(key, delay, now);
+        let status = self.add_after_at(key, opts.after(delay), now);
         self.count_retry(status != AddStatus::ShutDown);
         status
     }
 
-    fn add_after_at(&self, key: T, delay: Duration, now: Instant) -> AddStatus {
+    fn add_after_at(&self, key: T, opts: AddOptions, now: Instant) -> AddStatus {
         let group = self.group_of(&key);
-        let opts = AddOptions::new().after(delay);
         let (status, unused) = self.mutate(|g| g.state.add_or_return(key, opts, group, now));
         drop(unused);
         status
+    }
+
+    /// See `WorkQueue::retain`. `keep` runs under the lock (the state asks it about every key
+    /// before changing anything); the removed keys are forgotten in the limiter, each caught,
+    /// and dropped outside it; the first panic of those propagates afterwards.
+    pub fn retain(&self, keep: impl FnMut(&T) -> bool) -> usize {
+        let (removed, parked) = self.mutate(|g| {
+            let removed = g.state.retain(keep);
+            let parked = self.has_outage_detection().then(|| g.state.parked_len());
+            (removed, parked)
+        });
+        if let Some(parked) = parked {
+            self.parked.store(parked, Ordering::Relaxed);
+        }
+        let mut first_panic = None;
+        for key in &removed {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.limiter.forget(key))) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        let n = removed.len();
+        drop(removed);
+        if let Some(panic) = first_panic {
+            resume_unwind(panic);
+        }
+        n
     }
 
     /// See `WorkQueue::forget`.

@@ -82,6 +82,7 @@ impl<T, D> Default for Builder<T, DefaultHashBuilder, D> {
                 capacity: 0,
                 drain_includes_queued: false,
                 skip_limiter_when_pending: false,
+                keep_backoff: false,
                 max_ready_wait: None,
                 group: None,
                 refresh_thread: true,
@@ -140,6 +141,46 @@ impl<T, S, D> Builder<T, S, D> {
     /// already pending. A key being processed is still rate-limited as usual.
     pub fn skip_limiter_when_pending(mut self, enabled: bool) -> Self {
         self.config.skip_limiter_when_pending = enabled;
+        self
+    }
+
+    /// Whether an add leaves a key that waits on a rate-limited retry waiting until its backoff
+    /// ends, so that events for a failing object do not defeat its backoff. Default: `false`,
+    /// client-go's rule: an add makes a waiting key ready at once (delayed adds are reminders).
+    ///
+    /// A rate-limited retry is a wait chosen by the rate limiter: `retry()` of a lease (and a
+    /// lease dropped while panicking), `add_rate_limited`, an add with
+    /// [`AddOptions::rate_limited`](crate::AddOptions::rate_limited), and the pacing of keys
+    /// released after an outage; not a delay given by the caller (`retry_after(d)`,
+    /// `add_after`). With this on:
+    /// - an add of such a key, with or without delay (debounced too), changes nothing but its
+    ///   priority (`AddStatus::AlreadyWaiting`, or `Waiting` when its priority was raised); a
+    ///   rate-limited add keeps the earlier deadline as always;
+    /// - a key re-added while it is processed, whose lease then ends in a rate-limited retry,
+    ///   is not queued again at once: the retry carries the re-add;
+    /// - a key that is also queued or processing is added as usual.
+    ///
+    /// With [outage detection](Builder::outage_detection) as well, parked keys are held by the
+    /// detector; this option then covers the keys in backoff outside it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use workqueue_core::{AddStatus, ManualClock, WorkQueue};
+    ///
+    /// let clock = ManualClock::new();
+    /// let queue: WorkQueue<&str> = WorkQueue::builder()
+    ///     .clock(clock.clone())
+    ///     .keep_backoff(true)
+    ///     .build();
+    /// queue.add("flaky");
+    /// queue.try_get().unwrap().retry(); // waits 5 ms (the default limiter's first delay)
+    /// assert_eq!(queue.add("flaky"), AddStatus::AlreadyWaiting); // an event: still waiting
+    /// assert!(queue.try_get().is_none());
+    /// clock.advance(Duration::from_millis(5));
+    /// assert!(queue.try_get().is_some());
+    /// ```
+    pub fn keep_backoff(mut self, enabled: bool) -> Self {
+        self.config.keep_backoff = enabled;
         self
     }
 
@@ -230,9 +271,19 @@ impl<T, S, D> Builder<T, S, D> {
     /// module and the state's (parked keys are waiting entries at a deadline never reached).
     ///
     /// Semantics pinned by tests:
-    /// - an `add` of a parked key runs it at once (a waiting entry is independent of the FIFO),
-    ///   as an extra probe: its success closes the detector, its failure parks it again;
-    /// - a failure whose outcome re-adds nothing (a give-up: `forget`, `done`) is not parked;
+    /// - an add of a parked key (with or without delay, rate-limited, debounced) leaves it
+    ///   parked: no run, no failure counted, no backoff moved (the release runs every parked
+    ///   key); it returns `AddStatus::Parked`, and a higher priority is kept for the release.
+    ///   The probe is the only way a parked key runs before the release, so recovery waits for
+    ///   the next probe (at most the probe interval's cap). An add with
+    ///   [`AddOptions::bypass_parking`](crate::AddOptions::bypass_parking) runs a parked key at
+    ///   once, as an extra probe;
+    /// - a run that fails while the detector is open is parked if anything would run the key
+    ///   again: its outcome's re-add, a re-add made during the run (its own write, say: the key
+    ///   is not queued again at once), or a waiting entry (its backoff, a reminder, a
+    ///   debounce), all carried by the parked entry;
+    /// - a failure with nothing else pending whose outcome re-adds nothing (a give-up:
+    ///   `forget`, `done`) is not parked;
     /// - `shut_down` drops parked keys as it drops every waiting key, and drains do not wait for
     ///   them;
     /// - a probe that panics is a failure (a lease dropped while panicking retries).
@@ -308,6 +359,7 @@ impl<T, S, D> Builder<T, S, D> {
                 capacity: c.capacity,
                 drain_includes_queued: c.drain_includes_queued,
                 skip_limiter_when_pending: c.skip_limiter_when_pending,
+                keep_backoff: c.keep_backoff,
                 max_ready_wait: c.max_ready_wait,
                 group: c.group,
                 refresh_thread: c.refresh_thread,

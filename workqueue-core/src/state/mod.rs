@@ -55,11 +55,13 @@
 
 mod aging;
 mod compaction;
+mod holds;
 mod index;
 mod invariants;
 mod parking;
 mod priorities;
 mod ready;
+mod retain;
 pub(crate) mod seam;
 mod slots;
 pub(crate) mod timing;
@@ -77,7 +79,7 @@ use hashbrown::{HashMap, HashTable};
 use workqueue_ratelimit::Instant;
 
 use crate::Outcome;
-use crate::options::AddOptions;
+use crate::options::{AddOptions, WAIT_DEBOUNCE};
 use crate::outcome::Op;
 use aging::Aging;
 use compaction::COMPACT_MIN;
@@ -89,7 +91,7 @@ pub(crate) use slots::SlotId;
 use slots::{MAX_SLOTS, NO_POS, Slots};
 pub(crate) use timing::Timing;
 pub use types::{AddStatus, Counts, DefaultHashBuilder, Finished, ForeignTicket, Get, Ticket};
-use waiting::{Waiting, WaitingHeap};
+use waiting::{Kind, Waiting, WaitingHeap};
 #[cfg(doc)]
 use workqueue_ratelimit::Signal;
 
@@ -137,6 +139,8 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     bucket_limit: u32,
     /// Outage detection (`parking.rs`); `None` (off) unless a driver enables it.
     parking: Option<Box<Parking>>,
+    /// Whether an add leaves a key waiting on a rate-limited retry waiting (`set_keep_backoff`).
+    keep_backoff: bool,
     /// `get` compacts when fewer keys than this are live (0: never; `usize::MAX`: a compaction
     /// left the slot arrays pinned by a processing slot, see `pin`). See the module docs.
     shrink_below: usize,
@@ -293,6 +297,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             unrecorded: HashMap::new(),
             bucket_limit: NO_POS,
             parking: None,
+            keep_backoff: false,
             shrink_below: 0,
             pin: NO_POS,
             shrink: true,
@@ -376,10 +381,21 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ///   key's state the same way. A waiting key is independent of the FIFO (client-go's
     ///   "reminder" semantics): adding a waiting key queues it now and its waiting entry stays.
     ///   A delay that saturates to [`Instant::NEVER`] stores nothing ([`AddStatus::Never`]).
+    /// - A debounced delay ([`AddOptions::debounced`]) moves a waiting key to its own time,
+    ///   later or earlier, and leaves a queued key queued.
+    /// - While the outage detector is open, an add of a key that is parked (or waits to be the
+    ///   probe) leaves it so, raising its priority for the release ([`AddStatus::Parked`]),
+    ///   unless it asks to [`bypass_parking`](AddOptions::bypass_parking); an add without delay
+    ///   of a parked key that is being processed (it ran through such a bypass) marks it dirty
+    ///   as usual. See [`QueueState::enable_outage_detection`].
+    /// - With [`QueueState::set_keep_backoff`], an add of a key waiting on a rate-limited
+    ///   retry leaves it waiting, raising its priority ([`AddStatus::AlreadyWaiting`], or
+    ///   [`AddStatus::Waiting`] when raised); a rate-limited add keeps the earliest deadline.
     /// - Ignored after shutdown.
     ///
-    /// The state has no rate limiter: [`AddOptions::rate_limited`] is for the queues, which ask
-    /// their limiter outside their lock and add with its delay; the state ignores the flag.
+    /// The state has no rate limiter: the queues ask theirs outside their lock and add with its
+    /// delay in [`AddOptions::after`]; [`AddOptions::rate_limited`] then marks the wait as a
+    /// rate-limited retry (it matters to [`QueueState::set_keep_backoff`] only).
     ///
     /// The key is dropped when it is not stored (a duplicate, or after shutdown); drivers that
     /// want to drop it elsewhere use [`QueueState::add_or_return`].
@@ -409,7 +425,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         };
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.add_tracked(slot, opts.priority, deadline), Some(key)),
+            Some(slot) => (
+                self.add_tracked_out_of_line(slot, opts, deadline),
+                Some(key),
+            ),
             None => {
                 let slot = self.insert_new(hash, key);
                 if let Some(groups) = &mut self.groups {
@@ -420,7 +439,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                         self.enqueue_new(slot, opts.priority);
                         AddStatus::Queued
                     }
-                    Some(deadline) => self.schedule(slot, deadline, opts.priority),
+                    Some(deadline) => self.schedule_bits(slot, deadline, opts.priority, opts.wait),
                 };
                 (status, None)
             }
@@ -441,7 +460,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.enqueue(slot, 0), Some(key)),
+            Some(slot) => (self.add_plain_tracked(slot), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
                 self.enqueue_new(slot, 0);
@@ -478,7 +497,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 slot
             }
         };
-        self.add_tracked(slot, opts.priority, deadline)
+        self.add_tracked(slot, opts, deadline)
     }
 
     /// The deadline of an add after `delay` (`None`: now), or `Err` for one never reached.
@@ -493,12 +512,48 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// The add rule for a tracked slot: queued now (`deadline` `None`), or waiting.
+    /// [`QueueState::add_tracked`] with the default options: the hold rules out of line.
     #[inline(always)]
-    fn add_tracked(&mut self, slot: SlotId, priority: i32, deadline: Option<u64>) -> AddStatus {
+    fn add_plain_tracked(&mut self, slot: SlotId) -> AddStatus {
+        if self.parking.is_some() || self.keep_backoff {
+            return self.add_plain_held(slot);
+        }
+        self.enqueue(slot, 0)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_plain_held(&mut self, slot: SlotId) -> AddStatus {
+        self.add_tracked(slot, AddOptions::new(), None)
+    }
+
+    /// [`QueueState::add_tracked`] for the adds with options: out of line, so that the path of a
+    /// new key (a delayed add's, the common case) keeps its registers.
+    #[inline(never)]
+    fn add_tracked_out_of_line(
+        &mut self,
+        slot: SlotId,
+        opts: AddOptions,
+        deadline: Option<u64>,
+    ) -> AddStatus {
+        self.add_tracked(slot, opts, deadline)
+    }
+
+    /// The add rule for a tracked slot: queued now (`deadline` `None`), or waiting, unless its
+    /// waiting entry holds it (`holds.rs`).
+    #[inline(always)]
+    fn add_tracked(&mut self, slot: SlotId, opts: AddOptions, deadline: Option<u64>) -> AddStatus {
+        if (self.parking.is_some() || self.keep_backoff)
+            && let Some(status) = self.held(slot, &opts, deadline.is_some())
+        {
+            return status;
+        }
         match deadline {
-            None => self.enqueue(slot, priority),
-            Some(deadline) => self.schedule(slot, deadline, priority),
+            None => self.enqueue(slot, opts.priority),
+            Some(deadline) => match opts.wait {
+                WAIT_DEBOUNCE => self.debounce(slot, deadline, opts.priority),
+                wait => self.schedule_bits(slot, deadline, opts.priority, wait),
+            },
         }
     }
 
@@ -673,6 +728,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         let mut requeued = false;
         if self.slots.stop_processing(slot) {
             let priority = self.queued_priority(slot);
+            if self.keep_backoff && self.retry_carries_dirty(outcome.op, limiter_delay) {
+                return Ok(self.finish_carrying_dirty(ticket, outcome, limiter_delay, priority));
+            }
             self.push_ready(slot, priority, self.now);
             requeued = true;
         }
@@ -691,7 +749,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             } else {
                 let deadline = self.now.saturating_add(duration_to_nanos(delay));
                 if deadline != u64::MAX {
-                    self.schedule(slot, deadline, priority);
+                    let kind = match outcome.op {
+                        Op::Retry(_) => Kind::Retry,
+                        _ => Kind::Reminder,
+                    };
+                    self.schedule(slot, deadline, priority, kind);
                 }
             }
         }
@@ -974,9 +1036,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// The delayed-add rule: earliest deadline wins, highest priority wins.
-    fn schedule(&mut self, slot: SlotId, deadline: u64, priority: i32) -> AddStatus {
-        let seq = self.seq;
+    /// The delayed-add rule: earliest deadline wins (and its `kind`), highest priority wins.
+    #[inline(always)]
+    fn schedule(&mut self, slot: SlotId, deadline: u64, priority: i32, kind: Kind) -> AddStatus {
+        self.schedule_bits(slot, deadline, priority, kind as u8)
+    }
+
+    /// [`QueueState::schedule`] of a kind given as its bits (an add's `AddOptions::wait`).
+    fn schedule_bits(&mut self, slot: SlotId, deadline: u64, priority: i32, kind: u8) -> AddStatus {
+        let seq = Waiting::order_bits(self.seq, kind);
         self.seq += 1;
         match self.slots.heap_pos(slot) {
             Some(pos) => {

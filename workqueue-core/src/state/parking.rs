@@ -3,17 +3,23 @@
 //! Off until [`QueueState::enable_outage_detection`]; then [`QueueState::finish`] feeds each
 //! finished key's [`Signal`] to an [`OutageDetector`], and while it is open:
 //!
-//! - **Park**: a failing key whose outcome asks for a re-add is scheduled at the sentinel
-//!   deadline [`PARKED`], which is never reached, instead of its own delay. It is an ordinary
-//!   waiting entry, so no per-slot flag is needed, and the earliest-wins rule keeps an earlier
-//!   deadline it already has. The rate limiter's delay computed for it is not used.
+//! - **Park**: a failing run whose key would run again (its outcome re-adds it, it was re-added
+//!   during the run, or it waits) parks the key: whatever entry it had is replaced by one at the
+//!   sentinel deadline [`PARKED`], which is never reached, of kind [`Kind::Parked`], and a
+//!   re-add made during the run is carried by it instead of queueing the key. The rate
+//!   limiter's delay computed for it is not used.
+//! - **Hold**: an add of a parked key leaves it parked (`holds.rs`), but for its priority.
 //! - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved to
-//!   `now + probe interval` by a decrease-key. When it fails it is parked again, at the back of
-//!   the round, and the next key is moved. A reconcile of any parked key (an `add` of a parked
-//!   key runs it at once: its waiting entry is independent of the FIFO) counts as a probe.
+//!   `now + probe interval` by a decrease-key, keeping its kind (so adds still leave it alone).
+//!   When it fails it is parked again, at the back of the round, and the next key is moved. A
+//!   run of a parked key through an add that bypasses parking counts as a probe too.
 //! - **Release**: a probe that succeeds closes the detector, and every parked key is moved, in
 //!   the order it was parked, to `now + pace(key)` (the driver's `pace` forgets the key in the
-//!   limiter and takes one reservation of its bucket): decrease-keys again.
+//!   limiter and takes one reservation of its bucket): decrease-keys again, to entries of kind
+//!   [`Kind::Retry`].
+//!
+//! Invariant: an entry of kind `Parked` exists only while the detector is open, and is either
+//! at `PARKED` with its live entry in the round, or the probe's, before `PARKED`.
 //!
 //! Shutdown drops parked keys as it drops every waiting key, and drains do not wait for them.
 
@@ -24,13 +30,13 @@ use std::time::Duration;
 use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
 
 use super::slots::Remap;
+use super::waiting::{Kind, Waiting};
 use super::{Finished, ForeignTicket, QueueState, SlotId, Ticket, duration_to_nanos};
 use crate::Outcome;
-use crate::outcome::Op;
 
 /// The sentinel deadline of a parked key: never reached by any clock (584 years of nanoseconds),
-/// below [`Instant::NEVER`], which is never stored. With outage detection on, a delay that lands
-/// exactly on it counts as parked (it would never be reached either).
+/// below [`Instant::NEVER`], which is never stored. A delay that lands exactly on it waits there
+/// too, never reached, but is not parked (its entry is not of kind `Parked`).
 pub(crate) const PARKED: u64 = u64::MAX - 1;
 
 /// What a finish changed in the outage detector.
@@ -89,17 +95,27 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// Turns outage detection on with `config`: from now on [`QueueState::finish`] tells the
     /// detector ([`OutageDetector`]) what each outcome's signal says
     /// ([`Outcome::with_signal`](crate::Outcome::with_signal)), and while it is open:
-    /// - **Park**: a failing key whose outcome asks for a re-add is scheduled at a sentinel
-    ///   deadline that is never reached, instead of its own delay: an ordinary waiting entry, so
-    ///   no per-slot flag is needed, and earliest-wins keeps an earlier deadline it already has.
+    /// - **Park**: a run that fails (its signal is a failure) is parked if the key would run
+    ///   again: its outcome re-adds it (a retry), it was re-added during the run (dirty), or it
+    ///   waits (a reminder, a debounce, its backoff). Parked, it waits at a sentinel deadline
+    ///   that is never reached: that entry replaces any it had, carries the dirty re-add (the key
+    ///   is not queued again at once), and has the highest priority of them all. A give-up with
+    ///   nothing else pending (`forget()` or `done()` of a failure) is not parked. After
+    ///   shutdown nothing is parked.
+    /// - **Hold**: an add of a parked key, with or without delay, leaves it parked and raises
+    ///   its priority for the release if it asks for a higher one ([`AddStatus::Parked`]); so
+    ///   does an add of the key waiting to be the probe. Events for failing objects do not run
+    ///   them during the outage. Keys that are not parked are added as usual; if their run
+    ///   fails while the detector is open, they are parked. An add with
+    ///   [`AddOptions::bypass_parking`] is applied as without detection.
     /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
     ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
-    ///   back of the round. A run of any parked key (an `add` of a parked key runs it at once:
-    ///   its waiting entry is independent of the FIFO) counts as a probe; with no key parked
-    ///   (all given up), the next key to finish is the probe.
+    ///   back of the round. A run of a parked key through a bypassing add counts as a probe too;
+    ///   with no key parked (all given up), the next key to finish is the probe.
     /// - **Release**: a probe that succeeds closes the detector, and every parked key is moved,
     ///   in the order it was parked, to `now + pace(key)` (`finish`'s `pace`): decrease-keys
-    ///   again.
+    ///   again. Released keys wait on the limiter's pacing, a rate-limited retry (see
+    ///   [`QueueState::set_keep_backoff`]).
     ///
     /// Shutdown drops parked keys as it drops every waiting key; drains do not wait for them.
     ///
@@ -144,19 +160,42 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// Whether `key` is parked: in the round of parked keys, waiting at the sentinel deadline
-    /// (a walk over the round: for diagnostics and tests).
+    /// (the key waiting to be the probe is not).
     pub fn is_parked<Q>(&self, key: &Q) -> bool
     where
         T: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        self.find(self.hasher.hash_one(key), key)
+            .is_some_and(|slot| self.parked_seq(slot).is_some())
+    }
+
+    /// For a rate-limited add of `key` (which a driver would ask its limiter for first): after
+    /// promoting the keys due at `now`, whether the key is parked or waits to be the probe while
+    /// the detector is open, so that the add is held (see the hold rule of
+    /// [`QueueState::enable_outage_detection`]); if so, the add is applied (its priority raised
+    /// for the release, if higher) and the driver skips the limiter, whose delay would not be
+    /// used and which would count a failure.
+    pub(crate) fn hold_if_parked<Q>(&mut self, key: &Q, priority: i32, now: Instant) -> bool
+    where
+        T: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.promote(now);
+        if !self.is_outage_open() {
+            return false;
+        }
         let Some(slot) = self.find(self.hasher.hash_one(key), key) else {
             return false;
         };
-        let (Some(p), Some(seq)) = (self.parking.as_deref(), self.parked_seq(slot)) else {
-            return false;
-        };
-        p.round.contains(&(slot, seq))
+        let parked = self
+            .slots
+            .heap_pos(slot)
+            .is_some_and(|pos| self.waiting.get(pos).kind() == Kind::Parked);
+        if parked {
+            self.raise_waiting(slot, priority);
+        }
+        parked
     }
 
     /// How many keys are parked (a walk over the round: for gauges and reports).
@@ -188,13 +227,22 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// The sequence of `slot`'s waiting entry if it is parked.
+    /// The sequence of `slot`'s waiting entry if it is parked (of kind `Parked`, at the
+    /// sentinel: by the invariant, its entry in the round is live).
     fn parked_seq(&self, slot: SlotId) -> Option<u64> {
         if self.parking.is_none() || !self.slots.is_live(slot) {
             return None;
         }
         let w = self.waiting.get(self.slots.heap_pos(slot)?);
-        (w.deadline == PARKED).then_some(w.seq)
+        (w.deadline == PARKED && w.kind() == Kind::Parked).then_some(w.seq)
+    }
+
+    /// Whether `slot` waits to be the probe: an entry of kind `Parked` before the sentinel.
+    fn probe_pending(&self, slot: SlotId) -> bool {
+        self.slots.heap_pos(slot).is_some_and(|pos| {
+            let w = self.waiting.get(pos);
+            w.kind() == Kind::Parked && w.deadline != PARKED
+        })
     }
 
     /// [`QueueState::finish`] with outage detection on: the outcome's signal (`Ignored` without
@@ -239,38 +287,32 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             Transition::ProbeFailed { next } => event = Some(OutageEvent::ProbeFailed { next }),
             _ => {}
         }
-        let park = parking.detector.is_open()
+        // Parked if the key would run again: the outcome re-adds it, it was re-added during the
+        // run, or it waits.
+        let open = parking.detector.is_open();
+        let park = open
             && signal.is_failure()
-            && outcome.readds()
-            && self.now < PARKED;
-        let outcome = match park {
-            // Scheduled at exactly `PARKED` by the one re-add rule of `finish`, at the outcome's
-            // priority.
-            true => Outcome {
-                op: Op::RetryAfter(Duration::from_nanos(PARKED - self.now)),
-                ..outcome
-            },
-            false => outcome,
+            && !self.shutting_down
+            && self.now < PARKED
+            && (outcome.readds()
+                || self.slots.is_dirty(slot)
+                || self.slots.heap_pos(slot).is_some());
+        let mut finished = match park {
+            true => self.finish_parked(ticket, outcome),
+            false => self.finish_unobserved(ticket, outcome, limiter_delay, now)?,
         };
-        let mut finished = self.finish_unobserved(ticket, outcome, limiter_delay, now)?;
-        if park
-            && let Some(seq) = self.parked_seq(slot)
-            && parked_before != Some(seq)
-        {
-            let parking = self.parking.as_deref_mut().expect("checked above");
-            // A key parked anew (a failed probe, a key that was not parked) goes to the back of
-            // the round. A parked key that ran through an add keeps its entry and its place.
+        let parked = park.then(|| self.parked_seq(slot)).flatten();
+        let parking = self.parking.as_deref_mut().expect("checked above");
+        if let Some(seq) = parked {
+            // Parked anew, at the back of the round.
             parking.round.push_back((slot, seq));
         }
         // The probe ran (parked again, retried on its own, or given up) unless its probe entry
-        // is still pending (it ran through an add before its probe time): another key is
-        // probed next.
-        let pending = self
-            .slots
-            .heap_pos(slot)
-            .is_some_and(|pos| self.waiting.get(pos).deadline != PARKED);
+        // is still pending (it ran through a bypassing add before its probe time, and its run
+        // was neither a failure nor a success): then it stays the probe.
+        let pending = self.probe_pending(slot);
         let parking = self.parking.as_deref_mut().expect("checked above");
-        if parking.probe == Some(slot) && !(pending && park) {
+        if parking.probe == Some(slot) && !pending {
             parking.probe = None;
         }
         if let Transition::Closed { lasted } = transition {
@@ -283,8 +325,55 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         Ok(finished)
     }
 
+    /// The finish of a run that is parked (see [`QueueState::finish_observed`]): processing
+    /// ends, and the key's re-adds (the outcome's, a re-add made during the run, its waiting
+    /// entry) become one parked entry at the highest of their priorities.
+    fn finish_parked(&mut self, ticket: Ticket, outcome: Outcome) -> Finished<T> {
+        let slot = ticket.slot;
+        if let Some(t) = &mut self.timing {
+            t.on_finish(slot, self.now);
+        }
+        self.processing -= 1;
+        let mut priority = outcome
+            .readds()
+            .then(|| outcome.priority.unwrap_or(ticket.priority));
+        if self.slots.stop_processing(slot) {
+            let dirty = self.queued_priority(slot);
+            self.withdraw_dirty(slot, dirty);
+            priority = Some(priority.map_or(dirty, |p| p.max(dirty)));
+        }
+        if let Some(pos) = self.slots.heap_pos(slot) {
+            let waiting = self.waiting_priority(slot);
+            priority = Some(priority.map_or(waiting, |p| p.max(waiting)));
+            self.waiting.remove(pos, &mut self.slots);
+        }
+        let priority = priority.expect("a parked key had something that would run it again");
+        self.schedule(slot, PARKED, priority, Kind::Parked);
+        Finished {
+            requeued: false,
+            waiting: true,
+            released: None,
+            outage: None,
+        }
+    }
+
+    /// For a removal (`retain`), once the removed keys' entries are gone and before they are
+    /// freed: forgets the probe if it is one of them (nothing refers to its slot any more).
+    /// Returns whether it did: the next parked key is then probed (`schedule_probe`).
+    pub(super) fn forget_removed_probe(&mut self) -> bool {
+        let slots = &self.slots;
+        let Some(p) = self.parking.as_deref_mut() else {
+            return false;
+        };
+        let removed = p.probe.is_some_and(|probe| slots.is_unreferenced(probe));
+        if removed {
+            p.probe = None;
+        }
+        removed
+    }
+
     /// While open with no probe pending, moves the key parked longest ago to the probe time.
-    fn schedule_probe(&mut self) {
+    pub(super) fn schedule_probe(&mut self) {
         let Some(parking) = self.parking.as_deref() else {
             return;
         };
@@ -306,14 +395,15 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 .now
                 .saturating_add(duration_to_nanos(interval))
                 .min(PARKED - 1);
-            self.move_earlier(slot, deadline);
+            self.move_earlier(slot, deadline, Kind::Parked);
             self.parking.as_deref_mut().expect("checked above").probe = Some(slot);
             return;
         }
     }
 
     /// Moves every parked key, in the order it was parked, to `now + pace(key)`, and the pending
-    /// probe with them; returns how many moved.
+    /// probe with them, each now waiting on a rate-limited retry (the pacing); returns how many
+    /// moved.
     fn release_parked(&mut self, pace: &mut dyn FnMut(&T) -> Duration) -> usize {
         let parking = self.parking.as_deref_mut().expect("outage detection is on");
         let round = std::mem::take(&mut parking.round);
@@ -333,7 +423,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
                 .min(PARKED - 1);
             let pos = self.slots.heap_pos(slot).expect("a parked key waits");
             if deadline < self.waiting.get(pos).deadline {
-                self.move_earlier(slot, deadline);
+                self.move_earlier(slot, deadline, Kind::Retry);
+            } else {
+                self.waiting.set_kind(pos, Kind::Retry);
             }
             released += 1;
         }
@@ -344,9 +436,9 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         released
     }
 
-    /// A decrease-key of `slot`'s waiting entry to `deadline`, with a new sequence.
-    fn move_earlier(&mut self, slot: SlotId, deadline: u64) {
-        let seq = self.seq;
+    /// A decrease-key of `slot`'s waiting entry to `deadline`, with a new sequence, of `kind`.
+    fn move_earlier(&mut self, slot: SlotId, deadline: u64, kind: Kind) {
+        let seq = Waiting::order(self.seq, kind);
         self.seq += 1;
         let pos = self.slots.heap_pos(slot).expect("the slot waits");
         self.waiting.decrease(pos, deadline, seq, &mut self.slots);
@@ -369,9 +461,28 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             .iter()
             .filter(|&&s| self.parked_seq(s).is_some())
             .count();
-        // A delay of the user's that lands exactly on the sentinel (584 years) waits there too,
-        // outside the round: it is never probed nor released, as it would never be reached.
-        assert!(parked_in_heap >= seen.len(), "a round entry is not parked");
+        assert_eq!(
+            parked_in_heap,
+            seen.len(),
+            "a parked entry is not in the round"
+        );
+        for &slot in self.index.iter() {
+            let Some(pos) = self.slots.heap_pos(slot) else {
+                continue;
+            };
+            let w = self.waiting.get(pos);
+            if w.kind() != Kind::Parked {
+                continue;
+            }
+            assert!(
+                p.detector.is_open(),
+                "a key is parked while the detector is closed"
+            );
+            assert!(
+                w.deadline == PARKED || p.probe == Some(slot),
+                "an entry of kind Parked is neither parked nor the probe's"
+            );
+        }
         if let Some(probe) = p.probe {
             // Every finish goes through `finish_observed` while detection is on, and it
             // forgets a probe that finishes; shutdown forgets it too: the probe's slot is live.

@@ -327,6 +327,14 @@ impl ReadyQueue {
         self.len -= 1;
     }
 
+    /// Keeps only the entries of the plain FIFO for which `keep` holds, in their order. Only
+    /// without positions (with them, entries leave one by one through [`ReadyQueue::remove`]).
+    pub(crate) fn plain_retain(&mut self, keep: impl FnMut(&SlotId) -> bool) {
+        debug_assert!(self.is_plain());
+        self.zero.one.fifo.retain(keep);
+        self.len = self.zero.one.fifo.len();
+    }
+
     /// Pushes `slot` at the tail of the plain FIFO. Only without positions.
     #[inline(always)]
     pub(crate) fn plain_push_back(&mut self, slot: SlotId) {

@@ -268,6 +268,18 @@ impl<T> Slots<T> {
         self.meta[id as usize] |= QUEUED;
     }
 
+    /// The slot leaves the ready set without being handed out (a removal).
+    #[inline]
+    pub(crate) fn clear_queued(&mut self, id: SlotId) {
+        self.meta[id as usize] &= !QUEUED;
+    }
+
+    /// A re-add made while processing is dropped (a removal): the slot is no longer dirty.
+    #[inline]
+    pub(crate) fn clear_dirty(&mut self, id: SlotId) {
+        self.meta[id as usize] &= !DIRTY;
+    }
+
     /// Queued -> processing (a `get`).
     #[inline]
     pub(crate) fn start_processing(&mut self, id: SlotId) {

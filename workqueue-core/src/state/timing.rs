@@ -109,6 +109,14 @@ impl Timing {
         }
     }
 
+    /// The key in `slot`, dirty at `priority`, stopped being dirty without being handed out (it
+    /// was removed, or its re-add is carried by a waiting entry).
+    pub(crate) fn on_withdraw(&mut self, slot: SlotId, priority: i32) {
+        let count = self.depths.count(priority);
+        *count = count.saturating_sub(1);
+        entry(&mut self.times, slot).added = NONE;
+    }
+
     /// A dirty key's priority went from `from` to `to`: its depth moves to the new label.
     #[inline]
     pub(crate) fn on_raise(&mut self, from: i32, to: i32) {

@@ -33,8 +33,15 @@ pub enum AddStatus {
     /// existing one).
     Waiting,
     /// The key already waits for an earlier (or equal) deadline, at a higher (or equal)
-    /// priority: nothing changed.
+    /// priority: nothing changed. With
+    /// [`QueueState::set_keep_backoff`] on, also what an add of a key waiting on a
+    /// rate-limited retry reports: it keeps waiting until its backoff ends.
     AlreadyWaiting,
+    /// The key is parked by the open outage detector (see
+    /// [`QueueState::enable_outage_detection`]), or waits to be its probe: it stays so, and is
+    /// run by the probe or the release. Nothing changed but its priority, raised for the release
+    /// if the add asked for a higher one.
+    Parked,
     /// The key was queued at a lower priority: it moved to the tail of the new priority's FIFO.
     Raised,
     /// The deadline is never reached (a delay of about 584 years or more): nothing was stored.

@@ -2,12 +2,39 @@
 
 use super::slots::{Remap, SlotId, Slots};
 
+/// Why a key waits: what its entry was last set by. The add rules that do not simply keep the
+/// earliest deadline look at it (see `QueueState::add_or_return`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A plain delayed add (`add_after`, `retry_after`, `requeue_after`): a reminder.
+    Reminder = 0,
+    /// The rate limiter's delay (a rate-limited add, `retry()`, a release's pacing).
+    Retry = 1,
+    /// A debounced add: a later debounced add moves it to its own time.
+    Debounce = 2,
+    /// Parked by the outage detector, or moved out of the parked round to be its probe.
+    Parked = 3,
+}
+
+/// The low bits of [`Waiting::seq`] that hold the entry's [`Kind`].
+const KIND_BITS: u32 = 2;
+
+// An add's options carry the kind of their wait as these bits (`AddOptions::wait`).
+const _: () = {
+    use crate::options::{WAIT_DEBOUNCE, WAIT_REMINDER, WAIT_RETRY};
+    assert!(Kind::Reminder as u8 == WAIT_REMINDER);
+    assert!(Kind::Retry as u8 == WAIT_RETRY);
+    assert!(Kind::Debounce as u8 == WAIT_DEBOUNCE);
+};
+
 /// One waiting key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Waiting {
     /// Nanoseconds on the state's timeline; never `u64::MAX` (a "never" deadline is not stored).
     pub(crate) deadline: u64,
-    /// Insertion order, assigned at each (re)insert: equal deadlines leave FIFO.
+    /// Insertion order, assigned at each (re)insert, shifted left by two bits, with the entry's
+    /// [`Kind`] in those low bits (built by [`Waiting::order`]): equal deadlines leave FIFO, as
+    /// sequences are unique, and the kind costs no byte (an entry stays 24 bytes).
     pub(crate) seq: u64,
     pub(crate) slot: SlotId,
     /// The slot's bucket in the hash index while it waits (the slot's own word holds the heap
@@ -16,6 +43,29 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
+    /// The `seq` of an entry inserted as the `seq`-th, of kind `kind`.
+    #[inline(always)]
+    pub(crate) const fn order(seq: u64, kind: Kind) -> u64 {
+        Self::order_bits(seq, kind as u8)
+    }
+
+    /// [`Waiting::order`] of a kind given as its bits (`kind as u8`, or an add's wait).
+    #[inline(always)]
+    pub(crate) const fn order_bits(seq: u64, kind: u8) -> u64 {
+        (seq << KIND_BITS) | (kind & 3) as u64
+    }
+
+    /// Why the key waits.
+    #[inline]
+    pub(crate) fn kind(&self) -> Kind {
+        match self.seq & ((1 << KIND_BITS) - 1) {
+            0 => Kind::Reminder,
+            1 => Kind::Retry,
+            2 => Kind::Debounce,
+            _ => Kind::Parked,
+        }
+    }
+
     #[inline]
     fn before(&self, other: &Waiting) -> bool {
         (self.deadline, self.seq) < (other.deadline, other.seq)
@@ -67,6 +117,45 @@ impl WaitingHeap {
         self.sift_up(pos as usize, slots);
     }
 
+    /// Moves the entry at `pos` to `(deadline, seq)`, earlier or later.
+    pub(crate) fn reschedule<T>(
+        &mut self,
+        pos: u32,
+        deadline: u64,
+        seq: u64,
+        slots: &mut Slots<T>,
+    ) {
+        let e = &mut self.heap[pos as usize];
+        let later = (deadline, seq) > (e.deadline, e.seq);
+        e.deadline = deadline;
+        e.seq = seq;
+        match later {
+            true => self.sift_down(pos as usize, slots),
+            false => {
+                self.sift_up(pos as usize, slots);
+            }
+        }
+    }
+
+    /// Removes the entry at `pos` and returns it; its slot leaves the heap (its position is
+    /// cleared and its bucket handed back).
+    pub(crate) fn remove<T>(&mut self, pos: u32, slots: &mut Slots<T>) -> Waiting {
+        let pos = pos as usize;
+        let last = self.heap.pop().expect("an entry at `pos`");
+        if pos == self.heap.len() {
+            slots.leave_heap(last.slot, last.bucket);
+            return last;
+        }
+        let removed = self.heap[pos];
+        slots.leave_heap(removed.slot, removed.bucket);
+        self.heap[pos] = last;
+        let up = self.sift_up(pos, slots);
+        if up == pos {
+            self.sift_down(pos, slots);
+        }
+        removed
+    }
+
     /// Removes and returns the earliest entry; its slot's position is cleared.
     ///
     /// The last entry replaces the root and usually belongs near the bottom, so the hole is moved
@@ -112,6 +201,13 @@ impl WaitingHeap {
             .collect()
     }
 
+    /// Changes the kind of the entry at `pos`, keeping its place (its sequence is unique, so the
+    /// order does not change).
+    pub(crate) fn set_kind(&mut self, pos: u32, kind: Kind) {
+        let e = &mut self.heap[pos as usize];
+        e.seq = Waiting::order(e.seq >> KIND_BITS, kind);
+    }
+
     /// Records a new index bucket for the entry at `pos` (the index was rebuilt).
     #[inline]
     pub(crate) fn set_bucket(&mut self, pos: u32, bucket: u32) {
@@ -149,6 +245,31 @@ impl WaitingHeap {
         self.heap[pos] = entry;
         slots.set_heap_pos(entry.slot, pos as u32);
         pos
+    }
+
+    fn sift_down<T>(&mut self, mut pos: usize, slots: &mut Slots<T>) {
+        let entry = self.heap[pos];
+        let n = self.heap.len();
+        loop {
+            let left = 2 * pos + 1;
+            if left >= n {
+                break;
+            }
+            let right = left + 1;
+            let child = if right < n && self.heap[right].before(&self.heap[left]) {
+                right
+            } else {
+                left
+            };
+            if !self.heap[child].before(&entry) {
+                break;
+            }
+            self.heap[pos] = self.heap[child];
+            slots.set_heap_pos(self.heap[pos].slot, pos as u32);
+            pos = child;
+        }
+        self.heap[pos] = entry;
+        slots.set_heap_pos(entry.slot, pos as u32);
     }
 
     /// Checks the heap order and the position index (for `check_invariants`).
@@ -203,6 +324,36 @@ mod tests {
     }
 
     #[test]
+    fn kinds_ride_in_the_sequence_without_changing_the_order() {
+        for kind in [Kind::Reminder, Kind::Retry, Kind::Debounce, Kind::Parked] {
+            let w = Waiting {
+                deadline: 1,
+                seq: Waiting::order(7, kind),
+                slot: 0,
+                bucket: 0,
+            };
+            assert_eq!(w.kind(), kind);
+            let later = Waiting {
+                seq: Waiting::order(8, Kind::Reminder),
+                ..w
+            };
+            assert!(w.before(&later));
+        }
+        let mut slots = Slots::new();
+        let mut heap = WaitingHeap::new();
+        let slot = slots.insert(0);
+        let entry = Waiting {
+            deadline: 5,
+            seq: Waiting::order(3, Kind::Parked),
+            slot,
+            bucket: 0,
+        };
+        heap.push(entry, &mut slots);
+        heap.set_kind(0, Kind::Retry);
+        assert_eq!((heap.get(0).kind(), heap.get(0).seq >> 2), (Kind::Retry, 3));
+    }
+
+    #[test]
     fn a_large_heap_pops_in_order_through_pushes_and_decreases() {
         // A deterministic stream of operations on up to a few thousand entries, with many equal
         // deadlines (FIFO by sequence among them), checked against a sorted reference.
@@ -218,7 +369,7 @@ mod tests {
         let mut reference: Vec<(u64, u64, SlotId)> = Vec::new();
         let mut seq = 0;
         for step in 0..20_000 {
-            match next() % 8 {
+            match next() % 10 {
                 0..=3 => {
                     let slot = slots.insert(step);
                     let deadline = next() % 500;
@@ -244,6 +395,23 @@ mod tests {
                     heap.decrease(slots.heap_pos(slot).unwrap(), deadline, seq, &mut slots);
                     reference[i] = (deadline, seq, slot);
                     seq += 1;
+                }
+                5 if !reference.is_empty() => {
+                    // Any direction: a debounce moves an entry later too.
+                    let i = (next() % reference.len() as u64) as usize;
+                    let (_, _, slot) = reference[i];
+                    let deadline = next() % 500;
+                    heap.reschedule(slots.heap_pos(slot).unwrap(), deadline, seq, &mut slots);
+                    reference[i] = (deadline, seq, slot);
+                    seq += 1;
+                }
+                6 if !reference.is_empty() => {
+                    let i = (next() % reference.len() as u64) as usize;
+                    let (d, s, slot) = reference.swap_remove(i);
+                    let got = heap.remove(slots.heap_pos(slot).unwrap(), &mut slots);
+                    assert_eq!((got.deadline, got.seq, got.slot), (d, s, slot));
+                    assert_eq!(slots.heap_pos(slot), None);
+                    assert_eq!(slots.bucket(slot), slot, "the bucket came back");
                 }
                 _ => {
                     let min = (0..reference.len()).min_by_key(|&i| reference[i]);

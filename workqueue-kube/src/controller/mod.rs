@@ -538,12 +538,13 @@ impl LeaseClock for SharedClock {
     }
 }
 
-/// How a trigger is added with `debounce`.
+/// How a trigger is added with `debounce`: after it, as a debounce (each later trigger moves the
+/// reconcile to its own time plus `debounce`).
 fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
     if debounce.is_zero() {
         return opts;
     }
-    opts.after(debounce)
+    opts.after(debounce).debounced(true)
 }
 
 /// Completes on SIGINT or SIGTERM.
