@@ -362,6 +362,7 @@ where
                     }
                 }
             }
+            self.drop_stopped_shards(&engine);
         }
     }
 
@@ -494,6 +495,23 @@ where
             shards.started(task.id(), shard, task);
         }
         None
+    }
+
+    /// Drops from the queue the keys of the shards that stopped (lost or handed over): another
+    /// replica runs them now; their backoff is forgotten with them.
+    fn drop_stopped_shards(&mut self, engine: &Keys<K, E, C>) {
+        let Some(shards) = &mut self.shards else {
+            return;
+        };
+        let stopped = shards.take_dropped();
+        if stopped.is_empty() {
+            return;
+        }
+        let shards = &*shards;
+        let dropped = engine
+            .queue()
+            .retain(|key| !stopped.contains(&shards.shard(key)));
+        tracing::info!(shards = ?stopped, keys = dropped, "keys of shards given up dropped");
     }
 
     /// Handles a change of the shards held: enqueues the objects of each shard taken (behind

@@ -48,6 +48,9 @@ pub(crate) struct Shards {
     /// cancellation token: stopping one is aborting it.)
     tasks: HashMap<Id, (u32, AbortHandle)>,
     stopping: HashMap<u32, Stopping>,
+    /// Shards whose keys are to be dropped from the queue (they stopped since the last call of
+    /// [`Shards::take_dropped`]).
+    to_drop: Vec<u32>,
     /// How long after a lost shard's `valid_until` its reconciles may run: within the time the
     /// protocol leaves before another replica can take it.
     margin: Duration,
@@ -81,6 +84,7 @@ impl Shards {
             hand_overs: Some(hand_overs),
             tasks: HashMap::new(),
             stopping: HashMap::new(),
+            to_drop: Vec::new(),
             margin,
         }
     }
@@ -133,6 +137,9 @@ impl Shards {
     /// Stops `shard`'s work: no key of it is taken any more; its reconciles still running are
     /// aborted at `abort_at`.
     fn stop(&mut self, shard: u32, abort_at: Instant, hand_over: Option<HandOver>) {
+        if !self.stopping.contains_key(&shard) {
+            self.to_drop.push(shard);
+        }
         let stopping = self.stopping.entry(shard).or_insert(Stopping {
             abort_at,
             hand_over: None,
@@ -180,12 +187,15 @@ impl Shards {
         self.stop(shard, abort_at, Some(hand_over));
     }
 
+    /// The shards whose keys the queue must drop: those that stopped since the last call.
+    pub(crate) fn take_dropped(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.to_drop)
+    }
+
     /// The shards whose work must stop now: lost by time (their `valid_until` passed; the
-    /// protocol publishes it later), or stopping past their abort time. Returns the shards to
-    /// drop from the queue.
-    pub(crate) fn on_time(&mut self) -> Vec<u32> {
+    /// protocol publishes it later), or stopping past their abort time.
+    pub(crate) fn on_time(&mut self) {
         let now = Instant::now();
-        let mut lost = Vec::new();
         let assignment = self.assignment.borrow().clone();
         let mut shards: Vec<u32> = self.tasks.values().map(|(s, _)| *s).collect();
         shards.sort_unstable();
@@ -199,7 +209,6 @@ impl Shards {
                 let abort_at = valid_until.unwrap_or(now) + self.margin;
                 tracing::warn!(shard, "shard lost: its reconciles are stopped");
                 self.stop(shard, abort_at, None);
-                lost.push(shard);
             }
         }
         let due: Vec<u32> = self
@@ -211,7 +220,6 @@ impl Shards {
         for shard in due {
             self.abort(shard);
         }
-        lost
     }
 
     /// Aborts the reconciles of `shard` still running.
