@@ -522,6 +522,10 @@ where
         if self.is_shutting_down() {
             return AddStatus::ShutDown;
         }
+        let opts = AddOptions::new().rate_limited(true);
+        if self.held_parked(&key, opts) {
+            return AddStatus::Parked;
+        }
         if self.skip_limiter_when_pending {
             let g = self.lock();
             if g.state.is_queued(&key) {
@@ -530,10 +534,6 @@ where
             if g.state.waiting_deadline(&key).is_some() {
                 return AddStatus::AlreadyWaiting;
             }
-        }
-        let opts = AddOptions::new().rate_limited(true);
-        if self.held_parked(&key, opts) {
-            return AddStatus::Parked;
         }
         let now = self.clock.now();
         let delay = self.limiter.when(&key, now);

@@ -103,11 +103,13 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     ///   nothing else pending (`forget()` or `done()` of a failure) is not parked. After
     ///   shutdown nothing is parked.
     /// - **Hold**: an add of a parked key, with or without delay, leaves it parked and raises
-    ///   its priority for the release if it asks for a higher one ([`AddStatus::Parked`]); so
-    ///   does an add of the key waiting to be the probe. Events for failing objects do not run
+    ///   its priority for the release if it asks for a higher one
+    ///   ([`AddStatus::Parked`](super::AddStatus::Parked)); so does an add of the key waiting
+    ///   to be the probe. Events for failing objects do not run
     ///   them during the outage. Keys that are not parked are added as usual; if their run
     ///   fails while the detector is open, they are parked. An add with
-    ///   [`AddOptions::bypass_parking`] is applied as without detection.
+    ///   [`AddOptions::bypass_parking`](crate::AddOptions::bypass_parking) is applied as without
+    ///   detection.
     /// - **Probe**: one parked key at a time, the one parked longest ago (round-robin), is moved
     ///   to `now + probe interval` by a decrease-key. When it fails it is parked again, at the
     ///   back of the round. A run of a parked key through a bypassing add counts as a probe too;
