@@ -69,6 +69,14 @@
 //! both queues share one implementation without promising it to anyone else. This crate
 //! therefore depends on an exact version of `workqueue-core` (`=`): the two are released together.
 //!
+//! # Stability
+//!
+//! The public API is what these docs show: the queue, the [`runner`] and the [`source`] stages.
+//! This crate also has a hidden module, `__private`, with the runner's per-lease engine, which
+//! `workqueue-kube`'s `Controller` drives from a task of its own: it is public only because that
+//! crate needs it, is not covered by semver, and `workqueue-kube` depends on an exact version of
+//! this crate for that reason.
+//!
 //! # Feeding the runner
 //!
 //! A [`Runner`](runner::Runner) reads any number of streams of keys ([`Runner::source`](runner::Runner::source)),
