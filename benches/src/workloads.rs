@@ -20,7 +20,7 @@ use workqueue_core::ratelimit::{
     ExponentialFailure, MaxPair, RateLimiter, TokenBucket, default_controller_rate_limiter,
 };
 use workqueue_core::state::Counts;
-use workqueue_core::{AddOptions, Clock, SystemClock, WorkQueue};
+use workqueue_core::{AddOptions, Clock, Outcome, SystemClock, WorkQueue};
 
 use crate::{Fingerprint, Key, SplitMix64, naive, percentile};
 
@@ -991,7 +991,7 @@ pub mod w10 {
             while seen.count < keys.len() as u64 {
                 let lease = q.get().expect("not shut down");
                 seen.add(&lease);
-                lease.forget();
+                lease.finish(Outcome::forget());
             }
         });
         assert_eq!(seen, expected, "ours: W10 keys seen");
@@ -1073,7 +1073,7 @@ pub mod w10 {
                 while seen.count < keys.len() as u64 {
                     let lease = q.get().await.expect("not shut down");
                     seen.add(&lease);
-                    lease.forget();
+                    lease.finish(Outcome::forget());
                 }
             })
         });

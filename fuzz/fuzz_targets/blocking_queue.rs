@@ -226,10 +226,12 @@ impl Harness {
         let finished = catch_unwind(AssertUnwindSafe(|| match *how {
             Finish::Drop => drop(lease),
             Finish::Done => lease.done(),
-            Finish::Forget => lease.forget(),
-            Finish::Retry => lease.retry(),
-            Finish::RetryAfter(d) => lease.retry_after(d.get()),
-            Finish::RequeueAfter(d) => lease.requeue_after(d.get()),
+            Finish::Forget => lease.finish(workqueue_core::Outcome::forget()),
+            Finish::Retry => lease.finish(workqueue_core::Outcome::retry()),
+            Finish::RetryAfter(d) => lease.finish(workqueue_core::Outcome::retry_after(d.get())),
+            Finish::RequeueAfter(d) => {
+                lease.finish(workqueue_core::Outcome::requeue_after(d.get()))
+            }
             Finish::Outcome(o) => lease.finish(o.get().to_queue()),
         }));
         let delay = self.answer();
@@ -304,7 +306,10 @@ impl Harness {
                     catch_unwind(AssertUnwindSafe(|| self.queue.add_rate_limited(key(*k))));
                 let delay = self.answer();
                 let Ok(status) = status else {
-                    assert!(self.limiter_panics && delay.is_none(), "add_rate_limited panicked");
+                    assert!(
+                        self.limiter_panics && delay.is_none(),
+                        "add_rate_limited panicked"
+                    );
                     return;
                 };
                 assert_eq!(

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use workqueue_core::WorkQueue;
 use workqueue_core::ratelimit::ExponentialFailure;
+use workqueue_core::{Outcome, WorkQueue};
 
 fn main() {
     let queue: WorkQueue<String> = WorkQueue::builder()
@@ -50,11 +50,11 @@ fn main() {
                     };
                     if fail {
                         log(w, format!("{key}: failed (attempt {attempt}), backing off"));
-                        lease.retry();
+                        lease.finish(Outcome::retry());
                     } else {
                         log(w, format!("{key}: reconciled after {attempt} failure(s)"));
                         reconciled += 1;
-                        lease.forget();
+                        lease.finish(Outcome::forget());
                     }
                 }
                 reconciled

@@ -79,10 +79,10 @@ fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
     let us = |n| Duration::from_micros(n);
     match rng.below(100) {
         0..40 => lease.done(),
-        40..55 => lease.forget(),
-        55..65 => lease.retry(),
-        65..75 => lease.retry_after(us(rng.below(300))),
-        75..80 => lease.requeue_after(us(rng.below(300))),
+        40..55 => lease.finish(Outcome::forget()),
+        55..65 => lease.finish(Outcome::retry()),
+        65..75 => lease.finish(Outcome::retry_after(us(rng.below(300)))),
+        75..80 => lease.finish(Outcome::requeue_after(us(rng.below(300)))),
         80..85 => lease.finish(Outcome::retry_after(Duration::ZERO)),
         _ => drop(lease),
     }
@@ -235,7 +235,7 @@ fn drain(q: &WorkQueue<Key>, book: &Book, limit: Duration) -> Result<u64, String
             gets += 1;
             let i = book.leased(&lease);
             book.ledger.releasing(i);
-            lease.forget();
+            lease.finish(Outcome::forget());
         }
     }
 }

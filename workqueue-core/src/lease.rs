@@ -4,7 +4,6 @@ use std::fmt;
 use std::ops::Deref;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::Outcome;
 use crate::state::Ticket;
@@ -26,16 +25,14 @@ pub(crate) trait LeaseOwner<T>: Send + Sync {
 ///
 /// While a lease exists, no other lease for the same key does: the queue holds back a key that is
 /// re-added meanwhile and hands it out again once this lease is finished. A lease derefs to its key
-/// and is finished exactly once, by one of its consuming methods or by being dropped:
+/// and is finished exactly once: by [`finish`](Lease::finish) with an [`Outcome`] (whose table says
+/// what each does), by [`done`](Lease::done), or by being dropped:
 ///
 /// | how it ends | queue operation |
 /// |---|---|
-/// | [`done`](Lease::done), or drop | done |
-/// | [`forget`](Lease::forget) | limiter forgets the key, done |
-/// | [`retry`](Lease::retry) | re-add after the rate limiter's delay, done |
-/// | [`retry_after(d)`](Lease::retry_after) | re-add after `d`, done |
-/// | [`requeue_after(d)`](Lease::requeue_after) | limiter forgets the key, re-add after `d`, done |
-/// | dropped while the thread panics | as `retry`: a panic is a failure |
+/// | [`done()`](Lease::done), `finish(Outcome::done())`, or drop | done |
+/// | `finish(outcome)` | as [`Outcome`] says: forget, retry, re-add after a delay, with a priority |
+/// | dropped while the thread panics | as `finish(Outcome::retry())`: a panic is a failure |
 ///
 /// User code that runs when a lease ends (the rate limiter, a metrics recorder, the key's own
 /// `Drop`) may panic. The key is finished first, whatever that code does, so it is never stranded;
@@ -51,13 +48,13 @@ pub(crate) trait LeaseOwner<T>: Send + Sync {
 ///   or use the timed drain.
 ///
 /// ```
-/// use workqueue_core::WorkQueue;
+/// use workqueue_core::{Outcome, WorkQueue};
 ///
 /// let queue: WorkQueue<String> = WorkQueue::new();
 /// queue.add("default/web".to_string());
 /// let lease = queue.get().expect("a key is queued");
 /// assert_eq!(lease.as_str(), "default/web");
-/// lease.forget(); // processed successfully: reset its backoff
+/// lease.finish(Outcome::forget()); // processed successfully: reset its backoff
 /// ```
 #[must_use = "dropping a lease at once finishes a key that was never processed"]
 pub struct Lease<T> {
@@ -103,27 +100,6 @@ impl<T> Lease<T> {
     /// Finishes processing: the key is done. It is queued again if it was re-added meanwhile.
     pub fn done(self) {
         self.finish(Outcome::done())
-    }
-
-    /// Finishes successfully: the rate limiter forgets the key's failures, then done.
-    pub fn forget(self) {
-        self.finish(Outcome::forget())
-    }
-
-    /// Finishes with a failure: the key is re-added after the rate limiter's delay.
-    pub fn retry(self) {
-        self.finish(Outcome::retry())
-    }
-
-    /// Finishes with a failure: the key is re-added after `delay`, without consulting the limiter.
-    pub fn retry_after(self, delay: Duration) {
-        self.finish(Outcome::retry_after(delay))
-    }
-
-    /// Finishes successfully and asks to run again after `delay` (polling): the limiter forgets
-    /// the key, and it is re-added after `delay`.
-    pub fn requeue_after(self, delay: Duration) {
-        self.finish(Outcome::requeue_after(delay))
     }
 
     /// Finishes as `outcome` says: its operation, the priority of the re-add it asks for

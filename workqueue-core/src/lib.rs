@@ -11,18 +11,18 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use workqueue_core::{ManualClock, WorkQueue};
+//! use workqueue_core::{ManualClock, Outcome, WorkQueue};
 //!
 //! let clock = ManualClock::new();
 //! let queue: WorkQueue<&'static str> = WorkQueue::builder().clock(clock.clone()).build();
 //! queue.add("default/web");
 //! let lease = queue.get().unwrap();
-//! lease.retry(); // failed: back off (5 ms on the first failure with the default limiter)
+//! lease.finish(Outcome::retry()); // failed: back off (5 ms on the first failure with the default limiter)
 //! assert!(queue.try_get().is_none());
 //! clock.advance(Duration::from_millis(5));
 //! let lease = queue.get().unwrap();
 //! assert_eq!(*lease, "default/web");
-//! lease.forget(); // succeeded: reset the backoff
+//! lease.finish(Outcome::forget()); // succeeded: reset the backoff
 //! ```
 //!
 //! # User code that panics

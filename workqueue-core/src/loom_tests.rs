@@ -20,7 +20,7 @@ use loom::thread;
 
 use crate::ratelimit::RateLimiter;
 use crate::state::AddStatus;
-use crate::{Instant, ManualClock, WorkQueue};
+use crate::{Instant, ManualClock, Outcome, WorkQueue};
 
 /// A limiter that needs no locks of its own: every retry is due at once.
 struct NoDelay;
@@ -175,7 +175,7 @@ fn loom_drain_returns_after_the_last_lease() {
             let finished = finished.clone();
             thread::spawn(move || {
                 finished.fetch_add(1, SeqCst);
-                a.retry(); // dropped after shutdown: the lease still finishes
+                a.finish(Outcome::retry()); // dropped after shutdown: the lease still finishes
                 finished.fetch_add(1, SeqCst);
                 b.done();
             })

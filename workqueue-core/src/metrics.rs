@@ -20,7 +20,7 @@
 //! that uses no priorities. Summing over it gives client-go's depth, so dashboards that sum or
 //! select by `name` keep working, and there is one series per priority, never a second unlabelled
 //! one beside them. Cardinality is capped as controller-runtime caps it: the first
-//! [`PRIORITY_LABELS`] distinct priorities get a value each (0 is always one of them, so a queue's
+//! 25 distinct priorities get a value each (0 is always one of them, so a queue's
 //! depth series exists from its first emission), and keys at any later one are counted under
 //! [`EXCEEDED_CARDINALITY_LIMIT`]. Unlike controller-runtime, which moves *every* later
 //! change of every priority to the overflow value (so the gauge of a priority seen earlier can
@@ -57,10 +57,9 @@ pub const NAME_LABEL: &str = "name";
 pub const CONTROLLER_LABEL: &str = "controller";
 /// The label of [`DEPTH`] that carries the keys' priority (controller-runtime).
 pub const PRIORITY_LABEL: &str = "priority";
-/// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first [`PRIORITY_LABELS`]
-/// (controller-runtime's value).
+/// The [`PRIORITY_LABEL`] value for keys at priorities beyond the first 25 (controller-runtime's
+/// value and cap).
 pub const EXCEEDED_CARDINALITY_LIMIT: &str = "exceeded_cardinality_limit";
-pub use crate::state::timing::PRIORITY_LABELS;
 /// Gauge: current depth of the queue (client-go).
 pub const DEPTH: &str = "workqueue_depth";
 /// Counter: adds handled by the queue (client-go).

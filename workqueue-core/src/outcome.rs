@@ -8,8 +8,8 @@ use workqueue_ratelimit::{Instant, RateLimiter, Signal};
 ///
 /// Built by one of the constructors, optionally refined with
 /// [`with_priority`](Outcome::with_priority) and [`with_signal`](Outcome::with_signal), and
-/// consumed by [`Lease::finish`](crate::Lease::finish) (the lease's shortcuts `done()`,
-/// `forget()`, ... finish with the plain constructors). The
+/// consumed by [`Lease::finish`](crate::Lease::finish), the one way to end a lease other than
+/// [`done`](crate::Lease::done) (the same as `finish(Outcome::done())`) and drop. The
 /// mapping to queue operations lives in one place, the state machine
 /// ([`QueueState::finish`](crate::state::QueueState::finish)), which both queues drive.
 ///

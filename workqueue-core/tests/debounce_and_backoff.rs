@@ -88,7 +88,7 @@ fn a_debounced_add_replaces_a_waiting_reminder_or_retry() {
     queue.add_after("soon", secs(1));
     queue.add_after("late", secs(60));
     queue.add("retry");
-    queue.try_get().unwrap().retry(); // waits 1 s (the limiter's first delay)
+    queue.try_get().unwrap().finish(Outcome::retry()); // waits 1 s (the limiter's first delay)
     for key in ["soon", "late", "retry"] {
         assert_eq!(queue.add_with(key, debounce(secs(5))), AddStatus::Waiting);
     }
@@ -122,7 +122,7 @@ fn an_add_of_a_key_in_backoff_keeps_it_waiting_only_with_the_option() {
         let clock = ManualClock::new();
         let queue = queue(&clock, keep);
         queue.add("k");
-        queue.try_get().unwrap().retry(); // 1 s
+        queue.try_get().unwrap().finish(Outcome::retry()); // 1 s
         let status = queue.add("k");
         if !keep {
             assert_eq!(status, AddStatus::Queued);
@@ -153,12 +153,15 @@ fn only_rate_limited_retries_are_kept() {
     let clock = ManualClock::new();
     let queue = queue(&clock, true);
     queue.add("k");
-    queue.try_get().unwrap().retry(); // 1 s
+    queue.try_get().unwrap().finish(Outcome::retry()); // 1 s
     assert_eq!(queue.add_rate_limited("k"), AddStatus::AlreadyWaiting); // 2 s: later
     clock.advance(secs(1));
     assert_eq!(drain(&queue), ["k"]);
     queue.add("p");
-    queue.try_get().unwrap().retry_after(secs(60));
+    queue
+        .try_get()
+        .unwrap()
+        .finish(Outcome::retry_after(secs(60)));
     assert_eq!(queue.add("p"), AddStatus::Queued);
 }
 
@@ -176,7 +179,7 @@ fn a_retry_carries_a_re_add_made_during_the_run() {
             queue.add_with("k", AddOptions::new().priority(3)),
             AddStatus::Dirty
         );
-        lease.retry();
+        lease.finish(Outcome::retry());
         if !keep {
             assert_eq!(drain(&queue), ["k"]);
             continue;

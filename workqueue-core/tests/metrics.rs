@@ -194,7 +194,7 @@ fn unnamed_queue_emits_nothing() {
         q.add_rate_limited("c");
         let lease = q.try_get().unwrap();
         clock.advance(Duration::from_secs(2));
-        lease.retry();
+        lease.finish(Outcome::retry());
         q.refresh_metrics();
         q.shut_down();
     });
@@ -265,7 +265,7 @@ fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
     assert_eq!(p.value(RETRIES_TOTAL), Some(4.0));
     p.run(|| {
         let lease = q.try_get().unwrap(); // "a"
-        lease.retry();
+        lease.finish(Outcome::retry());
         q.add("x");
         let lease = q.try_get().unwrap();
         lease.finish(Outcome::retry_after(Duration::from_secs(1)));
@@ -274,7 +274,7 @@ fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
         lease.finish(Outcome::requeue_after(Duration::from_secs(1)));
         q.add("e");
         let lease = q.try_get().unwrap();
-        lease.forget(); // not a retry
+        lease.finish(Outcome::forget()); // not a retry
     });
     assert_eq!(p.value(RETRIES_TOTAL), Some(7.0));
     p.run(|| {
@@ -283,7 +283,7 @@ fn retries_count_every_delayed_add_not_rejected_by_shutdown() {
         q.shut_down();
         q.add_after("g", Duration::ZERO);
         q.add_rate_limited("g");
-        lease.retry();
+        lease.finish(Outcome::retry());
     });
     assert_eq!(p.value(RETRIES_TOTAL), Some(7.0));
 }
@@ -298,7 +298,7 @@ fn rate_limiter_delays_are_observed() {
         q.add_rate_limited("a"); // 10 ms
         clock.advance(Duration::from_millis(5));
         let lease = q.try_get().unwrap();
-        lease.retry(); // 20 ms
+        lease.finish(Outcome::retry()); // 20 ms
     });
     let delays = p.histogram(RATE_LIMITER_DELAY_SECONDS);
     assert_eq!(delays, vec![0.005, 0.01, 0.02]);
@@ -400,7 +400,9 @@ fn priorities_beyond_the_label_limit_share_the_overflow_value_and_stay_exact() {
     let mut p = Probe::new();
     let clock = ManualClock::new();
     let q = named(&clock);
-    // Priority 0 always has its series: 24 more priorities get one each, the rest overflow.
+    // The documented cap: 25 priorities get a series each. Priority 0 always has its series: 24
+    // more priorities get one each, the rest overflow.
+    const PRIORITY_LABELS: usize = 25;
     let labelled = PRIORITY_LABELS as i32 - 1;
     let extra = 5;
     for i in 1..=labelled + extra {

@@ -46,7 +46,7 @@ fn fail_all(queue: &WorkQueue<u32>) -> Vec<u32> {
     let mut failed = Vec::new();
     while let Some(lease) = queue.try_get() {
         failed.push(*lease);
-        lease.retry();
+        lease.finish(Outcome::retry());
     }
     failed
 }
@@ -73,20 +73,23 @@ fn forget_is_a_success_retry_a_failure_and_done_says_nothing() {
     fail_all(&queue);
     clock.advance(secs(10));
     for _ in 0..4 {
-        queue.try_get().unwrap().retry(); // not first failures: the limiter has one recorded
+        queue.try_get().unwrap().finish(Outcome::retry()); // not first failures: the limiter has one recorded
     }
     queue.add_batch(10..20);
     while let Some(lease) = queue.try_get() {
         match *lease {
             10..15 => lease.done(),
-            _ => lease.forget(),
+            _ => lease.finish(Outcome::forget()),
         }
     }
     assert!(!queue.is_outage_open());
     // A fifth first failure: 5 first failures against 5 successes (`forget`) opens it (ratio
     // 0.5); the 5 `done`s said nothing.
     queue.add(30);
-    queue.try_get().unwrap().retry_after(secs(1));
+    queue
+        .try_get()
+        .unwrap()
+        .finish(Outcome::retry_after(secs(1)));
     assert!(queue.is_outage_open());
 }
 
@@ -103,7 +106,7 @@ fn failing_keys_are_parked_and_probed_round_robin_one_at_a_time() {
         let lease = queue.try_get().expect("one probe per interval");
         assert!(queue.try_get().is_none(), "one probe at a time");
         probed.push(*lease);
-        lease.retry();
+        lease.finish(Outcome::retry());
     }
     // Round-robin: every key is probed, each twice in 16 probes.
     let mut counts = [0; 8];
@@ -135,7 +138,7 @@ fn a_successful_probe_releases_every_key_paced_by_the_bucket_in_park_order() {
     let probe = queue.try_get().expect("the probe");
     let parked_before = queue.parked_len();
     assert_eq!(parked_before, 5);
-    probe.forget();
+    probe.finish(Outcome::forget());
     assert!(!queue.is_outage_open());
     assert_eq!(queue.parked_len(), 0);
     let closed = *events.lock().unwrap().last().unwrap();
@@ -148,14 +151,14 @@ fn a_successful_probe_releases_every_key_paced_by_the_bucket_in_park_order() {
         // Forgotten by the release: no failure recorded, and the release recorded none.
         assert_eq!(queue.num_requeues(&lease), 0);
         order.push(*lease);
-        lease.forget();
+        lease.finish(Outcome::forget());
     }
     for _ in 0..3 {
         clock.advance(secs(1));
         assert_eq!(queue.len(), 1);
         let lease = queue.try_get().unwrap();
         order.push(*lease);
-        lease.forget();
+        lease.finish(Outcome::forget());
     }
     assert_eq!(order.len(), 5);
 }
@@ -186,7 +189,10 @@ fn an_add_of_a_parked_key_leaves_it_parked() {
     assert_eq!(queue.num_requeues(&parked), failures, "no failure counted");
     // Released at priority 5: once the bucket's pacing has let every key through, it is first.
     clock.advance(secs(60));
-    queue.try_get().expect("the probe").forget();
+    queue
+        .try_get()
+        .expect("the probe")
+        .finish(Outcome::forget());
     assert!(!queue.is_outage_open());
     clock.advance(secs(10));
     assert_eq!(queue.len(), 5);
@@ -206,11 +212,11 @@ fn an_add_that_bypasses_parking_runs_the_key_as_an_extra_probe() {
     assert_eq!(queue.add_with(parked, bypass), AddStatus::Queued);
     let lease = queue.try_get().expect("the parked key runs at once");
     assert_eq!(*lease, parked);
-    lease.retry(); // still down: parked again, the detector stays open
+    lease.finish(Outcome::retry()); // still down: parked again, the detector stays open
     assert!(queue.is_outage_open());
     assert!(queue.is_parked(&parked));
     queue.add_with(parked, bypass);
-    queue.try_get().unwrap().forget(); // back: it closes, everything is released
+    queue.try_get().unwrap().finish(Outcome::forget()); // back: it closes, everything is released
     assert!(!queue.is_outage_open());
     assert_eq!(queue.parked_len(), 0);
 }
@@ -229,7 +235,7 @@ fn a_key_re_added_during_a_run_that_fails_while_open_is_parked() {
         queue.add_with(100, AddOptions::new().priority(3)),
         AddStatus::Dirty
     );
-    lease.retry();
+    lease.finish(Outcome::retry());
     assert!(queue.is_parked(&100));
     assert!(queue.try_get().is_none(), "not re-queued");
     // Even a give-up: something asked for it to run again.
@@ -264,7 +270,7 @@ fn a_key_in_backoff_is_added_as_usual_and_parked_when_it_fails() {
         "a key in backoff runs at once"
     );
     let lease = queue.try_get().unwrap();
-    lease.retry();
+    lease.finish(Outcome::retry());
     assert!(
         queue.is_parked(&51),
         "its failure parks it, replacing its hour"
@@ -363,7 +369,9 @@ fn a_pace_that_panics_still_releases_every_key() {
     fail_all(&queue); // the keys that failed before the opening are parked now
     clock.advance(secs(1));
     let probe = queue.try_get().expect("the probe");
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| probe.forget()));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        probe.finish(Outcome::forget())
+    }));
     assert!(r.is_err(), "the pace's panic propagates");
     assert!(!queue.is_outage_open());
     assert_eq!(queue.counts().processing, 0);
@@ -382,10 +390,12 @@ fn an_event_hook_that_panics_propagates_after_the_finish() {
         .build();
     queue.add_batch(0..5);
     for _ in 0..4 {
-        queue.try_get().unwrap().retry();
+        queue.try_get().unwrap().finish(Outcome::retry());
     }
     let lease = queue.try_get().unwrap();
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lease.retry()));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        lease.finish(Outcome::retry())
+    }));
     assert!(r.is_err());
     assert!(queue.is_outage_open());
     assert_eq!(queue.counts().processing, 0);

@@ -177,7 +177,7 @@ fn a_limiter_that_panics_while_a_lease_retries_still_finishes_the_key() {
     let queue = faulty_limiter_queue();
     queue.add(key("a"));
     let lease = queue.try_get().unwrap();
-    assert!(faults::with_fault(Fault::Limiter, 1, || lease.retry()).is_err());
+    assert!(faults::with_fault(Fault::Limiter, 1, || lease.finish(Outcome::retry())).is_err());
     let c = queue.counts();
     assert_eq!(
         (c.processing, c.waiting, c.tracked),
@@ -363,7 +363,7 @@ mod recorder {
         let queue = named_queue();
         queue.add(key("a"));
         let lease = queue.try_get().unwrap();
-        assert!(armed(&rec, || lease.retry()).is_err());
+        assert!(armed(&rec, || lease.finish(Outcome::retry())).is_err());
         let c = queue.counts();
         assert_eq!((c.processing, c.waiting), (0, 1), "finished and retried");
         // While unwinding, the lease's Drop swallows the recorder's panic (no abort).

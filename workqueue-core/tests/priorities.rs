@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::AddStatus;
-use workqueue_core::{AddOptions, Clock, LOW_PRIORITY, ManualClock, WorkQueue};
+use workqueue_core::{AddOptions, Clock, LOW_PRIORITY, ManualClock, Outcome, WorkQueue};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -162,7 +162,7 @@ fn a_retry_keeps_the_priority_the_lease_had() {
     q.add_with("k", at(LOW_PRIORITY));
     let lease = q.try_get().unwrap();
     assert_eq!(lease.priority(), LOW_PRIORITY);
-    lease.retry_after(ms(1));
+    lease.finish(Outcome::retry_after(ms(1)));
     q.add("other");
     clock.advance(ms(1));
     assert_eq!(drain(&q), [("other", 0), ("k", LOW_PRIORITY)]);

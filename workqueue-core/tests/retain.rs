@@ -73,7 +73,7 @@ fn parked_keys_and_the_probe_are_removed_and_the_next_key_is_probed() {
     queue.add_batch(0..10);
     for _ in 0..20 {
         while let Some(lease) = queue.try_get() {
-            lease.retry();
+            lease.finish(Outcome::retry());
         }
         clock.advance(ms(500));
     }
@@ -88,7 +88,7 @@ fn parked_keys_and_the_probe_are_removed_and_the_next_key_is_probed() {
     clock.advance(Duration::from_secs(5));
     let probe = queue.try_get().expect("a probe of a key kept");
     assert!(even(&probe));
-    probe.forget();
+    probe.finish(Outcome::forget());
     assert!(!queue.is_outage_open());
 }
 

@@ -332,7 +332,7 @@ fn adds_after_shut_down_are_ignored() {
     );
 
     // A retry after shutdown finishes the lease and re-adds nothing, without charging the limiter.
-    leased.retry();
+    leased.finish(Outcome::retry());
     assert_eq!(queue.num_requeues(&"leased"), 0);
 
     clock.advance(secs(10));
@@ -962,29 +962,29 @@ fn lease_outcomes() {
     queue.add_rate_limited("k");
     assert_eq!(queue.num_requeues(&"k"), 2);
     clock.advance(ms(1));
-    queue.get().unwrap().forget();
+    queue.get().unwrap().finish(Outcome::forget());
     assert_eq!(queue.num_requeues(&"k"), 0);
     assert_eq!(queue.counts(), Counts::default());
 
     // retry: re-added after the limiter's delay (1 ms, then 2 ms).
     queue.add("k");
-    queue.get().unwrap().retry();
+    queue.get().unwrap().finish(Outcome::retry());
     assert_eq!(queue.num_requeues(&"k"), 1);
     assert_fires_after(&queue, &clock, "k", ms(1));
     queue.add("k");
-    queue.get().unwrap().retry();
+    queue.get().unwrap().finish(Outcome::retry());
     assert_fires_after(&queue, &clock, "k", ms(2));
     assert_eq!(queue.num_requeues(&"k"), 2);
 
     // retry_after: a fixed delay; the limiter is not consulted.
     queue.add("k");
-    queue.get().unwrap().retry_after(ms(7));
+    queue.get().unwrap().finish(Outcome::retry_after(ms(7)));
     assert_eq!(queue.num_requeues(&"k"), 2);
     assert_fires_after(&queue, &clock, "k", ms(7));
 
     // requeue_after: the limiter forgets, and the key comes back after the delay.
     queue.add("k");
-    queue.get().unwrap().requeue_after(ms(3));
+    queue.get().unwrap().finish(Outcome::requeue_after(ms(3)));
     assert_eq!(queue.num_requeues(&"k"), 0);
     assert_fires_after(&queue, &clock, "k", ms(3));
 
@@ -1000,7 +1000,7 @@ fn lease_outcomes() {
     queue.add("k");
     let lease = queue.get().unwrap();
     queue.add("k");
-    lease.retry();
+    lease.finish(Outcome::retry());
     assert_eq!(queue.counts().ready, 1);
     assert_eq!(queue.counts().waiting, 1);
     assert_eq!(take_all(&queue), ["k"]);
@@ -1088,7 +1088,7 @@ fn limiter_overflow_exponential_base_1ns_10000_failures() {
     // The same through leases: every retry after that is (nearly) forever.
     for _ in 0..100 {
         queue.add("k");
-        queue.get().unwrap().retry();
+        queue.get().unwrap().finish(Outcome::retry());
         assert!(queue.try_get().is_none());
     }
     assert_eq!(queue.num_requeues(&"k"), 10_100);
@@ -1115,7 +1115,7 @@ fn limiter_overflow_exponential_base_1ns_10000_failures() {
     assert_fires_after(&queue, &clock, "k", ns(1 << 63));
     assert_eq!(queue.add_rate_limited("k"), AddStatus::Never); // 2^64 ns
     queue.add("k");
-    queue.get().unwrap().retry(); // 2^65 ns
+    queue.get().unwrap().finish(Outcome::retry()); // 2^65 ns
     assert_eq!(queue.num_requeues(&"k"), 66);
     assert_eq!(queue.counts(), Counts::default());
 }
@@ -1132,7 +1132,7 @@ fn limiter_overflow_base_duration_max_and_base_above_max() {
         assert_eq!(queue.add_rate_limited("k"), AddStatus::Never);
     }
     queue.add("k");
-    queue.get().unwrap().retry();
+    queue.get().unwrap().finish(Outcome::retry());
     clock.advance(Duration::MAX);
     assert!(queue.try_get().is_none());
     assert_eq!(queue.counts(), Counts::default());

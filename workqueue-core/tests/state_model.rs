@@ -22,6 +22,7 @@ use std::hash::{BuildHasherDefault, DefaultHasher, Hasher};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use workqueue_core::__private::StateTesting;
 use workqueue_model::Outcome;
 use workqueue_model::differential::{Op, StateHarness};
 use workqueue_model::faults::Fault;

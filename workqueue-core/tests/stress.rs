@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::Duration;
 
-use workqueue_core::WorkQueue;
 use workqueue_core::ratelimit::ExponentialFailure;
 use workqueue_core::state::Counts;
+use workqueue_core::{Outcome, WorkQueue};
 use workqueue_model::{Ledger, SplitMix64};
 
 const PRODUCERS: u64 = 4;
@@ -163,13 +163,13 @@ fn consume(queue: &WorkQueue<Key>, tracker: &Tracker, mut rng: SplitMix64) {
             match action {
                 10..=14 if may_add => {
                     tracker.added(key);
-                    lease.retry_after(small_delay(&mut rng));
+                    lease.finish(Outcome::retry_after(small_delay(&mut rng)));
                 }
                 15..=19 if may_add => {
                     tracker.added(key);
-                    lease.retry();
+                    lease.finish(Outcome::retry());
                 }
-                20..=39 => lease.forget(),
+                20..=39 => lease.finish(Outcome::forget()),
                 _ => lease.done(),
             }
         }

@@ -128,10 +128,10 @@ async fn finish(book: &Book, rng: &mut SplitMix64, lease: Lease<Key>) {
     let us = |n| Duration::from_micros(n);
     match rng.below(100) {
         0..40 => lease.done(),
-        40..55 => lease.forget(),
-        55..65 => lease.retry(),
-        65..75 => lease.retry_after(us(rng.below(300))),
-        75..80 => lease.requeue_after(us(rng.below(300))),
+        40..55 => lease.finish(Outcome::forget()),
+        55..65 => lease.finish(Outcome::retry()),
+        65..75 => lease.finish(Outcome::retry_after(us(rng.below(300)))),
+        75..80 => lease.finish(Outcome::requeue_after(us(rng.below(300)))),
         80..85 => lease.finish(Outcome::retry_after(Duration::ZERO)),
         _ => drop(lease),
     }
@@ -307,7 +307,7 @@ async fn drain(q: &WorkQueue<Key>, book: &Arc<Book>, workers: usize) -> u64 {
                             gets += 1;
                             let i = book.leased(&lease);
                             book.ledger.releasing(i);
-                            lease.forget();
+                            lease.finish(Outcome::forget());
                         }
                         None => break,
                     },

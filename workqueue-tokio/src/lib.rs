@@ -191,7 +191,7 @@ pub use tokio_util::sync::CancellationToken;
 /// With the async queue:
 ///
 /// ```
-/// use workqueue_tokio::WorkQueue;
+/// use workqueue_tokio::{Outcome, WorkQueue};
 ///
 /// #[tokio::main(flavor = "current_thread")]
 /// async fn main() {
@@ -199,7 +199,7 @@ pub use tokio_util::sync::CancellationToken;
 ///     queue.add("default/web".to_string());
 ///     let lease = queue.get().await.expect("a key is queued");
 ///     assert_eq!(lease.as_str(), "default/web");
-///     lease.forget(); // processed successfully: reset its backoff
+///     lease.finish(Outcome::forget()); // processed successfully: reset its backoff
 /// }
 /// ```
 ///

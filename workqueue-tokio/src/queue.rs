@@ -30,7 +30,7 @@ use crate::clock::TokioClock;
 ///
 /// ```
 /// use std::time::Duration;
-/// use workqueue_tokio::WorkQueue;
+/// use workqueue_tokio::{Outcome, WorkQueue};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -38,7 +38,7 @@ use crate::clock::TokioClock;
 /// queue.add_after("default/web".to_string(), Duration::from_secs(30));
 /// let lease = queue.get().await.unwrap(); // paused time: returns at once, 30 s later
 /// assert_eq!(lease.as_str(), "default/web");
-/// lease.forget();
+/// lease.finish(Outcome::forget());
 /// # }
 /// ```
 pub struct WorkQueue<T, S = DefaultHashBuilder> {

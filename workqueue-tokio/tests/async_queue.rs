@@ -23,7 +23,7 @@ use workqueue_core::state::{AddStatus, Counts};
 use workqueue_core::{DrainIncomplete, DrainStop};
 use workqueue_model::{Ledger, SplitMix64};
 use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::{Lease, WorkQueue};
+use workqueue_tokio::{Lease, Outcome, WorkQueue};
 
 /// Polls `fut` once with the current task's waker.
 async fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
@@ -548,7 +548,7 @@ async fn timed_drain_reports_in_flight_keys() {
         sleep(ms(500)).await;
         a.done();
         sleep(ms(1500)).await;
-        b.retry(); // dropped after shutdown; the lease still finishes
+        b.finish(Outcome::retry()); // dropped after shutdown; the lease still finishes
     });
     queue
         .shut_down_with_drain_timeout(secs(5))
@@ -703,7 +703,10 @@ async fn lease_dropped_by_a_panicking_task_is_retried() {
         tokio::time::advance(ms(5) - ns(1)).await;
         assert!(queue.try_get().is_none());
         tokio::time::advance(ns(1)).await;
-        queue.try_get().expect("retried after 5 ms").forget();
+        queue
+            .try_get()
+            .expect("retried after 5 ms")
+            .finish(Outcome::forget());
     }
 }
 
@@ -719,30 +722,30 @@ async fn lease_outcomes_on_the_paused_clock() {
 
     // retry: 5 ms, then 10 ms.
     for (n, delay) in [(1, ms(5)), (2, ms(10))] {
-        lease.retry();
+        lease.finish(Outcome::retry());
         assert_eq!(queue.num_requeues(&"k"), n);
         lease = within(queue.get()).await.unwrap();
         assert_eq!(start.elapsed(), delay);
         start = Instant::now();
     }
     // retry_after: a fixed delay, the limiter is not consulted.
-    lease.retry_after(secs(7));
+    lease.finish(Outcome::retry_after(secs(7)));
     assert_eq!(queue.num_requeues(&"k"), 2);
     lease = within(queue.get()).await.unwrap();
     assert_eq!(start.elapsed(), secs(7));
     start = Instant::now();
     // requeue_after: forget, then a fixed delay.
-    lease.requeue_after(secs(30));
+    lease.finish(Outcome::requeue_after(secs(30)));
     assert_eq!(queue.num_requeues(&"k"), 0);
     lease = within(queue.get()).await.unwrap();
     assert_eq!(start.elapsed(), secs(30));
     // done keeps the count; forget clears it; neither re-adds.
-    lease.retry();
+    lease.finish(Outcome::retry());
     lease = within(queue.get()).await.unwrap();
     lease.done();
     assert_eq!(queue.num_requeues(&"k"), 1);
     queue.add("k");
-    within(queue.get()).await.unwrap().forget();
+    within(queue.get()).await.unwrap().finish(Outcome::forget());
     assert_eq!(queue.num_requeues(&"k"), 0);
     assert!(timeout(secs(3600), queue.get()).await.is_err());
     assert_eq!(queue.counts(), Counts::default());
@@ -858,9 +861,9 @@ async fn multi_thread_stress_exclusive_leases_and_no_lost_adds() {
                 }
                 ledger.releasing(key);
                 match rng.below(8) {
-                    0 => lease.retry(),
-                    1 => lease.retry_after(Duration::ZERO),
-                    _ => lease.forget(),
+                    0 => lease.finish(Outcome::retry()),
+                    1 => lease.finish(Outcome::retry_after(Duration::ZERO)),
+                    _ => lease.finish(Outcome::forget()),
                 }
             }
         });

@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use workqueue_core::state::{AddStatus, Counts};
 use workqueue_ratelimit::ExponentialFailure;
-use workqueue_tokio::WorkQueue;
+use workqueue_tokio::{Outcome, WorkQueue};
 
 /// The two shutdown variants client-go's concurrent tests run with.
 #[derive(Debug, Clone, Copy)]
@@ -498,7 +498,7 @@ async fn garbage_collection() {
     let lease = within(queue.get()).await.unwrap();
     queue.add(Object(object.clone()));
     drop(object);
-    lease.retry(); // dirty: queued again now, and the retry waits 5 ms
+    lease.finish(Outcome::retry()); // dirty: queued again now, and the retry waits 5 ms
     assert_eq!(
         queue.counts(),
         Counts {
@@ -508,9 +508,15 @@ async fn garbage_collection() {
             tracked: 1
         }
     );
-    queue.try_get().expect("the dirty key is queued").forget();
+    queue
+        .try_get()
+        .expect("the dirty key is queued")
+        .finish(Outcome::forget());
     tokio::time::sleep(secs(10)).await;
-    queue.try_get().expect("the retry fired").forget();
+    queue
+        .try_get()
+        .expect("the retry fired")
+        .finish(Outcome::forget());
     assert_eq!(queue.counts(), Counts::default());
     assert!(
         weak.upgrade().is_none(),

@@ -87,7 +87,7 @@ macro_rules! __queue_handle_methods {
         /// runs, and its waiting entry, are dropped, so that the finish does not queue it again;
         /// but a re-add the finish itself asks for (`retry`, `requeue_after`) is applied as
         /// usual, so a caller that gives such keys away finishes their leases without one
-        /// (`done()` or `forget()`).
+        /// (`done()` or `finish(Outcome::forget())`).
         ///
         /// `keep` runs under the queue's lock, once per key the queue tracks, before anything
         /// changes: keep it cheap. If it panics, the queue is as it was and the panic propagates.

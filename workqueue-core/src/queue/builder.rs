@@ -148,7 +148,7 @@ impl<T, S, D> Builder<T, S, D> {
     /// ends, so that events for a failing object do not defeat its backoff. Default: `false`,
     /// client-go's rule: an add makes a waiting key ready at once (delayed adds are reminders).
     ///
-    /// A rate-limited retry is a wait chosen by the rate limiter: `retry()` of a lease (and a
+    /// A rate-limited retry is a wait chosen by the rate limiter: a lease finished with `Outcome::retry()` (and a
     /// lease dropped while panicking), `add_rate_limited`, an add with
     /// [`AddOptions::rate_limited`](crate::AddOptions::rate_limited), and the pacing of keys
     /// released after an outage; not a delay given by the caller (`retry_after(d)`,
@@ -165,7 +165,7 @@ impl<T, S, D> Builder<T, S, D> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use workqueue_core::{AddStatus, ManualClock, WorkQueue};
+    /// use workqueue_core::{AddStatus, ManualClock, Outcome, WorkQueue};
     ///
     /// let clock = ManualClock::new();
     /// let queue: WorkQueue<&str> = WorkQueue::builder()
@@ -173,7 +173,7 @@ impl<T, S, D> Builder<T, S, D> {
     ///     .keep_backoff(true)
     ///     .build();
     /// queue.add("flaky");
-    /// queue.try_get().unwrap().retry(); // waits 5 ms (the default limiter's first delay)
+    /// queue.try_get().unwrap().finish(Outcome::retry()); // waits 5 ms (the default limiter's first delay)
     /// assert_eq!(queue.add("flaky"), AddStatus::AlreadyWaiting); // an event: still waiting
     /// assert!(queue.try_get().is_none());
     /// clock.advance(Duration::from_millis(5));
@@ -262,9 +262,9 @@ impl<T, S, D> Builder<T, S, D> {
     /// **releases** every parked key, in the order they failed, paced by the rate limiter's
     /// bucket ([`RateLimiter::pace`]) after forgetting their backoff. Off by default.
     ///
-    /// What the detector sees: [`Lease::forget`](crate::Lease::forget) and `requeue_after` are
-    /// successes; `retry` and `retry_after` (and a lease dropped while panicking) are failures;
-    /// `done` says nothing; an outcome with a signal
+    /// What the detector sees, by the [`Outcome`](crate::Outcome) a lease finishes with:
+    /// `forget()` and `requeue_after(d)` are successes; `retry()` and `retry_after(d)` (and a
+    /// lease dropped while panicking) are failures; `done()` says nothing; an outcome with a signal
     /// ([`Outcome::with_signal`](crate::Outcome::with_signal)) says what it is given (a per-object
     /// error: `Signal::Ignored`). The parameters and their
     /// defaults are [`OutageConfig`]'s; the rules are in `workqueue_ratelimit`'s `outage`
@@ -291,7 +291,7 @@ impl<T, S, D> Builder<T, S, D> {
     /// ```
     /// use std::time::Duration;
     /// use workqueue_core::ratelimit::OutageConfig;
-    /// use workqueue_core::{ManualClock, WorkQueue};
+    /// use workqueue_core::{ManualClock, Outcome, WorkQueue};
     ///
     /// let clock = ManualClock::new();
     /// let queue: WorkQueue<u32> = WorkQueue::builder()
@@ -302,17 +302,17 @@ impl<T, S, D> Builder<T, S, D> {
     /// // The API is down: every key fails; after five first failures the detector opens and
     /// // the failing keys are parked.
     /// while let Some(lease) = queue.try_get() {
-    ///     lease.retry();
+    ///     lease.finish(Outcome::retry());
     /// }
     /// clock.advance(Duration::from_millis(100)); // the first five retry on their backoff ...
     /// while let Some(lease) = queue.try_get() {
-    ///     lease.retry(); // ... and fail again: parked
+    ///     lease.finish(Outcome::retry()); // ... and fail again: parked
     /// }
     /// assert!(queue.is_outage_open());
     /// assert_eq!(queue.parked_len(), 9); // and one waits to be the first probe
     /// // One probe after a second; the API is back: it succeeds, and every key is released.
     /// clock.advance(Duration::from_secs(1));
-    /// queue.try_get().expect("the probe").forget();
+    /// queue.try_get().expect("the probe").finish(Outcome::forget());
     /// assert!(!queue.is_outage_open());
     /// assert_eq!(queue.parked_len(), 0);
     /// assert_eq!(queue.len(), 9); // released within the bucket's burst

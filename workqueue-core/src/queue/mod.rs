@@ -28,7 +28,7 @@ use crate::sync::{Condvar, MutexGuard};
 ///
 /// ```
 /// use std::thread;
-/// use workqueue_core::WorkQueue;
+/// use workqueue_core::{Outcome, WorkQueue};
 ///
 /// let queue: WorkQueue<String> = WorkQueue::new();
 /// let worker = {
@@ -37,7 +37,7 @@ use crate::sync::{Condvar, MutexGuard};
 ///         let mut seen = Vec::new();
 ///         while let Some(lease) = queue.get() {
 ///             seen.push(lease.clone());
-///             lease.forget(); // success
+///             lease.finish(Outcome::forget()); // success
 ///         }
 ///         seen
 ///     })

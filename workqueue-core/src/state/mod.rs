@@ -796,7 +796,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// The deadline `key` waits for, if it waits.
-    pub fn waiting_deadline<Q>(&self, key: &Q) -> Option<Instant>
+    pub(crate) fn waiting_deadline<Q>(&self, key: &Q) -> Option<Instant>
     where
         T: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -807,7 +807,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     }
 
     /// Whether `key` is in the ready FIFO.
-    pub fn is_queued<Q>(&self, key: &Q) -> bool
+    pub(crate) fn is_queued<Q>(&self, key: &Q) -> bool
     where
         T: Borrow<Q>,
         Q: Hash + Eq + ?Sized,

@@ -163,7 +163,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
 
     /// Whether `key` is parked: in the round of parked keys, waiting at the sentinel deadline
     /// (the key waiting to be the probe is not).
-    pub fn is_parked<Q>(&self, key: &Q) -> bool
+    pub(crate) fn is_parked<Q>(&self, key: &Q) -> bool
     where
         T: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ?Sized,

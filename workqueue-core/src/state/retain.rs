@@ -12,7 +12,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// its re-add made meanwhile (dirty) and its waiting entry are dropped, so that the finish
     /// does not queue it again, but a re-add the finish itself asks for (a retry, a requeue) is
     /// applied as usual: a caller that gives such a key away finishes its lease without one
-    /// (`done()` or `forget()`).
+    /// (`Outcome::done()` or `Outcome::forget()`).
     ///
     /// `keep` is called once for every key the state tracks, before anything changes: if it
     /// panics, the state is as it was. It is the only user code called (no `Hash`, `Eq` or

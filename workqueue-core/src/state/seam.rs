@@ -39,6 +39,21 @@ pub trait StateTesting<T> {
     fn ticket_key(&self, ticket: &Ticket) -> Option<&T>;
     /// The ready keys in the order they are served (cloned).
     fn ready_keys(&self) -> Vec<T>;
+    /// Whether `key` is in the ready FIFO.
+    fn is_queued<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized;
+    /// The deadline `key` waits for, if it waits.
+    fn waiting_deadline<Q>(&self, key: &Q) -> Option<crate::Instant>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized;
+    /// Whether `key` is parked by the outage detector (the key waiting to be the probe is not).
+    fn is_parked<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized;
     /// Whether a lease for `key` is outstanding.
     fn is_processing<Q>(&self, key: &Q) -> bool
     where
@@ -92,6 +107,30 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> StateTesting<T> for QueueState<T, S> 
 
     fn ready_keys(&self) -> Vec<T> {
         QueueState::ready_keys(self)
+    }
+
+    fn is_queued<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        QueueState::is_queued(self, key)
+    }
+
+    fn waiting_deadline<Q>(&self, key: &Q) -> Option<crate::Instant>
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        QueueState::waiting_deadline(self, key)
+    }
+
+    fn is_parked<Q>(&self, key: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        QueueState::is_parked(self, key)
     }
 
     fn is_processing<Q>(&self, key: &Q) -> bool

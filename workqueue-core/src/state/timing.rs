@@ -14,7 +14,7 @@ use super::slots::{Remap, SlotId};
 
 /// How many distinct priorities get a [`PRIORITY_LABEL`](crate::metrics::PRIORITY_LABEL) value
 /// of their own (controller-runtime's limit).
-pub const PRIORITY_LABELS: usize = 25;
+pub(crate) const PRIORITY_LABELS: usize = 25;
 
 const NONE: u64 = u64::MAX;
 
