@@ -141,6 +141,9 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     parking: Option<Box<Parking>>,
     /// Whether an add leaves a key waiting on a rate-limited retry waiting (`set_keep_backoff`).
     keep_backoff: bool,
+    /// `parking.is_some() || keep_backoff`: whether an add of a tracked key may be held
+    /// (`holds.rs`); the add paths read this one byte.
+    holds: bool,
     /// `get` compacts when fewer keys than this are live (0: never; `usize::MAX`: a compaction
     /// left the slot arrays pinned by a processing slot, see `pin`). See the module docs.
     shrink_below: usize,
@@ -298,6 +301,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             bucket_limit: NO_POS,
             parking: None,
             keep_backoff: false,
+            holds: false,
             shrink_below: 0,
             pin: NO_POS,
             shrink: true,
@@ -515,7 +519,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// [`QueueState::add_tracked`] with the default options: the hold rules out of line.
     #[inline(always)]
     fn add_plain_tracked(&mut self, slot: SlotId) -> AddStatus {
-        if self.parking.is_some() || self.keep_backoff {
+        if self.holds {
             return self.add_plain_held(slot);
         }
         self.enqueue(slot, 0)
@@ -543,7 +547,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// waiting entry holds it (`holds.rs`).
     #[inline(always)]
     fn add_tracked(&mut self, slot: SlotId, opts: AddOptions, deadline: Option<u64>) -> AddStatus {
-        if (self.parking.is_some() || self.keep_backoff)
+        if self.holds
             && let Some(status) = self.held(slot, &opts, deadline.is_some())
         {
             return status;
