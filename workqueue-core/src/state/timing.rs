@@ -50,17 +50,19 @@ const UNSET: Times = Times {
 #[inline]
 fn entry(v: &mut Vec<Times>, slot: SlotId) -> &mut Times {
     let i = slot as usize;
-    if i >= v.len() {
-        grow(v, i);
+    // One bounds check: after a call to `grow` the index would be checked again.
+    if i < v.len() {
+        return &mut v[i];
     }
-    &mut v[i]
+    grow(v, i)
 }
 
 /// Makes room for slot `i`, doubling: a growing queue asks for one more slot at each new key.
 #[cold]
-fn grow(v: &mut Vec<Times>, i: usize) {
+fn grow(v: &mut Vec<Times>, i: usize) -> &mut Times {
     let len = (i + 1).max(v.len() * 2).max(16);
     v.resize(len, UNSET);
+    &mut v[i]
 }
 
 impl Timing {
