@@ -266,17 +266,31 @@ impl Default for PriorityDepths {
 }
 
 impl PriorityDepths {
-    /// The count for `priority`, marked changed. The first entry is checked first: without
-    /// priorities, every key is at 0 and this is one comparison.
+    /// The count for `priority`, marked changed. The first entry is checked first, inline:
+    /// without priorities, every key is at 0 and this is one comparison (a search through
+    /// `position` cost about 9 instructions per add and per get even then).
     #[inline]
     fn count(&mut self, priority: i32) -> &mut u64 {
-        let i = match self.entries.iter().position(|e| e.label == Some(priority)) {
-            Some(i) => i,
-            None => self.entry_new(priority),
+        let e = match self.entries.first() {
+            Some(e) if e.label == Some(priority) => &mut self.entries[0],
+            _ => self.entry_other(priority),
         };
-        let e = &mut self.entries[i];
         e.changed = true;
         &mut e.count
+    }
+
+    /// [`PriorityDepths::count`]'s entry for a priority other than the first entry's label.
+    fn entry_other(&mut self, priority: i32) -> &mut Depth {
+        let found = self
+            .entries
+            .iter()
+            .skip(1)
+            .position(|e| e.label == Some(priority));
+        let i = match found {
+            Some(i) => i + 1,
+            None => self.entry_new(priority),
+        };
+        &mut self.entries[i]
     }
 
     #[cold]
