@@ -464,7 +464,10 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            Some(slot) => (self.add_plain_tracked(slot), Some(key)),
+            // Out of line with the key, so that the other paths keep the registers they had
+            // before the hold rules.
+            Some(slot) if self.holds => self.add_plain_held(slot, key),
+            Some(slot) => (self.enqueue(slot, 0), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
                 self.enqueue_new(slot, 0);
@@ -516,19 +519,11 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
     }
 
-    /// [`QueueState::add_tracked`] with the default options: the hold rules out of line.
-    #[inline(always)]
-    fn add_plain_tracked(&mut self, slot: SlotId) -> AddStatus {
-        if self.holds {
-            return self.add_plain_held(slot);
-        }
-        self.enqueue(slot, 0)
-    }
-
+    /// [`QueueState::add_plain_or_return`] of a tracked key when an add may be held.
     #[cold]
     #[inline(never)]
-    fn add_plain_held(&mut self, slot: SlotId) -> AddStatus {
-        self.add_tracked(slot, AddOptions::new(), None)
+    fn add_plain_held(&mut self, slot: SlotId, key: T) -> (AddStatus, Option<T>) {
+        (self.add_tracked(slot, AddOptions::new(), None), Some(key))
     }
 
     /// [`QueueState::add_tracked`] for the adds with options: out of line, so that the path of a
