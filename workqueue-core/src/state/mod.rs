@@ -464,8 +464,8 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         let hash = self.hasher.hash_one(&key);
         match self.find(hash, &key) {
-            // Out of line with the key, so that the other paths keep the registers they had
-            // before the hold rules.
+            // Out of line, key and all: with a call that returns here, the path of a new key
+            // kept one register fewer (a spill and a reload on every add of a new key).
             Some(slot) if self.holds => self.add_plain_held(slot, key),
             Some(slot) => (self.enqueue(slot, 0), Some(key)),
             None => {

@@ -50,7 +50,8 @@ const UNSET: Times = Times {
 #[inline]
 fn entry(v: &mut Vec<Times>, slot: SlotId) -> &mut Times {
     let i = slot as usize;
-    // One bounds check: after a call to `grow` the index would be checked again.
+    // Indexed inside the check: indexed after it, the index was checked again (the compiler
+    // cannot see that `grow` made room), on every add, get and finish.
     if i < v.len() {
         return &mut v[i];
     }
