@@ -38,6 +38,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// The key runs when its backoff ends; a success then resets it.
     pub fn set_keep_backoff(&mut self, enabled: bool) {
         self.keep_backoff = enabled;
+        self.holds = self.parking.is_some() || enabled;
     }
 
     /// The held-add rule for a tracked slot (see the module docs): `Some(status)` when the

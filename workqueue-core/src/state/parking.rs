@@ -154,6 +154,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             round: VecDeque::new(),
             probe: None,
         }));
+        self.holds = true;
     }
 
     /// The detector, when outage detection is on.
