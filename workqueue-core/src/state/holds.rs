@@ -38,7 +38,13 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// The key runs when its backoff ends; a success then resets it.
     pub fn set_keep_backoff(&mut self, enabled: bool) {
         self.keep_backoff = enabled;
-        self.holds = self.parking.is_some() || enabled;
+    }
+
+    /// Whether an add of a tracked key may be held: by the outage detector's parking, or by
+    /// `keep_backoff`.
+    #[inline(always)]
+    pub(crate) fn holds(&self) -> bool {
+        self.parking.is_some() || self.keep_backoff
     }
 
     /// The held-add rule for a tracked slot (see the module docs): `Some(status)` when the

@@ -127,11 +127,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         }
         self.waiting.check(&self.slots);
         self.check_parking();
-        assert_eq!(
-            self.holds,
-            self.parking.is_some() || self.keep_backoff,
-            "the hold flag disagrees with parking and keep_backoff"
-        );
         if let Some(t) = &self.timing {
             self.check_depths(t);
         }

@@ -141,9 +141,6 @@ pub struct QueueState<T, S = DefaultHashBuilder> {
     parking: Option<Box<Parking>>,
     /// Whether an add leaves a key waiting on a rate-limited retry waiting (`set_keep_backoff`).
     keep_backoff: bool,
-    /// `parking.is_some() || keep_backoff`: whether an add of a tracked key may be held
-    /// (`holds.rs`); the add paths read this one byte.
-    holds: bool,
     /// `get` compacts when fewer keys than this are live (0: never; `usize::MAX`: a compaction
     /// left the slot arrays pinned by a processing slot, see `pin`). See the module docs.
     shrink_below: usize,
@@ -301,7 +298,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             bucket_limit: NO_POS,
             parking: None,
             keep_backoff: false,
-            holds: false,
             shrink_below: 0,
             pin: NO_POS,
             shrink: true,
@@ -466,7 +462,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
         match self.find(hash, &key) {
             // Out of line, key and all: with a call that returns here, the path of a new key
             // kept one register fewer (a spill and a reload on every add of a new key).
-            Some(slot) if self.holds => self.add_plain_held(slot, key),
+            Some(slot) if self.holds() => self.add_plain_held(slot, key),
             Some(slot) => (self.enqueue(slot, 0), Some(key)),
             None => {
                 let slot = self.insert_new(hash, key);
@@ -542,7 +538,7 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
     /// waiting entry holds it (`holds.rs`).
     #[inline(always)]
     fn add_tracked(&mut self, slot: SlotId, opts: AddOptions, deadline: Option<u64>) -> AddStatus {
-        if self.holds
+        if self.holds()
             && let Some(status) = self.held(slot, &opts, deadline.is_some())
         {
             return status;

@@ -154,7 +154,6 @@ impl<T: Hash + Eq + Clone, S: BuildHasher> QueueState<T, S> {
             round: VecDeque::new(),
             probe: None,
         }));
-        self.holds = true;
     }
 
     /// The detector, when outage detection is on.

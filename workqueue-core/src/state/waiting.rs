@@ -175,12 +175,7 @@ impl WaitingHeap {
             if left >= n {
                 break;
             }
-            let right = left + 1;
-            let child = if right < n && self.heap[right].before(&self.heap[left]) {
-                right
-            } else {
-                left
-            };
+            let child = self.earlier_child(left, n);
             self.heap[hole] = self.heap[child];
             slots.set_heap_pos(self.heap[hole].slot, hole as u32);
             hole = child;
@@ -231,6 +226,18 @@ impl WaitingHeap {
         self.heap.capacity() * size_of::<Waiting>()
     }
 
+    /// Of the children at `left` and `left + 1` (if within the first `n` entries), the one that
+    /// leaves first.
+    #[inline(always)]
+    fn earlier_child(&self, left: usize, n: usize) -> usize {
+        let right = left + 1;
+        if right < n && self.heap[right].before(&self.heap[left]) {
+            right
+        } else {
+            left
+        }
+    }
+
     fn sift_up<T>(&mut self, mut pos: usize, slots: &mut Slots<T>) -> usize {
         let entry = self.heap[pos];
         while pos > 0 {
@@ -255,12 +262,7 @@ impl WaitingHeap {
             if left >= n {
                 break;
             }
-            let right = left + 1;
-            let child = if right < n && self.heap[right].before(&self.heap[left]) {
-                right
-            } else {
-                left
-            };
+            let child = self.earlier_child(left, n);
             if !self.heap[child].before(&entry) {
                 break;
             }
