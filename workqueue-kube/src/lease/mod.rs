@@ -101,6 +101,7 @@ mod config;
 mod membership;
 mod protocol;
 mod shard;
+mod state;
 
 pub use assignment::{
     Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardChange, ShardEvents,

@@ -1,0 +1,818 @@
+//! The Lease protocol of one replica as a plain state machine: Lease records and write answers
+//! in, with `now` on the replica's own clock; Lease writes and decisions out. No clock reads, no
+//! I/O, no tasks: the driver performs the writes, feeds the list and watch, and calls
+//! [`ReplicaState::tick`] at [`ReplicaState::next_wake`]. The safety argument is in the
+//! [`lease`](crate::lease) module's documentation; each rule it relies on is stated where it
+//! is kept.
+//!
+//! A replica believes it holds shard `i` at local instant `now` exactly when:
+//! 1. its view shows shard `i`'s Lease naming its current token,
+//! 2. `now` is before its belief deadline: the start of its latest membership renewal that its
+//!    view has shown, plus the renew deadline, and
+//! 3. it is not giving the shard away (from the moment its controller reported the shard
+//!    drained until its view shows the Lease changed).
+
+// Until the driver takes over from the first protocol.
+#![allow(dead_code)]
+
+mod member;
+mod record;
+mod slots;
+mod targets;
+mod view;
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::clock::LocalInstant;
+use super::config::{LeaseConfig, OnLoss};
+use member::{Answered, Change, Membership, Phase, Settings};
+use slots::{Slot, SlotPhase};
+use targets::Targets;
+use view::{Seen, Status, View};
+
+#[allow(unused_imports)] // Names: for the driver, next.
+pub(crate) use record::{Content, LeaseName, Names, PROTOCOL, Record, Rv, Token};
+
+/// Why a replica stopped taking part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Shut down: every shard was handed over and the membership vacated.
+    Shutdown,
+    /// A shard was lost and the configuration says stop.
+    Lost { shard: u32 },
+    /// The membership was lost and the configuration says stop.
+    LostMembership,
+}
+
+/// Why a shard is handed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reason {
+    /// Another live member is its target.
+    Rebalance,
+    /// This replica is leaving.
+    Shutdown,
+}
+
+/// What the state machine tells its driver and controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The membership was taken under `token`.
+    Joined { token: Token },
+    /// A belief began: take the shard's keys (and enqueue its objects).
+    Acquired { shard: u32, epoch: u64 },
+    /// Stop taking the shard's keys, let its work finish or abort it, then report
+    /// [`ReplicaState::drained`].
+    HandOver {
+        shard: u32,
+        epoch: u64,
+        reason: Reason,
+    },
+    /// Drained and being given away: nothing of it runs.
+    Released { shard: u32, epoch: u64 },
+    /// The belief ended without a hand-over: stop its work at once.
+    Lost { shard: u32, epoch: u64 },
+    /// The belief deadline of every shard held (`None`: nothing held). Past it nothing of them
+    /// may run, whatever this machine has said since.
+    Deadline(Option<LocalInstant>),
+    /// The membership ended under `token` (taken over, fenced or deleted).
+    MembershipLost { token: Token },
+    /// Another process renews this identity's membership: two processes share an identity.
+    Collision { other: Token },
+    /// A possibly live holder runs another number of shards (or another protocol): no shard
+    /// is taken or moved while it may be alive.
+    Mismatch {
+        holder: Token,
+        shards: Option<u32>,
+        protocol: Option<u32>,
+    },
+    /// Done: nothing held, nothing more to write.
+    Ended(Ending),
+}
+
+/// A write for the driver to perform, with resourceVersion preconditions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) id: u64,
+    pub(crate) lease: LeaseName,
+    pub(crate) op: Op,
+    /// Past this (local) instant the answer is of no use: the driver gives up and answers
+    /// [`Answer::Unknown`].
+    pub(crate) deadline: LocalInstant,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Create the Lease (409 if it exists).
+    Create(Content),
+    /// Replace the Lease if it is still at the resourceVersion (409 if not, 404 if gone).
+    Replace(Rv, Content),
+    /// Delete the Lease if it is still at the resourceVersion.
+    Delete(Rv),
+}
+
+/// The answer to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Done: the stored record (`None` for a delete).
+    Done(Option<Record>),
+    /// 409: it changed since the resourceVersion, or (a create) it exists.
+    Conflict,
+    /// 404.
+    NotFound,
+    /// No answer by the deadline, or an error: it may or may not have been written.
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Output {
+    Request(Request),
+    Decision(Decision),
+}
+
+/// What a request in flight is for.
+#[derive(Clone, Debug)]
+enum Purpose {
+    Member {
+        under: Option<Rv>,
+        counter: u64,
+    },
+    /// A take or a gift.
+    Shard,
+    Fence,
+    Collect,
+}
+
+/// The protocol's settings, from a [`LeaseConfig`].
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) identity: String,
+    pub(crate) shards: u32,
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+    pub(crate) on_loss: OnLoss,
+}
+
+impl Config {
+    pub(crate) fn from_lease_config(config: &LeaseConfig) -> Config {
+        Config {
+            identity: config.identity.clone(),
+            shards: config.shards,
+            // As written into the Leases: whole seconds, rounded up.
+            lease_duration: Duration::from_secs(config.lease_duration_seconds() as u64),
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+            on_loss: config.on_loss,
+        }
+    }
+}
+
+/// One replica's protocol.
+#[derive(Debug)]
+pub(crate) struct ReplicaState {
+    config: Config,
+    view: View,
+    member: Membership,
+    slots: Vec<Slot>,
+    targets: Targets,
+    /// Requests in flight, and the Leases they write (one at a time per Lease).
+    requests: HashMap<u64, (LeaseName, Purpose)>,
+    busy: BTreeSet<LeaseName>,
+    next_id: u64,
+    next_epoch: u64,
+    out: VecDeque<Output>,
+    /// The deadline last published.
+    deadline: Option<LocalInstant>,
+    /// Set once shutting down (or stopping after a loss): why it will end.
+    ending: Option<Ending>,
+    ended: bool,
+    mismatched: BTreeSet<Token>,
+}
+
+impl ReplicaState {
+    /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
+    pub(crate) fn new(config: Config, seed: u64) -> ReplicaState {
+        let settings = Settings {
+            shards: config.shards,
+            duration: config.lease_duration,
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+        };
+        ReplicaState {
+            view: View::new(config.shards, config.lease_duration),
+            member: Membership::new(&config.identity, seed, settings),
+            slots: vec![Slot::default(); config.shards as usize],
+            targets: Targets::default(),
+            requests: HashMap::new(),
+            busy: BTreeSet::new(),
+            next_id: 0,
+            next_epoch: 1,
+            out: VecDeque::new(),
+            deadline: None,
+            ending: None,
+            ended: false,
+            mismatched: BTreeSet::new(),
+            config,
+        }
+    }
+
+    // Events.
+
+    /// A full list of the controller's Leases (the first, or after the watch broke).
+    pub(crate) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
+        self.view.listed(records, now);
+        self.settle(now);
+    }
+
+    /// A watch event: the Lease's new version.
+    pub(crate) fn applied(&mut self, lease: LeaseName, record: Record, now: LocalInstant) {
+        self.view.applied(lease, record, now);
+        self.settle(now);
+    }
+
+    /// A watch event: the Lease was deleted.
+    pub(crate) fn deleted(&mut self, lease: LeaseName, now: LocalInstant) {
+        self.view.deleted(lease, now);
+        self.settle(now);
+    }
+
+    /// The answer to request `id`.
+    pub(crate) fn answered(&mut self, id: u64, answer: Answer, now: LocalInstant) {
+        // Every event settles: what is due now is done now (next_wake reports only later
+        // instants).
+        let Some((lease, purpose)) = self.requests.remove(&id) else {
+            self.settle(now);
+            return;
+        };
+        self.busy.remove(&lease);
+        match purpose {
+            Purpose::Member { under, counter } => {
+                let answered = match answer {
+                    Answer::Done(Some(record)) => Answered::Stored {
+                        rv: record.rv,
+                        counter: record.content.counter,
+                    },
+                    Answer::Done(None) | Answer::Unknown => Answered::Unknown,
+                    Answer::Conflict => Answered::Conflict { under },
+                    Answer::NotFound => Answered::NotFound,
+                };
+                if let Some(change) = self.member.answered(counter, answered) {
+                    self.on_member_change(change, now);
+                }
+            }
+            Purpose::Shard | Purpose::Fence | Purpose::Collect => {}
+        }
+        self.settle(now);
+    }
+
+    /// The controller stopped all work of `shard` after a [`Decision::HandOver`].
+    pub(crate) fn drained(&mut self, shard: u32, now: LocalInstant) {
+        let Some(slot) = self.slots.get_mut(shard as usize) else {
+            return self.settle(now);
+        };
+        let (SlotPhase::Draining, Some(epoch)) = (&slot.phase, slot.epoch) else {
+            return self.settle(now);
+        };
+        slot.epoch = None;
+        let rv = match self.view.shard(shard) {
+            view::ShardSeen::Present(seen) if seen.record.holder() == Some(self.member.token()) => {
+                Some(seen.record.rv.clone())
+            }
+            _ => None,
+        };
+        slot.phase = match rv {
+            Some(rv) => SlotPhase::Giving { rv },
+            None => SlotPhase::Idle,
+        };
+        self.out
+            .push_back(Output::Decision(Decision::Released { shard, epoch }));
+        self.settle(now);
+    }
+
+    /// Time passed (the driver calls it at [`ReplicaState::next_wake`], or whenever).
+    pub(crate) fn tick(&mut self, now: LocalInstant) {
+        self.view.prune(now);
+        self.settle(now);
+    }
+
+    /// Leave: hand every shard over, then vacate the membership.
+    pub(crate) fn shut_down(&mut self, now: LocalInstant) {
+        if self.ending.is_none() {
+            self.ending = Some(Ending::Shutdown);
+            self.member.leave();
+        }
+        self.settle(now);
+    }
+
+    // Outputs and queries.
+
+    /// The next output, oldest first.
+    pub(crate) fn poll(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// Whether this replica believes it holds `shard` at `now`.
+    pub(crate) fn believes(&self, shard: u32, now: LocalInstant) -> bool {
+        let Some(slot) = self.slots.get(shard as usize) else {
+            return false;
+        };
+        !matches!(slot.phase, SlotPhase::Giving { .. })
+            && self.view.shard_holder(shard) == Some(self.member.token())
+            && self.member.valid_until().is_some_and(|v| now < v)
+    }
+
+    /// The belief deadline (`None`: nothing may be believed).
+    pub(crate) fn deadline(&self) -> Option<LocalInstant> {
+        self.member.valid_until()
+    }
+
+    /// The shards whose keys this replica takes at `now`: believed and not being handed over.
+    pub(crate) fn accepts(&self, shard: u32, now: LocalInstant) -> bool {
+        self.believes(shard, now) && matches!(self.slots[shard as usize].phase, SlotPhase::Idle)
+    }
+
+    /// The live members this replica counts (itself included when it serves).
+    pub(crate) fn members(&self) -> usize {
+        self.targets.members().len()
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        self.member.token()
+    }
+
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// When [`ReplicaState::tick`] is next due: something happens by time alone then.
+    pub(crate) fn next_wake(&self, now: LocalInstant) -> Option<LocalInstant> {
+        let me = self.view.member(self.member.identity());
+        let mut wake = None;
+        let mut at = |t: LocalInstant| {
+            if t > now {
+                wake = Some(wake.map_or(t, |w: LocalInstant| w.min(t)));
+            }
+        };
+        for t in self.member.next_wakes(me) {
+            at(t);
+        }
+        if let Some(t) = self.view.next_free(now) {
+            at(t + Duration::from_nanos(1));
+        }
+        for (_, seen) in self.view.members() {
+            // An expiry changes who is eligible and who may be fenced; a vacant record is
+            // collected a lease duration after it was vacated.
+            let at_ = match seen.record.holder() {
+                Some(_) => seen.expires(),
+                None => seen.since + self.config.lease_duration,
+            };
+            at(at_ + Duration::from_nanos(1));
+        }
+        for slot in &self.slots {
+            if let Some(t) = slot.retry_at() {
+                at(t);
+            }
+        }
+        wake
+    }
+
+    // The rules, applied after every event.
+
+    fn settle(&mut self, now: LocalInstant) {
+        if self.ended {
+            return;
+        }
+        let me = self.view.member(self.member.identity()).cloned();
+        if let Some(change) = self.member.observe(me.as_ref()) {
+            self.on_member_change(change, now);
+        }
+        self.bury(now);
+        self.settle_gifts(now);
+        self.update_beliefs(now);
+        self.leave_when_empty(now);
+        self.write_membership(now);
+        self.give(now);
+        if self.member.serving(now) && self.ending.is_none() {
+            self.rebalance(now);
+        }
+        if self.view.synced() && self.member.phase() != Phase::Left {
+            self.fence(now);
+        }
+        if self.member.serving(now) {
+            self.collect(now);
+        }
+        self.publish_deadline(now);
+        if self.member.phase() == Phase::Left && !self.ended {
+            self.ended = true;
+            let ending = self.ending.unwrap_or(Ending::Shutdown);
+            self.out
+                .push_back(Output::Decision(Decision::Ended(ending)));
+        }
+    }
+
+    fn on_member_change(&mut self, change: Change, _now: LocalInstant) {
+        let decision = match change {
+            Change::Joined => Decision::Joined {
+                token: self.member.token().clone(),
+            },
+            Change::Lost { old } => {
+                if self.config.on_loss == OnLoss::Stop || self.ending.is_some() {
+                    self.ending.get_or_insert(Ending::LostMembership);
+                    self.member.stop();
+                }
+                Decision::MembershipLost { token: old }
+            }
+            Change::Left => return,
+            Change::Collision { other } => Decision::Collision { other },
+        };
+        self.out.push_back(Output::Decision(decision));
+    }
+
+    /// Starts and ends beliefs as the three conditions say.
+    fn update_beliefs(&mut self, now: LocalInstant) {
+        let mut lost = None;
+        for shard in 0..self.config.shards {
+            let believes = self.believes(shard, now);
+            let slot = &mut self.slots[shard as usize];
+            match (slot.epoch, believes) {
+                (None, true) => {
+                    let epoch = self.next_epoch;
+                    self.next_epoch += 1;
+                    slot.epoch = Some(epoch);
+                    self.out
+                        .push_back(Output::Decision(Decision::Acquired { shard, epoch }));
+                }
+                (Some(epoch), false) => {
+                    slot.epoch = None;
+                    if matches!(slot.phase, SlotPhase::Draining) {
+                        slot.phase = SlotPhase::Idle;
+                    }
+                    self.out
+                        .push_back(Output::Decision(Decision::Lost { shard, epoch }));
+                    lost.get_or_insert(shard);
+                }
+                _ => {}
+            }
+        }
+        if let Some(shard) = lost
+            && self.config.on_loss == OnLoss::Stop
+            && self.ending.is_none()
+        {
+            self.ending = Some(Ending::Lost { shard });
+            self.member.leave();
+        }
+        if self.ending.is_some() {
+            for shard in 0..self.config.shards {
+                self.hand_over(shard, Reason::Shutdown);
+            }
+        }
+    }
+
+    fn hand_over(&mut self, shard: u32, reason: Reason) {
+        let slot = &mut self.slots[shard as usize];
+        if let (Some(epoch), SlotPhase::Idle) = (slot.epoch, &slot.phase) {
+            slot.phase = SlotPhase::Draining;
+            self.out.push_back(Output::Decision(Decision::HandOver {
+                shard,
+                epoch,
+                reason,
+            }));
+        }
+    }
+
+    /// Leaving, once nothing is held or drained: vacate the membership.
+    fn leave_when_empty(&mut self, _now: LocalInstant) {
+        if self.member.phase() != Phase::Leaving {
+            return;
+        }
+        let empty = self.slots.iter().all(|s| s.epoch.is_none());
+        if empty {
+            self.member.vacate();
+        }
+    }
+
+    /// The tokens this process gave up are dead in its own view at once.
+    fn bury(&mut self, now: LocalInstant) {
+        for token in self.member.take_buried() {
+            self.view.bury(token, now);
+        }
+    }
+
+    fn write_membership(&mut self, now: LocalInstant) {
+        let me = self.view.member(self.member.identity()).cloned();
+        let write = self.member.next_write(me.as_ref(), self.view.synced(), now);
+        self.bury(now);
+        let Some(write) = write else {
+            return;
+        };
+        let lease = LeaseName::Member(self.member.identity().clone());
+        let deadline = now + self.config.renew_deadline;
+        let under = write.rv.clone();
+        let counter = write.content.counter;
+        let op = match write.rv {
+            Some(rv) => Op::Replace(rv, write.content),
+            None => Op::Create(write.content),
+        };
+        self.request(lease, op, deadline, Purpose::Member { under, counter });
+    }
+
+    fn request(&mut self, lease: LeaseName, op: Op, deadline: LocalInstant, purpose: Purpose) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.busy.insert(lease.clone());
+        self.requests.insert(id, (lease.clone(), purpose));
+        self.out.push_back(Output::Request(Request {
+            id,
+            lease,
+            op,
+            deadline,
+        }));
+    }
+
+    fn publish_deadline(&mut self, now: LocalInstant) {
+        let held = self.slots.iter().any(|s| s.epoch.is_some());
+        let deadline = self.member.valid_until().filter(|&v| held && now < v);
+        if deadline != self.deadline {
+            self.deadline = deadline;
+            self.out
+                .push_back(Output::Decision(Decision::Deadline(deadline)));
+        }
+    }
+
+    /// The members eligible as targets: live by this replica's clock, not leaving, on this
+    /// number of shards and protocol; this replica itself while it serves.
+    fn eligible(&self, now: LocalInstant) -> Vec<Arc<str>> {
+        let me = self.member.identity();
+        let mut out = Vec::new();
+        for (id, seen) in self.view.members() {
+            let c = &seen.record.content;
+            let ok = if id == me {
+                seen.record.holder() == Some(self.member.token()) && self.member.serving(now)
+            } else {
+                c.holder.is_some()
+                    && !c.leaving
+                    && now <= seen.expires()
+                    && c.shards == Some(self.config.shards)
+                    && c.protocol == Some(PROTOCOL)
+            };
+            if ok {
+                out.push(id.clone());
+            }
+        }
+        out
+    }
+
+    /// Whether a holder that may be alive runs another configuration (reported once each).
+    fn mismatch(&mut self, now: LocalInstant) -> bool {
+        let mine = (Some(self.config.shards), Some(PROTOCOL));
+        let mut found = Vec::new();
+        for (_, seen) in self.view.members() {
+            let c = &seen.record.content;
+            if let Some(h) = &c.holder
+                && (c.shards, c.protocol) != mine
+            {
+                found.push((h.clone(), c.shards, c.protocol));
+            }
+        }
+        for seen in self.view.shard_records() {
+            let c = &seen.record.content;
+            if let Some(h) = &c.holder
+                && (c.shards, c.protocol) != mine
+                && self.view.status(h, now) != Status::Dead
+            {
+                found.push((h.clone(), c.shards, c.protocol));
+            }
+        }
+        let any = !found.is_empty();
+        for (holder, shards, protocol) in found {
+            if self.mismatched.insert(holder.clone()) {
+                self.out.push_back(Output::Decision(Decision::Mismatch {
+                    holder,
+                    shards,
+                    protocol,
+                }));
+            }
+        }
+        any
+    }
+
+    /// The member `shard` should go to. With one shard (leader election) a live, eligible
+    /// holder stays the target: a joining replica never takes leadership from a live leader.
+    fn target(&self, shard: u32, eligible: &[Arc<str>]) -> Option<Arc<str>> {
+        if self.config.shards == 1
+            && let Some(holder) = self.view.shard_holder(shard)
+            && let Some(id) = eligible.iter().find(|id| ***id == *holder.identity())
+            && self
+                .view
+                .member(id)
+                .is_some_and(|m| m.record.holder() == Some(holder))
+        {
+            return Some(id.clone());
+        }
+        self.targets.of(shard).map(Arc::from)
+    }
+
+    /// Takes the free shards whose target is this replica and hands over the held ones whose
+    /// target is another.
+    fn rebalance(&mut self, now: LocalInstant) {
+        if self.mismatch(now) {
+            return;
+        }
+        let eligible = self.refresh_targets(now);
+        let me = self.member.identity().clone();
+        for shard in 0..self.config.shards {
+            let Some(target) = self.target(shard, &eligible) else {
+                continue;
+            };
+            let slot = &self.slots[shard as usize];
+            if slot.epoch.is_some() {
+                if target != me {
+                    self.hand_over(shard, Reason::Rebalance);
+                }
+            } else if target == me
+                && matches!(slot.phase, SlotPhase::Idle)
+                && self.may_write_shard(shard, now)
+                && self.view.shard_free(shard, now)
+            {
+                self.take(shard, now);
+            }
+        }
+    }
+
+    fn shard_content(&self, holder: Option<Token>, before: Option<&Seen>) -> Content {
+        Content {
+            holder,
+            previous: None,
+            counter: before.map_or(0, |s| s.record.content.counter) + 1,
+            shards: Some(self.config.shards),
+            protocol: Some(PROTOCOL),
+            leaving: false,
+            duration: self.config.lease_duration,
+        }
+    }
+
+    fn take(&mut self, shard: u32, now: LocalInstant) {
+        let before = match self.view.shard(shard) {
+            view::ShardSeen::Present(seen) => Some(seen.clone()),
+            view::ShardSeen::Absent { .. } => None,
+        };
+        let content = self.shard_content(Some(self.member.token().clone()), before.as_ref());
+        let under = before.map(|seen| seen.record.rv);
+        self.write_shard(shard, under, content, now);
+    }
+
+    /// The eligible members, with the targets recomputed if they changed.
+    fn refresh_targets(&mut self, now: LocalInstant) -> Vec<Arc<str>> {
+        let eligible = self.eligible(now);
+        if self.targets.members() != eligible.as_slice() {
+            self.targets = Targets::compute(eligible.clone(), self.config.shards);
+        }
+        eligible
+    }
+
+    /// Whether a write of shard `shard`'s Lease may go out now (one in flight, and no
+    /// duplicate of one the view has not caught up with).
+    fn may_write_shard(&self, shard: u32, now: LocalInstant) -> bool {
+        let rv = match self.view.shard(shard) {
+            view::ShardSeen::Present(seen) => Some(&seen.record.rv),
+            view::ShardSeen::Absent { .. } => None,
+        };
+        !self.busy.contains(&LeaseName::Shard(shard))
+            && self.slots[shard as usize].may_write(rv, now)
+    }
+
+    fn write_shard(&mut self, shard: u32, under: Option<Rv>, content: Content, now: LocalInstant) {
+        let op = match under.clone() {
+            Some(rv) => Op::Replace(rv, content),
+            None => Op::Create(content),
+        };
+        self.slots[shard as usize].wrote = Some((under, now + self.config.retry_period));
+        let deadline = now + self.config.renew_deadline;
+        self.request(LeaseName::Shard(shard), op, deadline, Purpose::Shard);
+    }
+
+    /// Shards being given away: done once the view shows their Lease changed, and taken back
+    /// when this replica is their target again (not leaving).
+    fn settle_gifts(&mut self, now: LocalInstant) {
+        let eligible = self.refresh_targets(now);
+        let me = self.member.identity().clone();
+        for shard in 0..self.config.shards {
+            let SlotPhase::Giving { rv } = &self.slots[shard as usize].phase else {
+                continue;
+            };
+            let unchanged = matches!(
+                self.view.shard(shard),
+                view::ShardSeen::Present(seen) if seen.record.rv == *rv
+            );
+            // Taken back only if no write to give it was ever sent: one may still land.
+            let slot = &self.slots[shard as usize];
+            let never_sent = slot
+                .wrote
+                .as_ref()
+                .is_none_or(|(under, _)| under.as_ref() != Some(rv));
+            let mine_again = self.ending.is_none()
+                && never_sent
+                && self.target(shard, &eligible).is_some_and(|t| t == me);
+            if !unchanged || mine_again {
+                self.slots[shard as usize].phase = SlotPhase::Idle;
+            }
+        }
+    }
+
+    /// Writes the shards being given away to their target, or, with no other target and not
+    /// leaving, releases them as vacant.
+    fn give(&mut self, now: LocalInstant) {
+        let eligible = self.refresh_targets(now);
+        let me = self.member.identity().clone();
+        for shard in 0..self.config.shards {
+            if !matches!(self.slots[shard as usize].phase, SlotPhase::Giving { .. })
+                || !self.may_write_shard(shard, now)
+            {
+                continue;
+            }
+            let view::ShardSeen::Present(seen) = self.view.shard(shard).clone() else {
+                continue;
+            };
+            let to = self
+                .target(shard, &eligible)
+                .filter(|t| *t != me)
+                .and_then(|t| self.view.member(&t)?.record.holder().cloned());
+            if to.is_none() && self.ending.is_some() {
+                // Leaving: vacating the membership frees it.
+                continue;
+            }
+            let content = self.shard_content(to, Some(&seen));
+            self.write_shard(shard, Some(seen.record.rv.clone()), content, now);
+        }
+    }
+
+    /// Fences the members whose record has not changed for its lease duration: a write under
+    /// the resourceVersion seen unchanged, which makes every later renewal of theirs fail.
+    fn fence(&mut self, now: LocalInstant) {
+        let me = self.member.identity().clone();
+        let mut fences = Vec::new();
+        for (id, seen) in self.view.members() {
+            let Some(holder) = seen.record.holder() else {
+                continue;
+            };
+            let lease = LeaseName::Member(id.clone());
+            if *id == me || now <= seen.expires() || self.busy.contains(&lease) {
+                continue;
+            }
+            let content = Content {
+                holder: None,
+                previous: Some(holder.clone()),
+                counter: seen.record.content.counter + 1,
+                leaving: false,
+                ..seen.record.content.clone()
+            };
+            fences.push((lease, Op::Replace(seen.record.rv.clone(), content)));
+        }
+        for (lease, op) in fences {
+            let deadline = now + self.config.renew_deadline;
+            self.request(lease, op, deadline, Purpose::Fence);
+        }
+    }
+
+    /// Deletes vacant membership records no shard refers to, a lease duration after they were
+    /// vacated, and free shard Leases beyond the number of shards.
+    fn collect(&mut self, now: LocalInstant) {
+        let me = self.member.identity().clone();
+        let referenced: BTreeSet<&str> = self
+            .view
+            .shard_records()
+            .filter_map(|s| Some(s.record.holder()?.identity()))
+            .collect();
+        let mut doomed = Vec::new();
+        for (id, seen) in self.view.members() {
+            let stale = now > seen.since + self.config.lease_duration;
+            if *id != me && seen.record.holder().is_none() && stale && !referenced.contains(&**id) {
+                doomed.push((LeaseName::Member(id.clone()), seen.record.rv.clone()));
+            }
+        }
+        if !self.mismatch(now) {
+            for (shard, seen) in self.view.extra() {
+                let free = seen
+                    .record
+                    .holder()
+                    .is_none_or(|h| self.view.status(h, now) == Status::Dead);
+                if free {
+                    doomed.push((LeaseName::Shard(shard), seen.record.rv.clone()));
+                }
+            }
+        }
+        for (lease, rv) in doomed {
+            if !self.busy.contains(&lease) {
+                let deadline = now + self.config.renew_deadline;
+                self.request(lease, Op::Delete(rv), deadline, Purpose::Collect);
+            }
+        }
+    }
+}
