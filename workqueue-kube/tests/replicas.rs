@@ -233,11 +233,7 @@ fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
         if role.as_deref() != Some(workqueue_kube::lease::ROLE_SHARD) {
             continue;
         }
-        let holder = lease
-            .spec
-            .and_then(|s| s.holder_identity)
-            .unwrap_or_default();
-        if !holder.is_empty() {
+        if let Some(holder) = lease_support::holder_identity(&lease) {
             *held.entry(holder).or_default() += 1;
         }
     }

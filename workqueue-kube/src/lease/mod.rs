@@ -95,19 +95,18 @@
 //! number of shards trades this cost against balance (a replica holds at most `ceil(n / k)`).
 
 mod assignment;
-mod client;
 mod clock;
 mod config;
-mod membership;
+mod driver;
 mod protocol;
 mod shard;
 mod state;
+mod wire;
 
 pub use assignment::{
     Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardChange, ShardEvents,
     ShardState, acknowledge_all,
 };
-pub use client::{Created, Deleted, LeaseClient, LeaseError, Replaced};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
 pub use protocol::{Ended, ShardLeases};

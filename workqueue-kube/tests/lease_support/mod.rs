@@ -363,10 +363,24 @@ pub fn leases(server: &ApiServer) -> Vec<Lease> {
         .collect()
 }
 
-/// The holder of shard `shard`'s Lease as stored now.
+/// The identity of the holder of shard `shard`'s Lease as stored now (the holder is written
+/// `{identity}_{instance}`).
 pub fn stored_holder(server: &ApiServer, shard: u32) -> Option<String> {
     let lease: Lease = server.get_in(NAMESPACE, &format!("{CONTROLLER}-shard-{shard}"))?;
-    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+    holder_identity(&lease)
+}
+
+/// The identity part of a Lease's holder (`None`: vacant).
+pub fn holder_identity(lease: &Lease) -> Option<String> {
+    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+    let identity = holder.rsplit_once('_').map_or(holder, |(id, _)| id);
+    (!identity.is_empty()).then(|| identity.to_string())
+}
+
+/// The identity holding replica `identity`'s membership Lease (`None`: vacant or absent).
+pub fn member_holder(server: &ApiServer, identity: &str) -> Option<String> {
+    let lease: Lease = server.get_in(NAMESPACE, &format!("{CONTROLLER}-member-{identity}"))?;
+    holder_identity(&lease)
 }
 
 /// Waits (on tokio's clock) until `done` holds, checking every 100 ms; panics with `what`

@@ -113,6 +113,8 @@ pub(crate) struct Membership {
     stored_start: Option<LocalInstant>,
     /// The writes in flight, oldest first.
     in_flight: Vec<InFlight>,
+    /// The last write's resourceVersion precondition and start.
+    last_write: Option<(Option<Rv>, LocalInstant)>,
     /// When the last joining write went out (any token): one per retry period.
     last_join: Option<LocalInstant>,
     /// When the current token's first joining write went out.
@@ -145,6 +147,7 @@ impl Membership {
             refused: None,
             stored_start: None,
             in_flight: Vec::new(),
+            last_write: None,
             last_join: None,
             first_join: None,
             buried: Vec::new(),
@@ -347,14 +350,18 @@ impl Membership {
             }
             _ => return None,
         };
-        // Not twice under one resourceVersion within a retry period.
+        // Not twice under one resourceVersion within a retry period, answered or not (a
+        // write refused at once is not retried at once).
         let recent = self
             .in_flight
             .iter()
-            .any(|w| w.under == write.rv && now < w.start + rp);
+            .map(|w| (&w.under, w.start))
+            .chain(self.last_write.as_ref().map(|(u, t)| (u, *t)))
+            .any(|(under, start)| *under == write.rv && now < start + rp);
         if recent {
             return None;
         }
+        self.last_write = Some((write.rv.clone(), now));
         self.in_flight.push(InFlight {
             counter: write.content.counter,
             start: now,
@@ -503,6 +510,7 @@ impl Membership {
         let rp = self.settings.retry_period;
         wakes.extend(self.stored_start.map(|t| t + rp));
         wakes.extend(self.in_flight.iter().map(|w| w.start + rp));
+        wakes.extend(self.last_write.as_ref().map(|(_, t)| *t + rp));
         if self.phase == Phase::Joining {
             wakes.extend(self.last_join.map(|t| t + rp));
         }

@@ -26,7 +26,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -194,6 +194,13 @@ pub(crate) struct ReplicaState {
     ending: Option<Ending>,
     ended: bool,
     mismatched: BTreeSet<Token>,
+    /// The last fence or collection of each Lease: its precondition and when; not repeated
+    /// within a retry period (a write refused at once is not retried at once).
+    recent: BTreeMap<LeaseName, (Rv, LocalInstant)>,
+    /// When the current token joined: it takes nothing for a retry period after, so that
+    /// replicas started together see each other before they take shards (and hand nothing
+    /// over at once).
+    joined_at: Option<LocalInstant>,
 }
 
 impl ReplicaState {
@@ -219,6 +226,8 @@ impl ReplicaState {
             ending: None,
             ended: false,
             mismatched: BTreeSet::new(),
+            joined_at: None,
+            recent: BTreeMap::new(),
             config,
         }
     }
@@ -328,6 +337,11 @@ impl ReplicaState {
             && self.member.valid_until().is_some_and(|v| now < v)
     }
 
+    /// The number of `shard`'s current belief (`None`: not believed).
+    pub(crate) fn epoch(&self, shard: u32) -> Option<u64> {
+        self.slots.get(shard as usize)?.epoch
+    }
+
     /// The belief deadline (`None`: nothing may be believed).
     pub(crate) fn deadline(&self) -> Option<LocalInstant> {
         self.member.valid_until()
@@ -345,6 +359,16 @@ impl ReplicaState {
 
     pub(crate) fn token(&self) -> &Token {
         self.member.token()
+    }
+
+    /// Whether it is leaving (shut down, or stopping after a loss).
+    pub(crate) fn leaving(&self) -> bool {
+        self.ending.is_some()
+    }
+
+    /// Why it is leaving, if it is.
+    pub(crate) fn ending(&self) -> Option<Ending> {
+        self.ending
     }
 
     pub(crate) fn ended(&self) -> bool {
@@ -379,6 +403,12 @@ impl ReplicaState {
             if let Some(t) = slot.retry_at() {
                 at(t);
             }
+        }
+        if let Some(t) = self.joined_at {
+            at(t + self.config.retry_period);
+        }
+        for (_, t) in self.recent.values() {
+            at(*t + self.config.retry_period);
         }
         wake
     }
@@ -417,12 +447,16 @@ impl ReplicaState {
         }
     }
 
-    fn on_member_change(&mut self, change: Change, _now: LocalInstant) {
+    fn on_member_change(&mut self, change: Change, now: LocalInstant) {
         let decision = match change {
-            Change::Joined => Decision::Joined {
-                token: self.member.token().clone(),
-            },
+            Change::Joined => {
+                self.joined_at = Some(now);
+                Decision::Joined {
+                    token: self.member.token().clone(),
+                }
+            }
             Change::Lost { old } => {
+                self.joined_at = None;
                 if self.config.on_loss == OnLoss::Stop || self.ending.is_some() {
                     self.ending.get_or_insert(Ending::LostMembership);
                     self.member.stop();
@@ -627,6 +661,9 @@ impl ReplicaState {
         }
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
+        let settled = self
+            .joined_at
+            .is_some_and(|t| now >= t + self.config.retry_period);
         for shard in 0..self.config.shards {
             let Some(target) = self.target(shard, &eligible) else {
                 continue;
@@ -637,6 +674,7 @@ impl ReplicaState {
                     self.hand_over(shard, Reason::Rebalance);
                 }
             } else if target == me
+                && settled
                 && matches!(slot.phase, SlotPhase::Idle)
                 && self.may_write_shard(shard, now)
                 && self.view.shard_free(shard, now)
@@ -763,7 +801,7 @@ impl ReplicaState {
                 continue;
             };
             let lease = LeaseName::Member(id.clone());
-            if *id == me || now <= seen.expires() || self.busy.contains(&lease) {
+            if *id == me || now <= seen.expires() || !self.may_write(&lease, &seen.record.rv, now) {
                 continue;
             }
             let content = Content {
@@ -777,6 +815,9 @@ impl ReplicaState {
         }
         for (lease, op) in fences {
             let deadline = now + self.config.renew_deadline;
+            if let Op::Replace(rv, _) = &op {
+                self.recent.insert(lease.clone(), (rv.clone(), now));
+            }
             self.request(lease, op, deadline, Purpose::Fence);
         }
     }
@@ -809,10 +850,22 @@ impl ReplicaState {
             }
         }
         for (lease, rv) in doomed {
-            if !self.busy.contains(&lease) {
+            if self.may_write(&lease, &rv, now) {
                 let deadline = now + self.config.renew_deadline;
+                self.recent.insert(lease.clone(), (rv.clone(), now));
                 self.request(lease, Op::Delete(rv), deadline, Purpose::Collect);
             }
         }
+        let rp = self.config.retry_period;
+        self.recent.retain(|_, (_, at)| now < *at + rp);
+    }
+
+    /// Whether a fence or a collection of `lease` under `rv` may go out now.
+    fn may_write(&self, lease: &LeaseName, rv: &Rv, now: LocalInstant) -> bool {
+        let recent = self
+            .recent
+            .get(lease)
+            .is_some_and(|(under, at)| under == rv && now < *at + self.config.retry_period);
+        !self.busy.contains(lease) && !recent
     }
 }

@@ -470,6 +470,7 @@ fn plan() -> impl Strategy<Value = Plan> {
                             Fault::Crash { replica, .. }
                             | Fault::Shutdown { replica, .. }
                             | Fault::Partition { replica, .. }
+                            | Fault::Refuse { replica, .. }
                             | Fault::Stall { replica, .. }
                             | Fault::BreakWatch { replica } => *replica %= replicas,
                             Fault::Delete { .. } => {}
@@ -540,25 +541,40 @@ mod by_hand {
         }
     }
 
-    /// A member holding its one shard, its membership confirmed by a write started at 0 ms.
+    fn find(requests: &[Request], lease: &LeaseName) -> Request {
+        let found = requests.iter().find(|r| r.lease == *lease);
+        found
+            .unwrap_or_else(|| panic!("no write of {lease:?}: {requests:?}"))
+            .clone()
+    }
+
+    /// A member holding its one shard: joined at 20 ms, its renewal started at 2,020 ms
+    /// confirmed (deadline 12,020 ms), its record at rv 3.
     fn holding() -> ReplicaState {
+        let member = LeaseName::Member("a".into());
         let mut state = replica(1);
         state.listed(Vec::new(), at(0));
         let (requests, _) = outputs(&mut state);
-        let create = &requests[0];
-        assert_eq!(create.lease, LeaseName::Member("a".into()));
+        let create = find(&requests, &member);
         let record = stored("1", &create.op);
         state.answered(create.id, Answer::Done(Some(record.clone())), at(10));
-        state.applied(create.lease.clone(), record, at(20));
+        state.applied(member.clone(), record, at(20));
         let (requests, decisions) = outputs(&mut state);
         assert!(decisions.contains(&Decision::Joined {
             token: state.token().clone()
         }));
-        let take = &requests[0];
-        assert_eq!(take.lease, LeaseName::Shard(0));
-        state.applied(take.lease.clone(), stored("2", &take.op), at(30));
-        assert!(state.believes(0, at(30)));
+        assert!(requests.is_empty(), "nothing taken at once: {requests:?}");
+        state.tick(at(2_020));
+        let (requests, _) = outputs(&mut state);
+        let take = find(&requests, &LeaseName::Shard(0));
+        let renewal = find(&requests, &member);
+        state.applied(take.lease.clone(), stored("2", &take.op), at(2_030));
+        assert!(state.believes(0, at(2_030)));
         assert_eq!(state.deadline(), Some(at(10_000)));
+        let record = stored("3", &renewal.op);
+        state.answered(renewal.id, Answer::Done(Some(record.clone())), at(2_040));
+        state.applied(member, record, at(2_040));
+        assert_eq!(state.deadline(), Some(at(12_020)));
         outputs(&mut state);
         state
     }
@@ -566,35 +582,35 @@ mod by_hand {
     #[test]
     fn a_renewal_that_makes_no_new_version_extends_nothing() {
         let mut state = holding();
-        state.tick(at(2_000));
+        state.tick(at(4_020));
         let (requests, _) = outputs(&mut state);
         let renewal = &requests[0];
-        assert!(matches!(&renewal.op, Op::Replace(rv, _) if *rv == Rv::new("1")));
+        assert!(matches!(&renewal.op, Op::Replace(rv, _) if *rv == Rv::new("3")));
         // The server answers 200 with the record unchanged (what it does for a write that
         // changes nothing): no new resourceVersion, no watch event.
-        let unchanged = stored("1", &super::super::Op::Create(record(None, 1, 1)));
-        state.answered(renewal.id, Answer::Done(Some(unchanged)), at(2_050));
-        assert_eq!(state.deadline(), Some(at(10_000)), "not extended");
-        assert!(state.believes(0, at(9_999)));
-        assert!(!state.believes(0, at(10_000)));
+        let unchanged = stored("3", &Op::Create(record(None, 1, 1)));
+        state.answered(renewal.id, Answer::Done(Some(unchanged)), at(4_050));
+        assert_eq!(state.deadline(), Some(at(12_020)), "not extended");
+        assert!(state.believes(0, at(12_019)));
+        assert!(!state.believes(0, at(12_020)));
         // Only the watch's record of that write extends it.
         state.applied(
             LeaseName::Member("a".into()),
-            stored("3", &renewal.op),
-            at(2_100),
+            stored("4", &renewal.op),
+            at(4_100),
         );
-        assert_eq!(state.deadline(), Some(at(12_000)));
+        assert_eq!(state.deadline(), Some(at(14_020)));
     }
 
     #[test]
     fn a_renewal_answered_late_but_within_the_deadline_keeps_the_shard() {
         let mut state = holding();
-        state.tick(at(2_000));
+        state.tick(at(4_020));
         let (requests, _) = outputs(&mut state);
         let renewal = requests[0].clone();
-        // Nothing for nine seconds: still held, no second write under the same version
+        // Nothing for eight seconds: still held, and no second write under the same version
         // before a retry period has passed.
-        for ms in (2_100..9_900).step_by(100) {
+        for ms in (4_100..11_900).step_by(100) {
             state.tick(at(ms));
             assert!(state.believes(0, at(ms)));
         }
@@ -605,16 +621,16 @@ mod by_hand {
         );
         state.applied(
             LeaseName::Member("a".into()),
-            stored("3", &renewal.op),
-            at(9_950),
+            stored("4", &renewal.op),
+            at(11_950),
         );
         state.answered(
             renewal.id,
-            Answer::Done(Some(stored("3", &renewal.op))),
-            at(9_960),
+            Answer::Done(Some(stored("4", &renewal.op))),
+            at(11_960),
         );
-        assert!(state.believes(0, at(11_000)));
-        assert_eq!(state.deadline(), Some(at(12_000)));
+        assert!(state.believes(0, at(13_000)));
+        assert_eq!(state.deadline(), Some(at(14_020)));
     }
 
     #[test]
@@ -629,9 +645,9 @@ mod by_hand {
                 rv: Rv::new("9"),
                 content: fenced,
             },
-            at(3_000),
+            at(5_000),
         );
-        assert!(!state.believes(0, at(3_000)));
+        assert!(!state.believes(0, at(5_000)));
         let (requests, decisions) = outputs(&mut state);
         assert!(decisions.contains(&Decision::Lost { shard: 0, epoch: 1 }));
         assert!(decisions.contains(&Decision::MembershipLost { token: old.clone() }));
@@ -647,5 +663,19 @@ mod by_hand {
         assert_eq!(rv, &Rv::new("9"));
         assert_eq!(content.holder.as_ref(), Some(state.token()));
         assert_eq!(content.previous.as_ref(), Some(&old));
+    }
+}
+
+#[test]
+fn replicas_started_together_settle_with_few_hand_overs() {
+    for (replicas, shards) in [(3, 32), (4, 256)] {
+        let world = settle(Plan::new(replicas, shards), 30);
+        let hand_overs = world
+            .decisions
+            .iter()
+            .filter(|(_, _, d)| matches!(d, Decision::HandOver { .. }))
+            .count();
+        assert_eq!(hand_overs, 0, "{replicas} replicas, {shards} shards");
+        assert!(all_held(&world));
     }
 }

@@ -28,6 +28,8 @@ pub(crate) enum Fault {
     Shutdown { replica: usize, down: u64 },
     /// Its requests, answers and watch are lost for `ms` ms; then it relists.
     Partition { replica: usize, ms: u64 },
+    /// Its requests fail at once for `ms` ms (connection refused); its watch is broken.
+    Refuse { replica: usize, ms: u64 },
     /// The process runs nothing for `ms` ms (a GC pause, SIGSTOP).
     Stall { replica: usize, ms: u64 },
     /// Its watch breaks; it relists a second later.
@@ -41,7 +43,7 @@ impl Fault {
     fn lasts(&self) -> u64 {
         match *self {
             Fault::Crash { down, .. } | Fault::Shutdown { down, .. } => down,
-            Fault::Partition { ms, .. } | Fault::Stall { ms, .. } => ms,
+            Fault::Partition { ms, .. } | Fault::Refuse { ms, .. } | Fault::Stall { ms, .. } => ms,
             Fault::BreakWatch { .. } => 2_000,
             Fault::Delete { .. } => 0,
         }
@@ -129,6 +131,7 @@ struct Replica {
     process: usize,
     state: Option<ReplicaState>,
     partitioned_until: u64,
+    refused_until: u64,
     stalled_until: u64,
     watch: Watch,
     /// Bumped whenever the watch breaks: deliveries of an older one are dropped.
@@ -239,6 +242,7 @@ impl World {
                     process: 0,
                     state: None,
                     partitioned_until: 0,
+                    refused_until: 0,
                     stalled_until: 0,
                     watch: Watch::Broken,
                     watch_gen: 0,
@@ -491,6 +495,14 @@ impl World {
                     self.break_watch(replica, 0);
                 }
             }
+            Fault::Refuse { replica, ms } => {
+                let r = &mut self.replicas[replica];
+                r.refused_until = r.refused_until.max(self.now + ms * MS);
+                r.partitioned_until = r.partitioned_until.max(self.now + ms * MS);
+                if r.state.is_some() {
+                    self.break_watch(replica, 0);
+                }
+            }
             Fault::Stall { replica, ms } => {
                 let r = &mut self.replicas[replica];
                 r.stalled_until = r.stalled_until.max(self.now + ms * MS);
@@ -633,8 +645,9 @@ impl World {
         };
         let lost_there = partitioned || self.rng.chance(drops);
         let lost_back = self.rng.chance(drops);
+        let refused = r.refused_until > self.now;
         self.at(
-            deadline,
+            if refused { self.now } else { deadline },
             Ev::Answer {
                 replica,
                 process,
