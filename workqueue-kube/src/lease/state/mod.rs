@@ -12,9 +12,6 @@
 //! 3. it is not giving the shard away (from the moment its controller reported the shard
 //!    drained until its view shows the Lease changed).
 
-// Until the driver takes over from the first protocol.
-#![allow(dead_code)]
-
 mod member;
 mod record;
 mod slots;
@@ -357,13 +354,9 @@ impl ReplicaState {
         self.targets.members().len()
     }
 
+    #[cfg(test)]
     pub(crate) fn token(&self) -> &Token {
         self.member.token()
-    }
-
-    /// Whether it is leaving (shut down, or stopping after a loss).
-    pub(crate) fn leaving(&self) -> bool {
-        self.ending.is_some()
     }
 
     /// Why it is leaving, if it is.
@@ -371,6 +364,7 @@ impl ReplicaState {
         self.ending
     }
 
+    #[cfg(test)]
     pub(crate) fn ended(&self) -> bool {
         self.ended
     }

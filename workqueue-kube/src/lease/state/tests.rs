@@ -434,6 +434,7 @@ fn fault() -> impl Strategy<Value = (u64, Fault)> {
         (replica.clone(), 0u64..8_000)
             .prop_map(|(replica, down)| Fault::Shutdown { replica, down }),
         (replica.clone(), 0u64..40_000).prop_map(|(replica, ms)| Fault::Partition { replica, ms }),
+        (replica.clone(), 0u64..40_000).prop_map(|(replica, ms)| Fault::Refuse { replica, ms }),
         (replica.clone(), 0u64..12_000).prop_map(|(replica, ms)| Fault::Stall { replica, ms }),
         replica.prop_map(|replica| Fault::BreakWatch { replica }),
         (0usize..64).prop_map(|pick| Fault::Delete { pick }),
