@@ -9,8 +9,9 @@ use tokio::time::Instant;
 /// One holding of a shard: from a successful take until the shard is lost or released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holding {
-    /// Until when this replica may work on the shard: the start of its last successful renewal
-    /// plus the renew deadline, on its own clock, as a tokio instant. Moves forward with each
+    /// Until when this replica may work on the shard, its deadline: the start of its latest
+    /// membership renewal that made a new resourceVersion, plus the renew deadline, on its own
+    /// clock, as a tokio instant (the same for every shard it holds). Moves forward with each
     /// renewal. Past it the shard is lost, whatever the protocol has published since.
     pub valid_until: Instant,
     /// This holding's number, distinct for each take by this replica: a shard whose epoch
@@ -47,15 +48,16 @@ impl ShardState {
 pub struct LeaseStats {
     /// Shards taken (a gauge of the shards held is [`Assignment::held_count`]).
     pub acquisitions: u64,
-    /// Shards lost: not renewed within the renew deadline, or found taken.
+    /// Shards lost: the deadline passed without a renewal, the membership was lost, or the
+    /// shard's Lease was deleted.
     pub losses: u64,
     /// Hand-overs the controller acknowledged.
     pub hand_overs: u64,
-    /// Hand-overs the controller did not acknowledge in time (their Leases lapse).
+    /// Hand-overs the controller acknowledged after their deadline.
     pub hand_over_timeouts: u64,
-    /// Leases released (an update that cleared the holder).
+    /// Shards given away after a hand-over (their Lease written to the taker, or vacated).
     pub releases: u64,
-    /// Renewals that failed or got no answer in time.
+    /// Membership renewals refused or not answered in time.
     pub renew_failures: u64,
 }
 
@@ -122,8 +124,8 @@ impl Assignment {
         self.shards.iter().filter(|s| s.holding().is_some()).count() as u32
     }
 
-    /// The live replicas this replica counted at its last rebalance, itself included (0 before
-    /// its first).
+    /// The live replicas this replica counts (those shards are divided among), itself included
+    /// while it is a member (0 before it joined).
     pub fn members(&self) -> u32 {
         self.members
     }
@@ -182,9 +184,8 @@ pub enum ShardChange {
         /// The shard.
         shard: u32,
     },
-    /// No longer held: lost (stop at once: cancel its reconciles, abort any still running
-    /// before `valid_until` plus the lease duration minus the renew deadline) or released
-    /// after an acknowledged hand-over (nothing of it runs any more).
+    /// No longer held: lost (stop at once: its work must not run past `valid_until`) or given
+    /// away after an acknowledged hand-over (nothing of it runs any more).
     Ended {
         /// The shard.
         shard: u32,
@@ -194,22 +195,21 @@ pub enum ShardChange {
 /// Why a shard is handed over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandOverReason {
-    /// This replica holds more than its fair share.
+    /// The shard belongs to another live replica's share.
     Rebalance,
     /// This replica is shutting down (or stopping after a loss, with [`OnLoss::Stop`](super::OnLoss::Stop)).
     Shutdown,
 }
 
-/// A request to give a shard up, sent to the controller; the protocol releases the shard's Lease
-/// only after [`HandOver::acknowledge`].
+/// A request to give a shard up, sent to the controller; the protocol gives the shard away
+/// (writes the taker's token into its Lease) only after [`HandOver::acknowledge`].
 ///
 /// The controller stops taking the shard's keys (the [`Assignment`] already shows it as
 /// [`ShardState::GivingUp`]), removes its queued keys, lets its in-flight reconciles finish
 /// within a grace that ends before [`deadline`](HandOver::deadline), aborts the rest, and then
 /// acknowledges: from then on nothing of the shard runs on this replica until it is taken again
-/// (a new epoch). Dropping the request without acknowledging refuses it: the Lease is not
-/// released and lapses (the shard is lost at its `valid_until`, and taken by another replica
-/// only after it expires).
+/// (a new epoch). Dropping the request counts as acknowledging it (a controller that is gone
+/// runs nothing). Until it is acknowledged the shard stays held, its keys not taken.
 #[derive(Debug)]
 pub struct HandOver {
     pub(crate) shard: u32,
@@ -230,7 +230,8 @@ impl HandOver {
         self.epoch
     }
 
-    /// Until when the protocol waits for the acknowledgement (tokio's clock).
+    /// By when the controller should have stopped the shard's work and acknowledged (tokio's
+    /// clock).
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -240,7 +241,7 @@ impl HandOver {
         self.reason
     }
 
-    /// Nothing of the shard runs any more, and nothing will: release its Lease.
+    /// Nothing of the shard runs any more, and nothing will: give it away.
     pub fn acknowledge(self) {
         let _ = self.ack.send(());
     }

@@ -2,14 +2,15 @@
 
 use std::time::Duration;
 
-/// What a replica does after it lost a shard's Lease (no renewal within the renew deadline).
+/// What a replica does after it lost a shard (its deadline passed without a renewal, or its
+/// membership was fenced, taken over or deleted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnLoss {
-    /// Stay a candidate: keep renewing what it still holds and take shards again as its fair
-    /// share asks.
+    /// Stay a member (joining again under a new token if the membership was lost) and take
+    /// shards again as its share asks.
     #[default]
     Rejoin,
-    /// Stop: hand over and release every shard it still holds, leave the membership, and end
+    /// Stop: hand over every shard it still holds, vacate its membership, and end
     /// [`ShardLeases::run`](super::ShardLeases::run) with [`Ended::Lost`](super::Ended::Lost),
     /// so that the application can exit (controller-runtime's behaviour on a lost leader Lease).
     Stop,
@@ -20,8 +21,10 @@ pub enum OnLoss {
 ///
 /// The Leases are `{name}-shard-{i}` for `i` in `0..shards` and `{name}-member-{identity}`, in
 /// `namespace`. Every replica of one controller must use the same `name`, `namespace`, `shards`
-/// and timing; the identity must be unique to each process (a pod name is unique among live pods;
-/// a pod restarted in place may reuse it, as its previous process is gone).
+/// and timing; give each process its own identity, the pod's name (a pod restarted in place
+/// reuses it, which is fine: each process adds a random instance of its own). Never fall back to
+/// a shared default: two processes given one identity take turns instead of sharing the work
+/// (see the [module documentation](super)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseConfig {
@@ -31,24 +34,28 @@ pub struct LeaseConfig {
     pub name: String,
     /// The namespace of the Leases.
     pub namespace: String,
-    /// This replica's identity, written as the holder of the Leases it holds (lowercase
-    /// letters, digits, `-` and `.`, as a pod name).
+    /// This replica's identity, the pod's name: with a random instance per process, the holder
+    /// written into the Leases it holds (lowercase letters, digits, `-` and `.`, as a pod
+    /// name).
     pub identity: String,
     /// The number of shards (default 32; 1 is leader election). Fixed for the controller's
     /// life: a key's shard is [`shard_of`](super::shard_of) of its namespace, name and this number.
     pub shards: u32,
-    /// How long after the last change it saw in a Lease another replica may take it (default
-    /// 15 s; written into the Lease, in whole seconds rounded up).
+    /// How long after the last change it saw in a replica's membership Lease another replica
+    /// may fence it and take its shards (default 15 s; written into the Lease, in whole seconds
+    /// rounded up).
     pub lease_duration: Duration,
-    /// How long after the start of its last successful renewal a holder counts itself as
-    /// holding (default 10 s). Shorter than `lease_duration`: the difference is the time the
-    /// controller has to abort a lost shard's work.
+    /// How long after the start of its last renewal that made a new resourceVersion a replica
+    /// counts itself as holding its shards (default 10 s): its deadline. Shorter than
+    /// `lease_duration`: the difference is slack for a process stalled at its deadline.
     pub renew_deadline: Duration,
-    /// How often a replica renews, lists the Leases and rebalances (default 2 s), and how long
-    /// it waits for one request's answer.
+    /// How often a replica renews its membership Lease (default 2 s), and retries a write not
+    /// answered yet. A write may take until the belief it would extend ends.
     pub retry_period: Duration,
-    /// How long the protocol waits for the controller to acknowledge a hand-over (default
-    /// 10 s); without an acknowledgement the shard is not released and its Lease lapses.
+    /// How long the controller has to drain a shard it hands over: the
+    /// [`HandOver::deadline`](super::HandOver::deadline) (default 10 s). A shard is given away
+    /// only once acknowledged; shutting down gives up waiting after this plus the renew
+    /// deadline.
     pub hand_over_timeout: Duration,
     /// What to do after a loss (default [`OnLoss::Rejoin`]).
     pub on_loss: OnLoss,
