@@ -680,3 +680,37 @@ fn replicas_started_together_settle_with_few_hand_overs() {
         assert!(all_held(&world));
     }
 }
+
+/// The figures behind the property test: how many random worlds, beliefs and fences it judged
+/// (`cargo test -p workqueue-kube --lib census -- --ignored --nocapture`).
+#[test]
+#[ignore = "prints figures; the property test above is the check"]
+fn census() {
+    use proptest::test_runner::{Config as RunnerConfig, TestRunner};
+    let cases = 2_000;
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases,
+        ..RunnerConfig::default()
+    });
+    let totals = std::cell::RefCell::new((0usize, 0usize, u64::MAX, 0usize));
+    runner
+        .run(&plan(), |plan| {
+            let faults = plan.faults.len();
+            let mut world = World::new(plan);
+            let beliefs = check(&mut world);
+            let (fences, slack) = world.ledger.assert_fences_leave(world.plan.margin());
+            let mut t = totals.borrow_mut();
+            t.0 += beliefs;
+            t.1 += fences;
+            t.2 = t.2.min(slack.unwrap_or(u64::MAX));
+            t.3 += faults;
+            Ok(())
+        })
+        .unwrap();
+    let (beliefs, fences, slack, faults) = totals.into_inner();
+    println!(
+        "{cases} worlds, {faults} faults: {beliefs} beliefs judged, 0 overlaps; {fences} \
+         fences of a holder that had held something, the smallest slack {} ms",
+        slack / MS
+    );
+}
