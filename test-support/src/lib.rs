@@ -3,6 +3,8 @@
 //! - [`apiserver`]: a scripted Kubernetes API server in memory, on tokio's clock, for tests on
 //!   paused time (exact, fast, with faults on demand).
 //! - [`fixtures`]: the small constructors every test file wrote again (`secs`, `ms`, `meta`, `cm`).
+//! - `control_plane` (the `control-plane` feature): a real control plane, etcd and
+//!   kube-apiserver processes, for the end-to-end tests.
 //! - [`ledger`]: a ledger of runs (a reconcile, a replica's belief that it holds a shard), and
 //!   the check that no subject was ever run by two holders at once; the check fails on a ledger
 //!   that saw nothing, so that it can never pass by judging no runs.
@@ -16,6 +18,8 @@
 
 pub mod api_requests;
 pub mod apiserver;
+#[cfg(feature = "control-plane")]
+pub mod control_plane;
 pub mod figures;
 pub mod fixtures;
 pub mod ledger;
