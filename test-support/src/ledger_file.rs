@@ -315,6 +315,36 @@ impl Feed {
     }
 }
 
+/// A ledger file read into a [`Ledger`] on demand: [`Tail`] and [`Feed`] together.
+#[derive(Debug)]
+pub struct LedgerReader {
+    tail: Tail,
+    feed: Feed,
+}
+
+impl LedgerReader {
+    /// A reader of the ledger file at `path` into a new [`Ledger`] (inside a tokio runtime: the
+    /// ledger's sampler is a task).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        LedgerReader {
+            tail: Tail::new(path),
+            feed: Feed::new(Ledger::new(), WallAnchor::now()),
+        }
+    }
+
+    /// Reads the lines written since the last call into the ledger; returns the feed.
+    pub fn sync(&mut self) -> &mut Feed {
+        let lines = self.tail.read_new().expect("reading the ledger file");
+        self.feed.push(lines);
+        &mut self.feed
+    }
+
+    /// The feed as of the last [`LedgerReader::sync`].
+    pub fn feed(&self) -> &Feed {
+        &self.feed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 //!   [`figures`]: percentiles, reconcile lag, peak memory, for measurements on a real server.
 //! - [`ledger_file`]: the same ledger written by several OS processes (one append-only file),
 //!   read back as it grows.
+//! - [`signal`]: signals to processes (SIGSTOP, SIGCONT, SIGTERM).
 //!
 //! It does not depend on `workqueue-kube`: a dev-dependency cycle would build two copies of its
 //! types. What needs `workqueue-kube`'s types stays in its `tests/`.
@@ -24,3 +25,4 @@ pub mod figures;
 pub mod fixtures;
 pub mod ledger;
 pub mod ledger_file;
+pub mod signal;
