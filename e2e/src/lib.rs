@@ -3,7 +3,9 @@
 //!
 //! Not published; built by the workspace, but its tests only with the `control-plane` feature.
 
+pub mod child;
 pub mod counting;
+pub mod replica;
 
 use std::time::{Duration, Instant};
 
