@@ -122,6 +122,10 @@ struct Figures {
     update_rate: f64,
     reconciles: usize,
     requests_per_reconcile: f64,
+    /// The controller's requests per update of the churn.
+    requests_per_update: f64,
+    /// Peak RSS when the start-up was over.
+    startup_rss_mib: f64,
     peak_rss_mib: f64,
 }
 
@@ -231,6 +235,7 @@ async fn run(
             quiet_since = Instant::now();
         }
     }
+    let startup_rss_kib = peak_rss_kib(pid).expect("the controller's peak RSS");
     let before = scrape(&client).await.expect("scraping /metrics");
     let startup_reconciles = lines.iter().filter(|l| l.kind == START).count();
     let startup_requests = before.since(&before_start).of("configmaps") / startup_reconciles as f64;
@@ -313,6 +318,8 @@ async fn run(
         update_rate: updates.len() as f64 / churn_s.max(1e-9),
         reconciles,
         requests_per_reconcile: controller_requests / reconciles as f64,
+        requests_per_update: controller_requests / updates.len() as f64,
+        startup_rss_mib: startup_rss_kib as f64 / 1024.0,
         peak_rss_mib: peak_rss_kib as f64 / 1024.0,
     }
 }
@@ -334,10 +341,11 @@ fn versioned(line: &Line) -> Versioned {
 
 fn print_figures(f: &Figures) {
     println!(
-        "{:>12}: start-up {:.2} s ({:.2} requests/reconcile); churn {} updates at {:.0}/s; lag p50 {:.1} ms, p99 {:.1} ms ({} unmatched); {} reconciles, {:.3} requests/reconcile; peak RSS {:.1} MiB",
+        "{:>12}: start-up {:.2} s ({:.2} requests/reconcile, peak RSS {:.1} MiB); churn {} updates at {:.0}/s; lag p50 {:.1} ms, p99 {:.1} ms ({} unmatched); {} reconciles, {:.3} requests/reconcile, {:.3} per update; peak RSS {:.1} MiB",
         f.implementation.name(),
         f.startup_s,
         f.startup_requests,
+        f.startup_rss_mib,
         f.updates,
         f.update_rate,
         f.lag_p50_ms,
@@ -345,6 +353,7 @@ fn print_figures(f: &Figures) {
         f.unmatched,
         f.reconciles,
         f.requests_per_reconcile,
+        f.requests_per_update,
         f.peak_rss_mib
     );
 }
@@ -397,20 +406,22 @@ fn main() {
             println!("{l}");
         }
         println!();
-        println!("| run | controller | start-up (s) | lag p50 (ms) | lag p99 (ms) | requests/reconcile | reconciles | updates (/s) | peak RSS (MiB) |");
-        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| run | controller | start-up (s) | lag p50 (ms) | lag p99 (ms) | requests/reconcile | requests/update | reconciles | updates (/s) | peak RSS after start-up / at the end (MiB) |");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for (i, f) in results.iter().enumerate() {
             println!(
-                "| {} | {} | {:.2} | {:.1} | {:.1} | {:.3} | {} | {} ({:.0}) | {:.1} |",
+                "| {} | {} | {:.2} | {:.1} | {:.1} | {:.3} | {:.3} | {} | {} ({:.0}) | {:.1} / {:.1} |",
                 i / order.len() + 1,
                 f.implementation.name(),
                 f.startup_s,
                 f.lag_p50_ms,
                 f.lag_p99_ms,
                 f.requests_per_reconcile,
+                f.requests_per_update,
                 f.reconciles,
                 f.updates,
                 f.update_rate,
+                f.startup_rss_mib,
                 f.peak_rss_mib
             );
         }
@@ -424,11 +435,13 @@ fn main() {
             let ratio = |f: &dyn Fn(&Figures) -> f64| -> Vec<f64> {
                 pairs.iter().map(|(o, k)| f(o) / f(k)).collect()
             };
-            let rows: [(&str, Vec<f64>); 5] = [
+            let rows: [(&str, Vec<f64>); 7] = [
                 ("start-up", ratio(&|f| f.startup_s)),
                 ("lag p50", ratio(&|f| f.lag_p50_ms)),
                 ("lag p99", ratio(&|f| f.lag_p99_ms)),
                 ("requests/reconcile", ratio(&|f| f.requests_per_reconcile)),
+                ("requests/update", ratio(&|f| f.requests_per_update)),
+                ("peak RSS after start-up", ratio(&|f| f.startup_rss_mib)),
                 ("peak RSS", ratio(&|f| f.peak_rss_mib)),
             ];
             println!();
