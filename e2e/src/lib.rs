@@ -4,6 +4,8 @@
 //! Not published; built by the workspace, but its tests only with the `control-plane` feature.
 
 pub mod counting;
+#[cfg(feature = "control-plane")]
+pub mod outage;
 
 use std::time::{Duration, Instant};
 
