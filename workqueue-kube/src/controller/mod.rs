@@ -79,6 +79,7 @@
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
 
+mod backoff;
 mod config;
 mod dispatch;
 mod error;
@@ -100,7 +101,8 @@ use kube::api::Api;
 // as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
 use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use workqueue_tokio::__private::Source;
 use workqueue_tokio::{AddOptions, WorkQueue};
@@ -110,6 +112,7 @@ pub use error::{Error, RunnerError};
 pub use workqueue_tokio::runner::Action;
 
 use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
+use backoff::TriggerBackoff;
 use dispatch::{Dispatch, Leases, Setup};
 use triggers::{Readiness, Trigger};
 
@@ -127,6 +130,8 @@ where
     K::DynamicType: Eq + Hash,
 {
     triggers: Vec<(String, Trigger<K>)>,
+    /// The backoff the watches' triggers share.
+    backoff: TriggerBackoff,
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -169,15 +174,16 @@ where
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
-        let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
-        let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
+        // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
+        let events = reflector::reflector(writer, watcher(main_api, wc));
+        let main = triggers::main(events, gate_tx, dyntype.clone());
         Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
     }
 
     /// A controller whose main trigger is `main`, reading `reader`, taking keys once `gate` says
     /// the store is ready (with `tasks` started with it to keep the gate).
     fn with_main(
-        main: Trigger<K>,
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
         reader: Store<K>,
         dyntype: K::DynamicType,
         gate: watch::Receiver<Readiness>,
@@ -185,8 +191,11 @@ where
         client: Option<Client>,
     ) -> Self {
         let name = K::kind(&dyntype).to_lowercase();
+        let backoff = TriggerBackoff::default();
+        let main = backoff.apply(main).boxed();
         Controller {
             triggers: vec![(name, main)],
+            backoff,
             reader,
             dyntype,
             config: Config::default(),
@@ -227,8 +236,24 @@ where
                 }
             }
         };
-        let main = triggers::applied(trigger, dyntype.clone()).boxed();
+        let main = triggers::applied(trigger, dyntype.clone());
         Self::with_main(main, reader, dyntype, gate, vec![ready.boxed()], None)
+    }
+
+    /// The backoff of the controller's watches (kube-runtime's `DefaultBackoff` unless set: 0.8 s
+    /// doubling to 30 s, with jitter, as client-go's reflectors), and of the streams given to
+    /// [`Controller::for_stream`]: one sequence over all of them, as kube-runtime applies it.
+    ///
+    /// A watch whose request failed (a list refused, a watch that cannot start) waits the
+    /// policy's next delay before it retries, each failure moving the wait later by its delay,
+    /// so that an outage costs as few requests with several watches as with one. Unlike
+    /// kube-runtime, a healthy watch is not held while another one fails, and its changes do not
+    /// reset the sequence: it starts over once no watch is failing. A policy that gives up
+    /// (returns `None`) ends every watch: the controller then reconciles what is due and stops.
+    /// Every failure is also an item of the stream ([`Error::QueueError`]), as in kube-runtime.
+    pub fn trigger_backoff(self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff.set(backoff);
+        self
     }
 
     /// The controller's options.
@@ -307,9 +332,9 @@ where
     {
         let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
         #[allow(deprecated)]
-        let events = metadata_watcher(api, wc).default_backoff();
-        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype).boxed();
-        self.triggers.push((name, keys));
+        let events = metadata_watcher(api, wc);
+        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype);
+        self.triggers.push((name, self.backoff.apply(keys).boxed()));
         self
     }
 
@@ -344,9 +369,8 @@ where
         Other::DynamicType: Debug + Clone + Eq + Hash,
     {
         let name = format!("watches:{}", Other::kind(&dyntype).to_lowercase());
-        let events = watcher(api, wc).default_backoff();
-        self.triggers
-            .push((name, triggers::related(events, mapper).boxed()));
+        let keys = triggers::related(watcher(api, wc), mapper);
+        self.triggers.push((name, self.backoff.apply(keys).boxed()));
         self
     }
 

@@ -313,6 +313,26 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
 
+    /// RBAC's answer to a request its role does not allow.
+    pub fn forbidden(verb: &str, route: &Route) -> ApiError {
+        let gr = &route.gr;
+        let scope = match &route.namespace {
+            Some(ns) => format!("in the namespace \"{ns}\""),
+            None => "at the cluster scope".to_string(),
+        };
+        let mut e = Self::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{gr} is forbidden: User \"system:serviceaccount:default:controller\" cannot \
+                 {verb} resource \"{}\" in API group \"{}\" {scope}",
+                gr.plural, gr.group
+            ),
+        );
+        e.details = Some(json!({ "group": gr.group, "kind": gr.plural }));
+        e
+    }
+
     pub fn unavailable() -> ApiError {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
