@@ -2,8 +2,6 @@
 //! depends on, through kube's own `Api`, watcher, reflector and finalizer helper. Paused tokio
 //! time throughout: every delay is virtual and exact.
 
-mod apiserver;
-
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -25,27 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};
 
-use apiserver::{ApiServer, ListOrder, Partition};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some("default".into()),
-        ..Default::default()
-    }
-}
-
-fn cm(name: &str, value: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: meta(name),
-        data: Some(BTreeMap::from([("v".into(), value.into())])),
-        ..Default::default()
-    }
-}
+use workqueue_test_support::apiserver::{ApiServer, ListOrder, Partition};
+use workqueue_test_support::fixtures::{cm, meta, secs};
 
 fn labelled(name: &str, app: &str) -> ConfigMap {
     let mut cm = cm(name, "1");
@@ -403,49 +382,6 @@ async fn a_failed_json_patch_test_is_422_and_changes_nothing() {
         .patch("x", &PatchParams::default(), &json_patch(missing))
         .await;
     assert_eq!(status(failed), (422, "Invalid".into()));
-}
-
-/// The JSON Patch operations themselves (RFC 6902), atomic.
-#[test]
-fn json_patch_operations_follow_rfc_6902() {
-    use apiserver::patch::{PatchError, json_patch};
-    let mut doc = json!({ "a": [1, 2], "b": { "c": "d" } });
-    let ops = json!([
-        { "op": "add", "path": "/a/-", "value": 3 },
-        { "op": "add", "path": "/a/0", "value": 0 },
-        { "op": "remove", "path": "/a/1" },
-        { "op": "replace", "path": "/b/c", "value": "e" },
-        { "op": "copy", "from": "/b", "path": "/f" },
-        { "op": "move", "from": "/b/c", "path": "/g~1h" },
-        { "op": "test", "path": "/a", "value": [0, 2, 3] },
-        { "op": "test", "path": "/missing", "value": null },
-    ]);
-    json_patch(&mut doc, &ops).unwrap();
-    assert_eq!(
-        doc,
-        json!({ "a": [0, 2, 3], "b": {}, "f": { "c": "e" }, "g/h": "e" })
-    );
-    let before = doc.clone();
-    for bad in [
-        json!([{ "op": "add", "path": "/a/-", "value": 4 }, { "op": "test", "path": "/a/0", "value": 9 }]),
-        json!([{ "op": "remove", "path": "/b/c" }]),
-        json!([{ "op": "replace", "path": "/a/5", "value": 1 }]),
-        json!([{ "op": "add", "path": "/x/y", "value": 1 }]),
-        json!([{ "op": "add", "path": "/a/01", "value": 1 }]),
-        json!([{ "op": "add", "path": "/a/4", "value": 1 }]),
-        json!([{ "op": "test", "path": "/a", "value": null }]),
-        json!([{ "op": "move", "from": "/b", "path": "/b/c" }]),
-        json!([{ "op": "frobnicate", "path": "/a" }]),
-    ] {
-        let result = json_patch(&mut doc, &bad);
-        assert!(
-            matches!(result, Err(PatchError::Failed(_))),
-            "{bad}: {result:?}"
-        );
-        assert_eq!(doc, before, "{bad}");
-    }
-    let not_a_patch = json_patch(&mut doc, &json!({ "op": "add" }));
-    assert!(matches!(not_a_patch, Err(PatchError::Malformed(_))));
 }
 
 /// A replace or patch carrying a stale resourceVersion is 409 `Conflict`; without one, a

@@ -1,4 +1,3 @@
-#![allow(dead_code)] // each test binary uses part of the scripted server
 //! A scripted Kubernetes API server in memory, behind `kube::Client`s: a `tower::service_fn`
 //! that serves any resource of any group from one store (how kube-rs tests itself, but
 //! answering any number of concurrent requests in any order, which watchers plus writes need;
@@ -75,7 +74,7 @@
 
 mod list;
 mod net;
-pub(crate) mod patch;
+mod patch;
 mod serve;
 mod store;
 mod wire;
@@ -91,12 +90,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-// Each test binary uses part of the server's vocabulary.
-#[allow(unused_imports)]
 pub use list::{ListGate, ListOrder};
-#[allow(unused_imports)]
 pub use net::{Logged, Partition};
-#[allow(unused_imports)]
 pub use store::{Generation, ResourceRules};
 
 use net::ClientLink;
@@ -118,6 +113,18 @@ pub(crate) struct Inner {
 #[derive(Clone, Default)]
 pub struct ApiServer {
     inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("ApiServer")
+            .field("objects", &inner.store.objects.len())
+            .field("version", &inner.store.version)
+            .field("requests", &inner.log.len())
+            .field("down", &inner.down)
+            .finish()
+    }
 }
 
 /// The store key of a typed object: cluster-scoped types (k8s-openapi's
