@@ -9,8 +9,6 @@
 //! kube-runtime; and with their defaults, where ours must stay within what kube's default
 //! backoff allows at most (its figure is printed beside ours: its jitter makes it vary).
 
-mod apiserver;
-
 mod on_kube_runtime {
     use kube::runtime::controller::{Action, Controller};
 
@@ -28,11 +26,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::Method;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
 use tokio::time::{Instant, sleep};
 
-use apiserver::{ApiServer, Partition};
+use workqueue_test_support::apiserver::{ApiServer, Partition};
+use workqueue_test_support::fixtures::{cm, secs};
 
 /// The watches of the controller besides its main one.
 #[derive(Clone, Copy, Debug, Default)]
@@ -117,17 +114,6 @@ impl Counted {
     }
 }
 
-fn cm(name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
 /// List requests (GETs of a collection that are not watches) to `resource` that reached the
 /// server within `[from, to)`.
 fn lists(server: &ApiServer, resource: &str, from: Instant, to: Instant) -> usize {
@@ -141,7 +127,7 @@ fn lists(server: &ApiServer, resource: &str, from: Instant, to: Instant) -> usiz
 
 async fn run(side: Side, watches: Watches, fault: Fault, backoff: Option<Steps>) -> Counted {
     let server = ApiServer::new();
-    server.put(&cm("web"));
+    server.put(&cm("web", "1"));
     match fault {
         Fault::Outage => server.set_down(true),
         Fault::Denied(resource) => server.deny("list", resource),
@@ -170,11 +156,11 @@ async fn run(side: Side, watches: Watches, fault: Fault, backoff: Option<Steps>)
             // Cut off, the watcher misses a change and the history is compacted: once back,
             // its watch is answered 410 and it must relist, which is denied.
             server.set_partition("default", Partition::Refused);
-            server.put(&cm("new"));
+            server.put(&cm("new", "1"));
             server.compact();
             server.deny("list", "configmaps");
             errors.store(0, Ordering::Relaxed);
-            sleep(Duration::from_secs(1)).await;
+            sleep(secs(1)).await;
             server.set_partition("default", Partition::Connected);
             start + RELIST_AT
         }
