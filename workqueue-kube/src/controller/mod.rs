@@ -83,6 +83,7 @@ mod backoff;
 mod config;
 mod dispatch;
 mod error;
+mod relations;
 mod shards;
 mod triggers;
 
@@ -97,9 +98,6 @@ use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Client;
 use kube::Resource;
 use kube::api::Api;
-#[allow(deprecated)]
-// as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
-use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
@@ -109,12 +107,15 @@ use workqueue_tokio::{AddOptions, WorkQueue};
 
 pub use config::Config;
 pub use error::{Error, RunnerError};
+pub use kube::runtime::controller::{
+    ReconcileReason, ReconcileRequest, trigger_owners, trigger_self, trigger_with,
+};
 pub use workqueue_tokio::runner::Action;
 
 use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
 use backoff::TriggerBackoff;
 use dispatch::{Dispatch, Leases, Setup};
-use triggers::{Readiness, Trigger};
+use triggers::{Readiness, Reports, Trigger};
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -132,6 +133,8 @@ where
     triggers: Vec<(String, Trigger<K>)>,
     /// The backoff the watches' triggers share.
     backoff: TriggerBackoff,
+    /// What triggers report on the stream besides keys and watch errors (a mapper's panic).
+    reports: (Reports, mpsc::Receiver<RunnerError>),
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -196,6 +199,7 @@ where
         Controller {
             triggers: vec![(name, main)],
             backoff,
+            reports: Reports::channel(),
             reader,
             dyntype,
             config: Config::default(),
@@ -227,6 +231,70 @@ where
         reader: Store<K>,
         dyntype: K::DynamicType,
     ) -> Self {
+        let main = triggers::applied(trigger, dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller fed by a shared stream of objects (a subscriber of a shared store's writer,
+    /// `reflector::store_shared` and `Writer::subscribe` with kube's
+    /// `unstable-runtime-subscribe` feature), whose store `reader` reads; reconciles wait until
+    /// that store is ready. The stream that drives the shared watch must be polled on its own
+    /// (it fills the store and feeds every subscriber), as in kube-runtime. Every object is
+    /// queued at the default priority.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use futures_util::StreamExt;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::runtime::{WatchStreamExt, reflector, watcher};
+    /// use kube::{Api, Client};
+    /// use workqueue_kube::controller::{Action, Controller};
+    ///
+    /// # async fn reconcile(_: Arc<Deployment>, _: Arc<()>) -> Result<Action, kube::Error> { Ok(Action::await_change()) }
+    /// # fn error_policy(_: Arc<Deployment>, _: &kube::Error, _: Arc<()>) -> Action { Action::await_change() }
+    /// # async fn doc(client: Client) {
+    /// let (reader, writer) = reflector::store_shared(128);
+    /// let subscriber = writer.subscribe().expect("a shared store has subscribers");
+    /// let deploys = watcher(Api::<Deployment>::all(client), watcher::Config::default())
+    ///     .default_backoff()
+    ///     .reflect_shared(writer)
+    ///     .for_each(|_| std::future::ready(()));
+    /// let controller = Controller::for_shared_stream(subscriber, reader)
+    ///     .run(reconcile, error_policy, Arc::new(()))
+    ///     .for_each(|_| std::future::ready(()));
+    /// tokio::select! {
+    ///     () = deploys => {}
+    ///     () = controller => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn for_shared_stream(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+    ) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_shared_stream_with(trigger, reader, Default::default())
+    }
+
+    /// [`Controller::for_shared_stream`] for a dynamic type.
+    pub fn for_shared_stream_with(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let main = triggers::applied(trigger.map(Ok::<_, watcher::Error>), dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller whose main trigger is `main`, on a store filled elsewhere (`reader`):
+    /// reconciles wait until it is ready.
+    fn on_store(
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
         let ready = {
             let reader = reader.clone();
@@ -236,7 +304,6 @@ where
                 }
             }
         };
-        let main = triggers::applied(trigger, dyntype.clone());
         Self::with_main(main, reader, dyntype, gate, vec![ready.boxed()], None)
     }
 
@@ -308,70 +375,6 @@ where
     /// The store of the main resource's objects (ready once the first list is complete).
     pub fn store(&self) -> Store<K> {
         self.reader.clone()
-    }
-
-    /// Reconciles the owner (of kind `K`) of every `Child` that `api` sees and `wc` selects when
-    /// the child changes. Children need an owner reference to a `K`.
-    pub fn owns<Child>(self, api: Api<Child>, wc: watcher::Config) -> Self
-    where
-        Child: Clone + Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + 'static,
-    {
-        self.owns_with(api, (), wc)
-    }
-
-    /// [`Controller::owns`] for a dynamic child type.
-    pub fn owns_with<Child>(
-        mut self,
-        api: Api<Child>,
-        dyntype: Child::DynamicType,
-        wc: watcher::Config,
-    ) -> Self
-    where
-        Child: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Child::DynamicType: Debug + Eq + Hash + Clone + Send + 'static,
-    {
-        let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
-        #[allow(deprecated)]
-        let events = metadata_watcher(api, wc);
-        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype);
-        self.triggers.push((name, self.backoff.apply(keys).boxed()));
-        self
-    }
-
-    /// Reconciles the objects `mapper` relates each `Other` that `api` sees to, when it changes.
-    pub fn watches<Other, I>(
-        self,
-        api: Api<Other>,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Other::DynamicType: Default + Debug + Clone + Eq + Hash,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-    {
-        self.watches_with(api, Default::default(), wc, mapper)
-    }
-
-    /// [`Controller::watches`] for a dynamic type.
-    pub fn watches_with<Other, I>(
-        mut self,
-        api: Api<Other>,
-        dyntype: Other::DynamicType,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-        Other::DynamicType: Debug + Clone + Eq + Hash,
-    {
-        let name = format!("watches:{}", Other::kind(&dyntype).to_lowercase());
-        let keys = triggers::related(watcher(api, wc), mapper);
-        self.triggers.push((name, self.backoff.apply(keys).boxed()));
-        self
     }
 
     /// Reconciles every object in the store each time `trigger` yields (behind real changes,
@@ -515,11 +518,14 @@ where
         let failed = lease_error.map(|e| Err(Error::RunnerError(e)));
         match failed {
             Some(error) => stream::iter([error]).left_stream(),
-            None => stream::unfold(dispatch, |mut dispatch| async move {
-                let item = dispatch.next().await?;
-                Some((item, dispatch))
-            })
-            .right_stream(),
+            None => {
+                let items = stream::unfold(dispatch, |mut dispatch| async move {
+                    let item = dispatch.next().await?;
+                    Some((item, dispatch))
+                });
+                // The triggers' reports (a mapper's panic), merged in.
+                triggers::with_reports(items, self.reports.1).right_stream()
+            }
         }
     }
 }
