@@ -6,7 +6,7 @@
 //!   Config, Controller}` and `workqueue_kube::finalizer::{finalizer, Event}`), and gains
 //!   per-key backoff, priorities, aging, fairness, outage-aware retries and controller-runtime's
 //!   metrics; the module has the migration table and the guarantees.
-//! - [`finalizer`]: kube-runtime's finalizer helper with this crate's `Action`.
+//! - [`finalizer`](mod@finalizer): kube-runtime's finalizer helper with this crate's `Action`.
 //! - [`lease`]: [`Controller::leases`] runs a controller as one of several replicas: leader
 //!   election, or the objects divided into shards.
 //! - [`sources`]: the stream stages beneath `Controller`, for a controller wired by hand on a
