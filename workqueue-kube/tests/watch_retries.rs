@@ -21,13 +21,17 @@ mod on_workqueue_kube {
     include!("watch_retries/controller.rs");
 }
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use http::Method;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use tokio::time::{Instant, sleep};
 
+use workqueue_kube::controller::{Action, Controller};
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 use workqueue_test_support::fixtures::{cm, secs};
 
@@ -229,4 +233,47 @@ async fn a_denied_list() {
 #[tokio::test(start_paused = true)]
 async fn a_relist_that_keeps_failing() {
     compare("failing relist", MAIN, Fault::FailingRelist).await;
+}
+
+/// The readiness gate under the backoff: while the main list is denied nothing is reconciled;
+/// once it is allowed, the next retry (in the backoff's next slot) lists, and each object is
+/// reconciled once.
+#[tokio::test(start_paused = true)]
+async fn the_first_list_after_a_denial_opens_the_gate() {
+    let server = ApiServer::new();
+    server.put(&cm("a", "1"));
+    server.put(&cm("b", "1"));
+    server.deny("list", "configmaps");
+    let reconciled = Arc::new(Mutex::new(Vec::new()));
+    let log = reconciled.clone();
+    let api = kube::Api::<ConfigMap>::all(server.client());
+    let stream = Controller::new(api, Default::default())
+        .trigger_backoff(Steps::default())
+        .run(
+            move |cm: Arc<ConfigMap>, _: Arc<()>| {
+                log.lock().unwrap().push((cm.name_any(), Instant::now()));
+                async { Ok::<_, kube::Error>(Action::await_change()) }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+    let start = Instant::now();
+    let task = tokio::spawn(stream.for_each(|_| std::future::ready(())));
+    sleep(secs(60)).await;
+    assert!(reconciled.lock().unwrap().is_empty());
+    server.allow("list", "configmaps");
+    // Retries at 0, 0.8, 2.4, 5.6, 12, 24.8 and 50.4 s were denied; the next is at 80.4 s.
+    sleep(secs(25)).await;
+    let mut seen = reconciled.lock().unwrap().clone();
+    seen.sort();
+    let names: Vec<_> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    for (_, at) in &seen {
+        let after = *at - start;
+        assert!(
+            after >= Duration::from_millis(80_400),
+            "reconciled at {after:?}"
+        );
+    }
+    task.abort();
 }
