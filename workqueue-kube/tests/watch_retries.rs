@@ -2,7 +2,8 @@
 //! over five minutes of paused time, beside kube-runtime's `Controller` in the same scenario
 //! (`watch_retries/controller.rs`, one program included after each crate's `use` lines): an
 //! outage from the start, a `list` that RBAC denies for the main, an owned and a watched
-//! resource, and a relist that keeps failing.
+//! resource, and a relist that keeps failing; and the readiness gate once a denied list is
+//! allowed.
 //!
 //! Both sides are compared under one deterministic backoff (kube's default without its
 //! jitter) given to `trigger_backoff`, where ours must send at most as many lists as

@@ -351,16 +351,21 @@ where
     }
 
     /// The backoff of the controller's watches (kube-runtime's `DefaultBackoff` unless set: 0.8 s
-    /// doubling to 30 s, with jitter, as client-go's reflectors), and of the streams given to
-    /// [`Controller::for_stream`]: one sequence over all of them, as kube-runtime applies it.
+    /// doubling to 30 s, with jitter, as client-go's reflectors), and of the fallible streams
+    /// given to [`Controller::for_stream`], [`owns_stream`](Controller::owns_stream) and
+    /// [`watches_stream`](Controller::watches_stream): one sequence over all of them, as
+    /// kube-runtime applies it. (Streams that cannot fail, shared ones and those of
+    /// `reconcile_on` and `reconcile_all_on`, are never held.)
     ///
-    /// A watch whose request failed (a list refused, a watch that cannot start) waits the
-    /// policy's next delay before it retries, each failure moving the wait later by its delay,
-    /// so that an outage costs as few requests with several watches as with one. Unlike
-    /// kube-runtime, a healthy watch is not held while another one fails, and its changes do not
-    /// reset the sequence: it starts over once no watch is failing. A policy that gives up
-    /// (returns `None`) ends every watch: the controller then reconciles what is due and stops.
-    /// Every failure is also an item of the stream ([`Error::QueueError`]), as in kube-runtime.
+    /// Once a request failed (a list refused, a watch that cannot start), a watch that is not
+    /// known to work (it failed last, or has delivered nothing yet) waits for the next slot
+    /// before it polls again; each slot admits one attempt and is followed by the policy's next
+    /// delay, so an outage costs as few requests with several watches as with one. Unlike
+    /// kube-runtime, a watch that delivers keys is never held while another one fails, and its
+    /// keys do not reset the sequence: it starts over once no watch is failing. A policy that
+    /// gives up (returns `None`) ends every watch: the controller then reconciles what is due
+    /// and stops. Every failure is also an item of the stream ([`Error::QueueError`]), as in
+    /// kube-runtime.
     pub fn trigger_backoff(self, backoff: impl Backoff + 'static) -> Self {
         self.backoff.set(backoff);
         self
