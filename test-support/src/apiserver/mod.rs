@@ -52,7 +52,8 @@
 //!   object (finalizers listed) at the deletion's; adding a finalizer to it is 422 `Invalid`
 //!   (`FieldValueForbidden`). A second DELETE changes nothing. (Each checked against
 //!   kube-apiserver 1.36 in `e2e/tests/`.)
-//! - **Faults**: an outage ([`ApiServer::set_down`]: every request 503, watches broken);
+//! - **Faults**: an outage ([`ApiServer::set_down`]: every request 503, watches broken); a
+//!   verb that RBAC denies on a resource ([`ApiServer::deny`]: 403 `Forbidden`);
 //!   compaction ([`ApiServer::compact`]); per client ([`ApiServer::client_named`]): latency
 //!   each way ([`ApiServer::set_latency`], watch events included) and partitions
 //!   ([`ApiServer::set_partition`]: refused, or blackholed until healed); slow and held lists
@@ -109,6 +110,8 @@ pub(crate) struct Inner {
     /// Every request any client sent, in order.
     log: Vec<Logged>,
     down: bool,
+    /// Verbs on resources that RBAC denies: (`"list"`, `"deployments.apps"`).
+    denied: Vec<(String, String)>,
 }
 
 /// The scripted API server. Clones share it.
@@ -344,6 +347,21 @@ impl ApiServer {
         if down {
             inner.store.watches.clear();
         }
+    }
+
+    /// RBAC denies `verb` (`"list"`, `"watch"`, `"get"`, `"create"`, `"update"`, `"patch"`,
+    /// `"delete"`) on a resource (`"deployments"` or `"deployments.apps"`) to every client: such
+    /// requests are answered 403 `Forbidden`, as a role without that verb gets them. Watches
+    /// already open stay open (the API server checks a watch when it starts).
+    pub fn deny(&self, verb: &str, resource: &str) {
+        let mut inner = self.lock();
+        inner.denied.push((verb.to_string(), resource.to_string()));
+    }
+
+    /// Undoes every [`ApiServer::deny`] of `verb` on `resource`.
+    pub fn allow(&self, verb: &str, resource: &str) {
+        let mut inner = self.lock();
+        inner.denied.retain(|(v, r)| !(v == verb && r == resource));
     }
 
     /// Compaction: the history so far is forgotten and the open watches break, so that each

@@ -78,6 +78,11 @@ impl ApiServer {
             if inner.down {
                 return ApiError::unavailable().into_response();
             }
+            let verb = verb_of(&parts.method, &route, &query);
+            let mut denied = inner.denied.iter();
+            if denied.any(|(v, r)| v.as_str() == verb && route.gr.is(r)) {
+                return ApiError::forbidden(verb, &route).into_response();
+            }
             dispatch(
                 &mut inner.store,
                 &parts.method,
@@ -105,6 +110,23 @@ impl ApiServer {
                 .body(watch_body(rx, deadline, link.clone()))
                 .unwrap(),
         }
+    }
+}
+
+/// The RBAC verb of a request: `get`, `list` or `watch` for a GET, `create`, `update`, `patch`,
+/// `delete` or `deletecollection` for the others.
+fn verb_of(method: &Method, route: &Route, query: &Query) -> &'static str {
+    let named = route.name.is_some();
+    match *method {
+        Method::GET if query.flag("watch") => "watch",
+        Method::GET if named => "get",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "unknown",
     }
 }
 
