@@ -25,6 +25,21 @@ impl Counter {
         matching.count()
     }
 
+    /// The requests from the `from`-th on, by method and path with the object's name cut off
+    /// (`PATCH /api/v1/namespaces/ns/configmaps/*`): how many of each.
+    pub fn breakdown(&self, from: usize) -> std::collections::BTreeMap<String, usize> {
+        let requests = self.0.lock().unwrap();
+        let mut counts = std::collections::BTreeMap::new();
+        for (method, path) in requests.iter().skip(from) {
+            let path = match path.rsplit_once("/configmaps/") {
+                Some((head, _)) => format!("{head}/configmaps/*"),
+                None => path.clone(),
+            };
+            *counts.entry(format!("{method} {path}")).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// Every request so far, one line each: for failure messages.
     pub fn log(&self) -> Vec<String> {
         let requests = self.0.lock().unwrap();

@@ -5,6 +5,8 @@
 
 pub mod child;
 pub mod counting;
+#[cfg(feature = "control-plane")]
+pub mod outage;
 pub mod replica;
 
 use std::time::{Duration, Instant};

@@ -211,6 +211,16 @@ async fn generators_keep_their_configmaps_by_server_side_apply() {
         .await
         .unwrap();
     until_content(&configmaps, "a", "uno").await;
+    // A custom resource deleted at once answers a Status, as a built-in one does.
+    let gone = generators
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    let details = gone.right().expect("a Status").details.unwrap();
+    assert_eq!(
+        (details.group.as_str(), details.kind.as_str()),
+        ("example.com", "configmapgenerators")
+    );
     let _ = stop.send(());
     let items = run.await.unwrap();
     assert!(items.iter().all(Result::is_ok), "{items:?}");

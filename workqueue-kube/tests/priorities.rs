@@ -10,7 +10,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::time::sleep;
-use workqueue_kube::{AddOptions, LOW_PRIORITY, keys, prioritized};
+use workqueue_kube::sources::{AddOptions, LOW_PRIORITY, keys, prioritized};
 
 use workqueue_test_support::apiserver::ApiServer;
 use workqueue_test_support::fixtures::cm;
@@ -59,9 +59,10 @@ async fn initial_list_low_changes_normal_relist_low_only_when_unchanged() {
     let events = watcher(
         Api::<ConfigMap>::all(api.client()),
         watcher::Config::default(),
-    )
-    .default_backoff();
+    );
+    // The backoff after the stages, where the watcher's `Init` events no longer reset it.
     let mut stream = keys(prioritized(events))
+        .default_backoff()
         .map(|item| {
             item.map(|(key, opts)| (key.name, priority_of(opts)))
                 .map_err(|e| e.to_string())
