@@ -1,12 +1,10 @@
 //! The protocol's configuration, against the scripted API server.
 
-mod apiserver;
-
 use std::time::Duration;
 
 use workqueue_kube::lease::{ConfigError, LeaseConfig, ShardLeases};
 
-use apiserver::ApiServer;
+use workqueue_test_support::apiserver::ApiServer;
 
 /// An invalid configuration is refused with a typed error that says what to change.
 #[tokio::test]

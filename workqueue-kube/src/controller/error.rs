@@ -49,6 +49,16 @@ pub enum RunnerError {
         /// The object.
         object: Box<ObjectRef<DynamicObject>>,
     },
+    /// A `watches` mapper (of [`Controller::watches`](super::Controller::watches) or its stream
+    /// variants) panicked on this related object: the keys it would have returned were not
+    /// queued, and the next change of the object calls it again; the controller goes on.
+    #[error("a watches mapper panicked on {object}: {message}")]
+    MapperPanicked {
+        /// The related object the mapper was given.
+        object: Box<ObjectRef<DynamicObject>>,
+        /// The panic's message.
+        message: String,
+    },
     /// The Lease configuration ([`Controller::leases`](super::Controller::leases)) is invalid:
     /// the controller did not start.
     #[error("invalid Lease configuration: {0}")]

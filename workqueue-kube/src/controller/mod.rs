@@ -41,6 +41,50 @@
 //! # }
 //! ```
 //!
+//! # From kube-runtime
+//!
+//! A kube-runtime 5 program moves over by changing its `use` lines: `Controller`, `Config`,
+//! `Action`, `Error` and the `finalizer` helper come from this crate, everything else (the
+//! `Api`s, `watcher`, reflectors, predicates) stays kube's. What then stays the same, what is
+//! deliberately different, and what is missing, each checked against kube-runtime 5.0's source:
+//!
+//! | the same | kube-runtime 5 and here |
+//! |---|---|
+//! | builder | `new`, `new_with`, `owns`, `owns_with`, `watches`, `watches_with`, `reconcile_all_on`, `graceful_shutdown_on`, `shutdown_on_signal`, `with_config`, `trigger_backoff`, `store`, with kube's signatures |
+//! | stream builders | `for_stream`, `for_shared_stream`, `owns_stream`, `owns_shared_stream`, `watches_stream`, `watches_shared_stream` (each with its `_with`), `reconcile_on`, with kube's signatures; stable here, behind kube's `unstable-runtime-*` features there |
+//! | `run(reconciler, error_policy, context)` | a stream of `Result<(ObjectRef<K>, Action), Error<E, watcher::Error>>`, idle until polled; `reconciler` and `error_policy` need not be `Send` or `Sync`; the reconcile's future is `Send + 'static` |
+//! | [`Error`] | `ObjectNotFound`, `ReconcilerFailed`, `QueueError`, `RunnerError`, with kube's messages |
+//! | `Action::requeue(d)` (`d` > 0), `Action::await_change()` | after a success: reconcile again after `d`, or on the next change |
+//! | error policy `requeue(d)`, `await_change()` | retry after `d`; no retry |
+//! | `Config::default().concurrency(n).debounce(d)` | `n` = 0 is unbounded |
+//! | guarantees | no reconcile before the store is ready; none of an object absent from it ([`Error::ObjectNotFound`]); one at a time per object, and a key due while its object runs runs once after it |
+//! | a watch's failed request | an [`Error::QueueError`] item; the watch retries after a backoff shared by all watches (kube's `DefaultBackoff` unless [`Controller::trigger_backoff`]) |
+//! | `shutdown_on_signal` | SIGINT or SIGTERM: graceful shutdown; a second one: forced |
+//! | [`finalizer()`](crate::finalizer::finalizer()) | kube's signature, `Event`, `Error` and finalizer protocol |
+//! | [`ReconcileRequest`], [`ReconcileReason`], [`trigger_owners`], [`trigger_self`], [`trigger_with`] | kube's own, re-exported |
+//!
+//! | deliberately different | kube-runtime 5 | here |
+//! |---|---|---|
+//! | `Action::requeue(Duration::ZERO)` | runs again at once: a reconcile that always returns it loops | a retry after the rate limiter's delay, as [`Action::backoff()`] |
+//! | `Action`'s `Debug` (log lines) | `Action { requeue_after: Some(300s) }` | `requeue(300s)`, `await_change()`, `backoff()` |
+//! | a reconcile that panics | the panic reaches the task polling the stream | [`RunnerError::ReconcilerPanicked`]; the key is retried with backoff, the controller goes on |
+//! | a `watches` mapper that panics | the panic reaches the task polling the stream | [`RunnerError::MapperPanicked`]; that object's keys are not queued, the watch goes on |
+//! | [`RunnerError`] | `runner::Error<WriterDropped>` (`Readiness`) | this crate's variants: a `match` on kube's does not compile |
+//! | while the main watch relists | reconciles go on against the previous list | none starts until the new list is in the store (an object it lacks must not be reconciled); a relist that keeps failing holds every reconcile, requeues included, for as long as it fails |
+//! | order | by due time | controller-runtime's priorities (an initial list and unchanged relisted objects after real changes; the keys of streams given to `for_stream` and the like at the default priority) and aging (due for 60 s: served first) |
+//! | trigger backoff | any watch's error holds every trigger; any key resets it | only a failing watch waits, and keys of a working one do not reset it while another fails; retries go out one per delay |
+//! | `debounce(d)` | delays every request by `d`, requeues included | delays the triggers' keys only; requeues are not delayed |
+//! | graceful shutdown | running reconciles finish, however long they take | they finish within [`Config::shutdown_grace`] (30 s), then are dropped |
+//! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what is due, then ends (delayed requeues and debounced triggers are dropped) |
+//! | where a reconcile runs | each is spawned as a task | its future is polled once on the task polling the stream, and goes on as a task if it waits |
+//! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...) and controller-runtime's metrics |
+//!
+//! | missing | kube-runtime 5 | here |
+//! |---|---|---|
+//! | `applier` | the closure-driven layer beneath `Controller` | none |
+//! | a store writer dropped before the store is ready | `RunnerError::Readiness`, and the stream ends | the controller waits for ever |
+//! | a context that is neither `Send` nor `Sync` | accepted | `run` requires `Ctx: Send + Sync + 'static` |
+//!
 //! # What a result does to the queue
 //!
 //! | returned | queue operation |
@@ -50,14 +94,13 @@
 //! | `Err(e)`, `error_policy` → `requeue(d)` | retry after `d`, as kube-runtime does |
 //! | `Err(e)`, `error_policy` → `await_change()` | give up: the failures are forgotten, the next change starts afresh |
 //! | `Err(e)`, `error_policy` → `requeue(d)` with [`Config::per_key_backoff`] | retry after the rate limiter's delay for the object, and at least `d` |
-//! | a panic of the reconcile | retry after the rate limiter's delay (reported as [`Error::RunnerError`]; the controller goes on) |
+//! | a panic of the reconcile | retry after the rate limiter's delay (reported as [`RunnerError::ReconcilerPanicked`]; the controller goes on) |
 //!
 //! `Action::requeue(Duration::ZERO)` (and [`Action::backoff()`]) is a retry after the rate
-//! limiter's delay, not an immediate rerun as in kube-runtime: a reconcile that always returns it
-//! backs off instead of looping. With [`Config::outage_detection`] on, a failing object is parked
+//! limiter's delay. With [`Config::outage_detection`] on, a failing object is parked
 //! while failures are widespread, as the queue parks any failing key.
 //!
-//! # Guarantees (kube-runtime's, kept)
+//! # Guarantees
 //!
 //! - No reconcile starts before the main resource's first list is in the store; triggers from
 //!   owned or watched objects wait too. While the main watch relists (after a broken watch), no
@@ -79,9 +122,11 @@
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
 
+mod backoff;
 mod config;
 mod dispatch;
 mod error;
+mod relations;
 mod shards;
 mod triggers;
 
@@ -96,22 +141,24 @@ use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Client;
 use kube::Resource;
 use kube::api::Api;
-#[allow(deprecated)]
-// as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
-use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use workqueue_tokio::__private::Source;
 use workqueue_tokio::{AddOptions, WorkQueue};
 
 pub use config::Config;
 pub use error::{Error, RunnerError};
+pub use kube::runtime::controller::{
+    ReconcileReason, ReconcileRequest, trigger_owners, trigger_self, trigger_with,
+};
 pub use workqueue_tokio::runner::Action;
 
 use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
+use backoff::TriggerBackoff;
 use dispatch::{Dispatch, Leases, Setup};
-use triggers::{Readiness, Trigger};
+use triggers::{Readiness, Reports, Trigger};
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -127,6 +174,10 @@ where
     K::DynamicType: Eq + Hash,
 {
     triggers: Vec<(String, Trigger<K>)>,
+    /// The backoff the watches' triggers share.
+    backoff: TriggerBackoff,
+    /// What triggers report on the stream besides keys and watch errors (a mapper's panic).
+    reports: (Reports, mpsc::Receiver<RunnerError>),
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -169,15 +220,16 @@ where
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
-        let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
-        let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
+        // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
+        let events = reflector::reflector(writer, watcher(main_api, wc));
+        let main = triggers::main(events, gate_tx, dyntype.clone());
         Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
     }
 
     /// A controller whose main trigger is `main`, reading `reader`, taking keys once `gate` says
     /// the store is ready (with `tasks` started with it to keep the gate).
     fn with_main(
-        main: Trigger<K>,
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
         reader: Store<K>,
         dyntype: K::DynamicType,
         gate: watch::Receiver<Readiness>,
@@ -185,8 +237,12 @@ where
         client: Option<Client>,
     ) -> Self {
         let name = K::kind(&dyntype).to_lowercase();
+        let backoff = TriggerBackoff::default();
+        let main = backoff.apply(main).boxed();
         Controller {
             triggers: vec![(name, main)],
+            backoff,
+            reports: Reports::channel(),
             reader,
             dyntype,
             config: Config::default(),
@@ -218,6 +274,70 @@ where
         reader: Store<K>,
         dyntype: K::DynamicType,
     ) -> Self {
+        let main = triggers::applied(trigger, dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller fed by a shared stream of objects (a subscriber of a shared store's writer,
+    /// `reflector::store_shared` and `Writer::subscribe` with kube's
+    /// `unstable-runtime-subscribe` feature), whose store `reader` reads; reconciles wait until
+    /// that store is ready. The stream that drives the shared watch must be polled on its own
+    /// (it fills the store and feeds every subscriber), as in kube-runtime. Every object is
+    /// queued at the default priority.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use futures_util::StreamExt;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::runtime::{WatchStreamExt, reflector, watcher};
+    /// use kube::{Api, Client};
+    /// use workqueue_kube::controller::{Action, Controller};
+    ///
+    /// # async fn reconcile(_: Arc<Deployment>, _: Arc<()>) -> Result<Action, kube::Error> { Ok(Action::await_change()) }
+    /// # fn error_policy(_: Arc<Deployment>, _: &kube::Error, _: Arc<()>) -> Action { Action::await_change() }
+    /// # async fn doc(client: Client) {
+    /// let (reader, writer) = reflector::store_shared(128);
+    /// let subscriber = writer.subscribe().expect("a shared store has subscribers");
+    /// let deploys = watcher(Api::<Deployment>::all(client), watcher::Config::default())
+    ///     .default_backoff()
+    ///     .reflect_shared(writer)
+    ///     .for_each(|_| std::future::ready(()));
+    /// let controller = Controller::for_shared_stream(subscriber, reader)
+    ///     .run(reconcile, error_policy, Arc::new(()))
+    ///     .for_each(|_| std::future::ready(()));
+    /// tokio::select! {
+    ///     () = deploys => {}
+    ///     () = controller => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn for_shared_stream(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+    ) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_shared_stream_with(trigger, reader, Default::default())
+    }
+
+    /// [`Controller::for_shared_stream`] for a dynamic type.
+    pub fn for_shared_stream_with(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let main = triggers::applied(trigger.map(Ok::<_, watcher::Error>), dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller whose main trigger is `main`, on a store filled elsewhere (`reader`):
+    /// reconciles wait until it is ready.
+    fn on_store(
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
         let (gate_tx, gate) = watch::channel(Readiness::NotReady);
         let ready = {
             let reader = reader.clone();
@@ -227,8 +347,28 @@ where
                 }
             }
         };
-        let main = triggers::applied(trigger, dyntype.clone()).boxed();
         Self::with_main(main, reader, dyntype, gate, vec![ready.boxed()], None)
+    }
+
+    /// The backoff of the controller's watches (kube-runtime's `DefaultBackoff` unless set: 0.8 s
+    /// doubling to 30 s, with jitter, as client-go's reflectors), and of the fallible streams
+    /// given to [`Controller::for_stream`], [`owns_stream`](Controller::owns_stream) and
+    /// [`watches_stream`](Controller::watches_stream): one sequence over all of them, as
+    /// kube-runtime applies it. (Streams that cannot fail, shared ones and those of
+    /// `reconcile_on` and `reconcile_all_on`, are never held.)
+    ///
+    /// Once a request failed (a list refused, a watch that cannot start), a watch that is not
+    /// known to work (it failed last, or has delivered nothing yet) waits for the next slot
+    /// before it polls again; each slot admits one attempt and is followed by the policy's next
+    /// delay, so an outage costs as few requests with several watches as with one. Unlike
+    /// kube-runtime, a watch that delivers keys is never held while another one fails, and its
+    /// keys do not reset the sequence: it starts over once no watch is failing. A policy that
+    /// gives up (returns `None`) ends every watch: the controller then reconciles what is due
+    /// and stops. Every failure is also an item of the stream ([`Error::QueueError`]), as in
+    /// kube-runtime.
+    pub fn trigger_backoff(self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff.set(backoff);
+        self
     }
 
     /// The controller's options.
@@ -285,71 +425,6 @@ where
     /// The store of the main resource's objects (ready once the first list is complete).
     pub fn store(&self) -> Store<K> {
         self.reader.clone()
-    }
-
-    /// Reconciles the owner (of kind `K`) of every `Child` that `api` sees and `wc` selects when
-    /// the child changes. Children need an owner reference to a `K`.
-    pub fn owns<Child>(self, api: Api<Child>, wc: watcher::Config) -> Self
-    where
-        Child: Clone + Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + 'static,
-    {
-        self.owns_with(api, (), wc)
-    }
-
-    /// [`Controller::owns`] for a dynamic child type.
-    pub fn owns_with<Child>(
-        mut self,
-        api: Api<Child>,
-        dyntype: Child::DynamicType,
-        wc: watcher::Config,
-    ) -> Self
-    where
-        Child: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Child::DynamicType: Debug + Eq + Hash + Clone + Send + 'static,
-    {
-        let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
-        #[allow(deprecated)]
-        let events = metadata_watcher(api, wc).default_backoff();
-        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype).boxed();
-        self.triggers.push((name, keys));
-        self
-    }
-
-    /// Reconciles the objects `mapper` relates each `Other` that `api` sees to, when it changes.
-    pub fn watches<Other, I>(
-        self,
-        api: Api<Other>,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Other::DynamicType: Default + Debug + Clone + Eq + Hash,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-    {
-        self.watches_with(api, Default::default(), wc, mapper)
-    }
-
-    /// [`Controller::watches`] for a dynamic type.
-    pub fn watches_with<Other, I>(
-        mut self,
-        api: Api<Other>,
-        dyntype: Other::DynamicType,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-        Other::DynamicType: Debug + Clone + Eq + Hash,
-    {
-        let name = format!("watches:{}", Other::kind(&dyntype).to_lowercase());
-        let events = watcher(api, wc).default_backoff();
-        self.triggers
-            .push((name, triggers::related(events, mapper).boxed()));
-        self
     }
 
     /// Reconciles every object in the store each time `trigger` yields (behind real changes,
@@ -493,11 +568,14 @@ where
         let failed = lease_error.map(|e| Err(Error::RunnerError(e)));
         match failed {
             Some(error) => stream::iter([error]).left_stream(),
-            None => stream::unfold(dispatch, |mut dispatch| async move {
-                let item = dispatch.next().await?;
-                Some((item, dispatch))
-            })
-            .right_stream(),
+            None => {
+                let items = stream::unfold(dispatch, |mut dispatch| async move {
+                    let item = dispatch.next().await?;
+                    Some((item, dispatch))
+                });
+                // The triggers' reports (a mapper's panic), merged in.
+                triggers::with_reports(items, self.reports.1).right_stream()
+            }
         }
     }
 }
