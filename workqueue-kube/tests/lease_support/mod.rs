@@ -13,7 +13,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use workqueue_kube::lease::{
-    Assignment, Ended, HandOver, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
+    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
 };
 
 use workqueue_test_support::apiserver::ApiServer;
@@ -110,7 +110,7 @@ pub fn start(
     server: &ApiServer,
     ledger: &Ledger,
     config: LeaseConfig,
-    clock: SkewedClock,
+    clock: impl LeaseClock,
     controller: Controller,
 ) -> Replica {
     let name = config.identity.clone();
