@@ -29,8 +29,9 @@
 //! a free shard of its share (one write naming it) and hands over a shard of another's share:
 //! its controller drains the shard ([`HandOver`]), then the giver writes the taker's token into
 //! the shard's Lease. With one shard, a live leader stays the leader: a joining replica never
-//! takes leadership from it. A replica that just joined takes nothing for a retry period, so
-//! that replicas started together see each other first.
+//! takes leadership from it. A member takes or is given shards only once its membership Lease
+//! says it may hold some (`workqueue-kube/held`, written by its first renewal after joining, a
+//! retry period later), so replicas started together see each other before they take shards.
 //!
 //! **Fencing.** A replica whose membership Lease another replica saw unchanged for its lease
 //! duration is fenced: the observer writes its membership Lease vacant, conditional on the
@@ -105,10 +106,12 @@
 //!    lease duration after they saw it vanish (or, never having seen it, after their first list
 //!    without it), or once its last holder is dead: as in step 3. A vanished membership Lease
 //!    makes its holder's renewals fail, and its token is dead a lease duration after it
-//!    vanished. The one exception: a replica whose very first list holds no Lease of the
-//!    controller at all (a first deployment) takes free shards at once, so deleting all of a
-//!    controller's Leases while a replica starts can let it overlap one that ran until then, by
-//!    at most the renew deadline.
+//!    vanished. The one exception is a first deployment: when a replica's very first list holds
+//!    no shard Lease naming a holder and no membership Lease saying it may hold shards, nobody
+//!    holds a shard (a member says so before it takes or is given one), and it counts the
+//!    missing shard Leases as never created, free at once. So deleting every Lease of a running
+//!    controller (or every shard Lease and the members' `held` marks) just as a replica starts
+//!    can let that replica overlap one that ran until then, by at most the renew deadline.
 //!
 //! So beliefs of one shard never overlap, and an involuntary loss leaves the slack of step 3
 //! (all of `lease_duration - renew_deadline`, less the clock rates' effect) between one holder's

@@ -8,7 +8,8 @@
 //!   replica reads it);
 //! - the annotations [`ANNOTATION_SHARDS`] (the writer's number of shards), `…/protocol`,
 //!   `…/renewal` (a counter every write raises), `…/previous-holder` (members: the holder
-//!   this record's history proves has stopped) and `…/leaving` (members: shutting down).
+//!   this record's history proves has stopped), `…/leaving` (members: shutting down) and
+//!   `…/held` (members: it may hold shards).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,6 +26,7 @@ const ANNOTATION_PROTOCOL: &str = "workqueue-kube/protocol";
 const ANNOTATION_RENEWAL: &str = "workqueue-kube/renewal";
 const ANNOTATION_PREVIOUS: &str = "workqueue-kube/previous-holder";
 const ANNOTATION_LEAVING: &str = "workqueue-kube/leaving";
+const ANNOTATION_HELD: &str = "workqueue-kube/held";
 
 /// The Lease to write for `content` (with `rv` for a replace, `None` for a create).
 pub(crate) fn to_lease(
@@ -57,6 +59,9 @@ pub(crate) fn to_lease(
     }
     if content.leaving {
         annotations.insert(ANNOTATION_LEAVING.into(), "true".into());
+    }
+    if content.held {
+        annotations.insert(ANNOTATION_HELD.into(), "true".into());
     }
     let seconds = content.duration.as_secs() + u64::from(content.duration.subsec_nanos() > 0);
     Lease {
@@ -104,6 +109,7 @@ pub(crate) fn from_lease(
         shards: annotation(ANNOTATION_SHARDS).and_then(|s| s.parse().ok()),
         protocol: annotation(ANNOTATION_PROTOCOL).and_then(|p| p.parse().ok()),
         leaving: annotation(ANNOTATION_LEAVING) == Some("true"),
+        held: annotation(ANNOTATION_HELD) == Some("true"),
         duration,
     };
     Some((name, Record { rv, content }))
@@ -124,6 +130,7 @@ mod tests {
             shards: Some(32),
             protocol: Some(PROTOCOL),
             leaving: true,
+            held: true,
             duration: Duration::from_secs(15),
         };
         let member = LeaseName::Member("pod-a".into());
@@ -150,6 +157,7 @@ mod tests {
             holder: None,
             previous: None,
             leaving: false,
+            held: false,
             shards: None,
             protocol: None,
             ..content

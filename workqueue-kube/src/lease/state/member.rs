@@ -455,6 +455,8 @@ impl Membership {
                 shards: Some(self.settings.shards),
                 protocol: Some(PROTOCOL),
                 leaving: matches!(self.phase, Phase::Leaving),
+                // Joining: holds nothing yet. Its first renewal as a member says it may.
+                held: matches!(self.phase, Phase::Member | Phase::Leaving),
                 duration: self.settings.duration,
             },
         }

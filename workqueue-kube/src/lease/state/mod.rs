@@ -102,10 +102,6 @@ pub(crate) struct ReplicaState {
     /// The last fence or collection of each Lease: its precondition and when; not repeated
     /// within a retry period (a write refused at once is not retried at once).
     recent: BTreeMap<LeaseName, (Rv, LocalInstant)>,
-    /// When the current token joined: it takes nothing for a retry period after, so that
-    /// replicas started together see each other before they take shards (and hand nothing
-    /// over at once).
-    joined_at: Option<LocalInstant>,
 }
 
 impl ReplicaState {
@@ -131,7 +127,6 @@ impl ReplicaState {
             ending: None,
             ended: false,
             mismatched: BTreeSet::new(),
-            joined_at: None,
             recent: BTreeMap::new(),
             config,
         }
@@ -178,7 +173,7 @@ impl ReplicaState {
                     Answer::NotFound => Answered::NotFound,
                 };
                 if let Some(change) = self.member.answered(counter, answered) {
-                    self.on_member_change(change, now);
+                    self.on_member_change(change);
                 }
             }
             Purpose::Shard | Purpose::Fence | Purpose::Collect => {}
@@ -306,9 +301,6 @@ impl ReplicaState {
                 at(t);
             }
         }
-        if let Some(t) = self.joined_at {
-            at(t + self.config.retry_period);
-        }
         for (_, t) in self.recent.values() {
             at(*t + self.config.retry_period);
         }
@@ -323,7 +315,7 @@ impl ReplicaState {
         }
         let me = self.view.member(self.member.identity()).cloned();
         if let Some(change) = self.member.observe(me.as_ref()) {
-            self.on_member_change(change, now);
+            self.on_member_change(change);
         }
         self.bury(now);
         self.settle_gifts(now);
@@ -349,16 +341,12 @@ impl ReplicaState {
         }
     }
 
-    fn on_member_change(&mut self, change: Change, now: LocalInstant) {
+    fn on_member_change(&mut self, change: Change) {
         let decision = match change {
-            Change::Joined => {
-                self.joined_at = Some(now);
-                Decision::Joined {
-                    token: self.member.token().clone(),
-                }
-            }
+            Change::Joined => Decision::Joined {
+                token: self.member.token().clone(),
+            },
             Change::Lost { old } => {
-                self.joined_at = None;
                 if self.config.on_loss == OnLoss::Stop || self.ending.is_some() {
                     self.ending.get_or_insert(Ending::LostMembership);
                     self.member.stop();

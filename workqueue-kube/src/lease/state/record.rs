@@ -141,6 +141,11 @@ pub(crate) struct Content {
     pub(crate) protocol: Option<u32>,
     /// Members only: the replica is shutting down; no shard is given to it (an annotation).
     pub(crate) leaving: bool,
+    /// Members only: the holder may hold shards (an annotation). Written by its first renewal
+    /// after it joined, before it takes or is given any shard: a member whose record says
+    /// otherwise holds none, so a shard Lease missing from a first list is free when no member
+    /// says so (a first deployment), without waiting for it as for one deleted.
+    pub(crate) held: bool,
     /// `spec.leaseDurationSeconds`: how long the writer's peers wait for a change before they
     /// count it gone.
     pub(crate) duration: Duration,

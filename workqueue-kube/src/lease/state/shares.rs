@@ -35,6 +35,18 @@ impl ReplicaState {
         out
     }
 
+    /// The token of member `id` if its record says it may hold shards: it takes or is given
+    /// a shard only then. Its first renewal after joining says so, a retry period after it
+    /// joined, so replicas started together see each other before they take shards, and a
+    /// first list in which no member says so proves that nobody holds any.
+    fn ready(&self, id: &str) -> Option<Token> {
+        let seen = self.view.member(id)?;
+        let holder = seen.record.holder()?;
+        let mine = id == &**self.member.identity();
+        let ours = !mine || holder == self.member.token();
+        (ours && seen.record.content.held).then(|| holder.clone())
+    }
+
     /// Whether a holder that may be alive runs another configuration (reported once each).
     pub(super) fn mismatch(&mut self, now: LocalInstant) -> bool {
         let mine = (Some(self.config.shards), Some(PROTOCOL));
@@ -93,20 +105,18 @@ impl ReplicaState {
         }
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
-        let settled = self
-            .joined_at
-            .is_some_and(|t| now >= t + self.config.retry_period);
+        let ready = self.ready(&me).is_some();
         for shard in 0..self.config.shards {
             let Some(target) = self.target(shard, &eligible) else {
                 continue;
             };
             let slot = &self.slots[shard as usize];
             if slot.epoch.is_some() {
-                if target != me {
+                if target != me && self.ready(&target).is_some() {
                     self.hand_over(shard, Reason::Rebalance);
                 }
             } else if target == me
-                && settled
+                && ready
                 && matches!(slot.phase, SlotPhase::Idle)
                 && self.may_write_shard(shard, now)
                 && self.view.shard_free(shard, now)
@@ -124,6 +134,7 @@ impl ReplicaState {
             shards: Some(self.config.shards),
             protocol: Some(PROTOCOL),
             leaving: false,
+            held: false,
             duration: self.config.lease_duration,
         }
     }
@@ -196,8 +207,8 @@ impl ReplicaState {
         }
     }
 
-    /// Writes the shards being given away to their target, or, with no other target and not
-    /// leaving, releases them as vacant.
+    /// Writes the shards being given away to their target once it is ready, or, with no other
+    /// target and not leaving, releases them as vacant.
     pub(super) fn give(&mut self, now: LocalInstant) {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
@@ -210,12 +221,10 @@ impl ReplicaState {
             let view::ShardSeen::Present(seen) = self.view.shard(shard).clone() else {
                 continue;
             };
-            let to = self
-                .target(shard, &eligible)
-                .filter(|t| *t != me)
-                .and_then(|t| self.view.member(&t)?.record.holder().cloned());
-            if to.is_none() && self.ending.is_some() {
-                // Leaving: vacating the membership frees it.
+            let target = self.target(shard, &eligible).filter(|t| *t != me);
+            let to = target.as_deref().and_then(|t| self.ready(t));
+            if to.is_none() && (target.is_some() || self.ending.is_some()) {
+                // Its target is not ready yet: wait. Leaving: vacating the membership frees it.
                 continue;
             }
             let content = self.shard_content(to, Some(&seen));

@@ -368,6 +368,7 @@ fn record(holder: Option<&str>, shards: u32, counter: u64) -> Content {
         shards: Some(shards),
         protocol: Some(PROTOCOL),
         leaving: false,
+        held: false,
         duration: Duration::from_secs(15),
     }
 }
@@ -549,8 +550,9 @@ mod by_hand {
             .clone()
     }
 
-    /// A member holding its one shard: joined at 20 ms, its renewal started at 2,020 ms
-    /// confirmed (deadline 12,020 ms), its record at rv 3.
+    /// A member holding its one shard: joined at 20 ms, its renewal started at 2,020 ms (the
+    /// first to say it may hold shards) confirmed (deadline 12,020 ms), its record at rv 3,
+    /// then the shard taken.
     fn holding() -> ReplicaState {
         let member = LeaseName::Member("a".into());
         let mut state = replica(1);
@@ -558,6 +560,7 @@ mod by_hand {
         let (requests, _) = outputs(&mut state);
         let create = find(&requests, &member);
         let record = stored("1", &create.op);
+        assert!(!record.content.held);
         state.answered(create.id, Answer::Done(Some(record.clone())), at(10));
         state.applied(member.clone(), record, at(20));
         let (requests, decisions) = outputs(&mut state);
@@ -567,15 +570,17 @@ mod by_hand {
         assert!(requests.is_empty(), "nothing taken at once: {requests:?}");
         state.tick(at(2_020));
         let (requests, _) = outputs(&mut state);
-        let take = find(&requests, &LeaseName::Shard(0));
+        assert_eq!(requests.len(), 1, "{requests:?}");
         let renewal = find(&requests, &member);
-        state.applied(take.lease.clone(), stored("2", &take.op), at(2_030));
-        assert!(state.believes(0, at(2_030)));
-        assert_eq!(state.deadline(), Some(at(10_000)));
         let record = stored("3", &renewal.op);
+        assert!(record.content.held);
         state.answered(renewal.id, Answer::Done(Some(record.clone())), at(2_040));
         state.applied(member, record, at(2_040));
         assert_eq!(state.deadline(), Some(at(12_020)));
+        let (requests, _) = outputs(&mut state);
+        let take = find(&requests, &LeaseName::Shard(0));
+        state.applied(take.lease.clone(), stored("9", &take.op), at(2_050));
+        assert!(state.believes(0, at(2_050)));
         outputs(&mut state);
         state
     }

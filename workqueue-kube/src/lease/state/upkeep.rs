@@ -25,6 +25,7 @@ impl ReplicaState {
                 previous: Some(holder.clone()),
                 counter: seen.record.content.counter + 1,
                 leaving: false,
+                held: false,
                 ..seen.record.content.clone()
             };
             fences.push((lease, Op::Replace(seen.record.rv.clone(), content)));

@@ -13,8 +13,8 @@
 //!   saw that.
 //! - A shard Lease that vanished is remembered with its last holder for one lease duration;
 //!   one absent from a list (a relist, or the first list) counts as held by an unknown holder
-//!   for one lease duration, except in a first list that holds no Lease of the controller at
-//!   all (a first deployment).
+//!   for one lease duration, except in a first list where nobody may hold a shard (a first
+//!   deployment: no shard Lease names a holder, no member says it may hold one).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -212,7 +212,13 @@ impl View {
     /// A full list (the first, or after the watch broke): replaces the view. What changed
     /// unseen while the watch was broken is judged as the invariants say.
     pub(crate) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
-        let first_deployment = !self.synced && records.is_empty();
+        // A first deployment: nobody may hold a shard (no shard Lease names a holder, no member
+        // says it may hold one), so a missing shard Lease was never created.
+        let first_deployment = !self.synced
+            && records.iter().all(|(name, r)| match name {
+                LeaseName::Member(_) => r.holder().is_none() || !r.content.held,
+                LeaseName::Shard(_) => r.holder().is_none(),
+            });
         let mut members = BTreeMap::new();
         let mut shards: Vec<Option<Seen>> = vec![None; self.shards.len()];
         let mut extra = BTreeMap::new();
