@@ -79,8 +79,8 @@
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
 
+mod applier;
 mod config;
-mod dispatch;
 mod error;
 mod shards;
 mod triggers;
@@ -90,8 +90,8 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use futures_util::future::{BoxFuture, FutureExt, TryFuture, ready};
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::future::{BoxFuture, FutureExt, TryFuture};
+use futures_util::stream::{Stream, StreamExt};
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Client;
 use kube::Resource;
@@ -101,17 +101,18 @@ use kube::api::Api;
 use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::{mpsc, watch};
-use workqueue_tokio::__private::Source;
-use workqueue_tokio::{AddOptions, WorkQueue};
+use tokio::sync::watch;
+use workqueue_tokio::AddOptions;
 
+pub use applier::applier;
 pub use config::Config;
 pub use error::{Error, RunnerError};
 pub use workqueue_tokio::runner::Action;
 
-use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
-use dispatch::{Dispatch, Leases, Setup};
-use triggers::{Readiness, Trigger};
+use crate::lease::{LeaseClock, LeaseConfig};
+use applier::Parts;
+use shards::Leases;
+use triggers::Trigger;
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -130,7 +131,8 @@ where
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
-    gate: watch::Receiver<Readiness>,
+    /// Whether the store may be read (see `triggers::main`).
+    gate: watch::Receiver<bool>,
     tasks: Vec<BoxFuture<'static, ()>>,
     graceful: Vec<BoxFuture<'static, ()>>,
     forceful: Vec<BoxFuture<'static, ()>>,
@@ -168,7 +170,7 @@ where
         let client = main_api.clone().into_client();
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
-        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let (gate_tx, gate) = watch::channel(false);
         let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
         let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
         Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
@@ -180,7 +182,7 @@ where
         main: Trigger<K>,
         reader: Store<K>,
         dyntype: K::DynamicType,
-        gate: watch::Receiver<Readiness>,
+        gate: watch::Receiver<bool>,
         tasks: Vec<BoxFuture<'static, ()>>,
         client: Option<Client>,
     ) -> Self {
@@ -218,12 +220,13 @@ where
         reader: Store<K>,
         dyntype: K::DynamicType,
     ) -> Self {
-        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let (gate_tx, gate) = watch::channel(false);
         let ready = {
             let reader = reader.clone();
             async move {
+                // A dropped writer drops `gate_tx` unopened: the stream reports it.
                 if reader.wait_until_ready().await.is_ok() {
-                    gate_tx.send_replace(Readiness::Ready);
+                    gate_tx.send_replace(true);
                 }
             }
         };
@@ -398,17 +401,22 @@ where
     }
 
     /// Runs the controller: a stream with one item per reconcile (the object and the action
-    /// taken, or why there was none), which does nothing until it is polled.
+    /// taken, or why there was none), which does nothing until it is polled. Built on
+    /// [`applier`], as kube-runtime's is.
     ///
-    /// `reconciler` and `error_policy` are called on the task that polls the stream, so they
-    /// need not be `Send` or `Sync`. A reconcile's future is polled once there; if it has to
-    /// wait (an API call), it goes on as a task of its own (hence `Send + 'static`), so that
-    /// reconciles run in parallel on the runtime's threads, as kube-runtime spawns them. One
-    /// with nothing to wait for (a reconcile that finds its object as it should be) ends at that
-    /// first poll, without the cost of a task; keep long computations out of a reconcile's
-    /// first steps, as out of the closure itself. The stream ends after a shutdown ([`Controller::graceful_shutdown_on`],
-    /// [`Controller::shutdown_on_signal`]), or once every trigger has ended and the objects due
-    /// were reconciled. Must be polled inside a tokio runtime.
+    /// `reconciler` and `error_policy` are called on the task that polls the stream, with
+    /// `context`, so none of them need be `Send` or `Sync` (a context holding a `Cell` is fine).
+    /// Each reconcile's future runs in parallel on the runtime's threads, as kube-runtime spawns
+    /// them (hence `Send + 'static`): a few tasks of the controller's give each future its first
+    /// poll, and one that has to wait (an API call) goes on as a task of its own. A reconcile that
+    /// returns at its first poll (one that finds its object as it should be) needs no task.
+    ///
+    /// The stream ends after a graceful shutdown ([`Controller::graceful_shutdown_on`],
+    /// [`Controller::shutdown_on_signal`]) once running reconciles finished (within
+    /// [`Config::shutdown_grace`]); at once on a forced one (their futures are dropped); or once
+    /// every trigger has ended and the objects due (and those waiting: a debounce, a requeue
+    /// asked for before) were reconciled. A store whose writer is dropped before it is ready
+    /// ends it with [`RunnerError::Readiness`]. Must be polled inside a tokio runtime.
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -419,132 +427,26 @@ where
         K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
-        Ctx: Send + Sync + 'static,
     {
-        let config = &self.config;
         let name = K::kind(&self.dyntype).to_lowercase();
-        let mut queue = WorkQueue::builder().name(name);
-        if let Some(wait) = config.max_ready_wait {
-            queue = queue.max_ready_wait(wait);
-        }
-        if config.fair_namespaces {
-            queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
-        }
-        if let Some(outage) = config.outage {
-            queue = queue.outage_detection(outage);
-        }
-        let queue = queue.build();
-        let (errors_tx, errors) = mpsc::unbounded_channel();
-        let (leases, lease_error) = match self
-            .leases
-            .map(|(c, clock)| start_leases(self.client, c, clock))
-        {
-            Some(Ok(leases)) => (Some(leases), None),
-            Some(Err(error)) => (None, Some(error)),
-            None => (None, None),
+        let leases = match self.leases {
+            Some((config, clock)) => Leases::new(self.client, config, clock).map(Some),
+            None => Ok(None),
         };
-        let accepts = leases
-            .as_ref()
-            .map(|l| shards::source_filter::<K>(l.events.assignment.clone()));
-        let debounce = config.debounce;
-        let sources = self
-            .triggers
-            .into_iter()
-            .map(|(name, trigger)| {
-                let errors_tx = errors_tx.clone();
-                let mut accepts = accepts.clone();
-                let keys = trigger.filter_map(move |item| {
-                    ready(match item {
-                        // Keys of shards this replica does not hold are not queued.
-                        Ok((key, _)) if accepts.as_mut().is_some_and(|a| !a(&key)) => None,
-                        Ok((key, opts)) => Some((key, debounced(opts, debounce))),
-                        Err(error) => {
-                            let _ = errors_tx.send(error);
-                            None
-                        }
-                    })
-                });
-                Source::new(&name, keys)
-            })
-            .collect();
-        let setup = Setup {
-            queue,
-            sources,
-            concurrency: config.concurrency,
-            per_key_backoff: config.per_key_backoff,
-            shutdown_grace: config.shutdown_grace,
+        let parts = Parts {
+            name,
+            triggers: self.triggers,
+            store: self.reader,
             gate: self.gate,
             tasks: self.tasks,
-            errors,
+            config: self.config,
+            leases,
             graceful: self.graceful,
             forceful: self.forceful,
-            leases,
+            dyntype: Some(self.dyntype),
         };
-        let dispatch = Dispatch::new(
-            setup,
-            self.reader,
-            self.dyntype,
-            reconciler,
-            error_policy,
-            context,
-        );
-        let failed = lease_error.map(|e| Err(Error::RunnerError(e)));
-        match failed {
-            Some(error) => stream::iter([error]).left_stream(),
-            None => stream::unfold(dispatch, |mut dispatch| async move {
-                let item = dispatch.next().await?;
-                Some((item, dispatch))
-            })
-            .right_stream(),
-        }
+        applier::run(parts, reconciler, error_policy, context)
     }
-}
-
-/// The Lease protocol of a controller, on `client`, or why it cannot run.
-fn start_leases(
-    client: Option<Client>,
-    config: LeaseConfig,
-    clock: Option<Arc<dyn LeaseClock>>,
-) -> Result<Leases, RunnerError> {
-    let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
-    // Within the time the protocol leaves between a loss and another replica's take, less the
-    // clock-rate slack it assumes.
-    let margin = config.lease_duration.saturating_sub(config.renew_deadline) / 2;
-    let (protocol, events) = ShardLeases::new(client, config).map_err(RunnerError::Leases)?;
-    let protocol = match clock {
-        Some(clock) => protocol.with_clock(SharedClock(clock)),
-        None => protocol,
-    };
-    Ok(Leases {
-        protocol,
-        events,
-        margin,
-    })
-}
-
-/// An `Arc` of a clock, as a clock.
-#[derive(Debug)]
-struct SharedClock(Arc<dyn LeaseClock>);
-
-impl LeaseClock for SharedClock {
-    fn now(&self) -> crate::lease::LocalInstant {
-        self.0.now()
-    }
-    fn tokio_instant(&self, local: crate::lease::LocalInstant) -> tokio::time::Instant {
-        self.0.tokio_instant(local)
-    }
-    fn wall(&self) -> k8s_openapi::jiff::Timestamp {
-        self.0.wall()
-    }
-}
-
-/// How a trigger is added with `debounce`: after it, as a debounce (each later trigger moves the
-/// reconcile to its own time plus `debounce`).
-fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
-    if debounce.is_zero() {
-        return opts;
-    }
-    opts.after(debounce).debounced(true)
 }
 
 /// Completes on SIGINT or SIGTERM.

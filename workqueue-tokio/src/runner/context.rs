@@ -1,7 +1,8 @@
 //! What a reconcile and the error policy receive besides the key.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
@@ -49,16 +50,62 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// `ReconcileReason` from reconcilers for the same reason.
 pub struct Context<C = ()> {
     data: Arc<C>,
-    cancel: CancellationToken,
+    cancel: Arc<Cancel>,
     rate_limited_retries: u32,
     failures_in_a_row: u32,
     priority: i32,
 }
 
+/// A reconcile's cancellation, shared by its context's clones and the runner: cancelled when the
+/// run's contexts are (at shutdown, after the grace) or when this reconcile times out. Its token
+/// is made only when the reconcile asks for it: most reconciles never do, and a token linked to
+/// the run's costs two locks of the run's token (made and dropped).
+///
+/// Invariant: once `own` is set, the token (made before or after) is cancelled: `cancel_own` sets
+/// `own` then cancels the token if it exists; `token` makes it, then cancels it if `own` is set
+/// (both sides fence, so at least one of them sees the other's write).
+pub(crate) struct Cancel {
+    run: Arc<CancellationToken>,
+    own: AtomicBool,
+    token: OnceLock<CancellationToken>,
+}
+
+impl Cancel {
+    pub(crate) fn new(run: Arc<CancellationToken>) -> Arc<Self> {
+        Arc::new(Cancel {
+            run,
+            own: AtomicBool::new(false),
+            token: OnceLock::new(),
+        })
+    }
+
+    /// Cancels this reconcile alone (its timeout).
+    pub(crate) fn cancel_own(&self) {
+        self.own.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.own.load(Ordering::SeqCst) || self.run.is_cancelled()
+    }
+
+    fn token(&self) -> &CancellationToken {
+        let token = self.token.get_or_init(|| self.run.child_token());
+        fence(Ordering::SeqCst);
+        if self.own.load(Ordering::SeqCst) {
+            token.cancel();
+        }
+        token
+    }
+}
+
 impl<C> Context<C> {
     pub(crate) fn new(
         data: Arc<C>,
-        cancel: CancellationToken,
+        cancel: Arc<Cancel>,
         rate_limited_retries: u32,
         failures_in_a_row: u32,
         priority: i32,
@@ -103,11 +150,16 @@ impl<C> Context<C> {
 
     /// Completes when the reconcile is asked to stop.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.cancel.cancelled()
+        self.cancel.token().cancelled()
     }
 
     /// The cancellation token, to hand to work the reconcile spawns.
     pub fn token(&self) -> &CancellationToken {
+        self.cancel.token()
+    }
+
+    /// The shared cancellation (for the runner's timeout).
+    pub(crate) fn cancel(&self) -> &Cancel {
         &self.cancel
     }
 }
@@ -117,7 +169,7 @@ impl<C> Clone for Context<C> {
     fn clone(&self) -> Self {
         Context {
             data: Arc::clone(&self.data),
-            cancel: self.cancel.clone(),
+            cancel: Arc::clone(&self.cancel),
             rate_limited_retries: self.rate_limited_retries,
             failures_in_a_row: self.failures_in_a_row,
             priority: self.priority,
