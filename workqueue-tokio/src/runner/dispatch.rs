@@ -3,9 +3,9 @@
 //! not be `Send`) and hands each future to the pollers as a job ([`super::jobs`]); it judges
 //! failures with the user's error policy (here too), and runs the one shutdown sequence.
 //!
-//! It is a loop over named steps: the ends that came back ([`Dispatcher::next_end`]), the keys it
-//! may take now ([`Dispatcher::take_ready`]), whether the run is over
-//! ([`Dispatcher::is_over`]), and else a wait for the next [`Event`] and its handler.
+//! It is a loop over named steps: the ends that came back ([`Dispatcher::collect_ends`]), the
+//! keys it may take now ([`Dispatcher::take_ready`]), the items these made, whether the run is
+//! over ([`Dispatcher::is_over`]), and else a wait for the next [`Event`] and its handler.
 //!
 //! Invariants:
 //! - a key is taken only while intake is open (the shutdown token is not cancelled and the run
@@ -117,6 +117,8 @@ where
     limit: usize,
     held: Vec<Lease<T>>,
     inbox: VecDeque<End<T, R::Error, C>>,
+    /// Items for the stream, in the order they came.
+    items: VecDeque<Item<T, R::Error>>,
     /// Until when intake pauses after a panicking `get`.
     get_paused: Option<Instant>,
     /// The queue was found shut down and empty while reconciles ran: `get` is not awaited again
@@ -128,6 +130,12 @@ where
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
     intake_watcher: Option<AbortOnDrop>,
+    /// Wakes another poller when the ones at work stall.
+    watch: Option<AbortOnDrop>,
+    /// Whether the runtime has several worker threads.
+    multi_thread: bool,
+    /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
+    outside: bool,
 }
 
 /// A task aborted when dropped.
@@ -182,6 +190,7 @@ where
             limit: settings.limit.max(1),
             held: Vec::new(),
             inbox: VecDeque::new(),
+            items: VecDeque::new(),
             get_paused: None,
             queue_empty: false,
             shutdown_grace: settings.shutdown_grace,
@@ -189,6 +198,9 @@ where
             worker_panics: 0,
             ended: false,
             intake_watcher: None,
+            watch: None,
+            multi_thread: false,
+            outside: false,
         }
     }
 
@@ -200,10 +212,11 @@ where
         }
         self.start();
         loop {
-            if let Some(item) = self.next_end() {
-                return Some(item);
-            }
-            if let Some(item) = self.take_ready() {
+            // The ends first (they free slots), then new work, and only then the items: the
+            // pollers get their next jobs before the consumer gets its results.
+            self.collect_ends();
+            self.take_ready();
+            if let Some(item) = self.items.pop_front() {
                 return Some(item);
             }
             if self.is_over() {
@@ -211,9 +224,7 @@ where
                 return None;
             }
             let event = self.wait().await;
-            if let Some(item) = self.handle(event) {
-                return Some(item);
-            }
+            self.handle(event);
         }
     }
 
@@ -257,31 +268,45 @@ where
         self.feeding = !self.feeders.is_empty();
         self.gate = setup.gate;
         self.intake_watcher = Some(AbortOnDrop(tokio::spawn(self.engine.intake_watcher())));
+        // As many pollers as the runtime has threads: one at work in the common case, the
+        // others for when it stalls (see `jobs`), found by the watch.
         let threads = tokio::runtime::Handle::current().metrics().num_workers();
-        for _ in 0..threads.clamp(1, self.limit) {
+        let pollers = threads.clamp(1, self.limit);
+        self.multi_thread = matches!(
+            tokio::runtime::Handle::current().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::MultiThread
+        );
+        // Outside the worker threads (`block_on`), pollers may wake the dispatcher as ends come,
+        // and it spins before it waits (see `jobs`).
+        self.outside = self.multi_thread && tokio::task::try_id().is_none();
+        self.engine.ends.set_eager(self.outside);
+        for _ in 0..pollers {
             self.start_poller();
+        }
+        if pollers > 1 {
+            let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
+            self.watch = Some(AbortOnDrop(tokio::spawn(jobs::watch(
+                self.jobs.clone(),
+                ends,
+            ))));
         }
     }
 
     fn start_poller(&mut self) {
         let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
-        self.pollers.spawn(jobs::poller(self.jobs.clone(), ends));
+        self.pollers
+            .spawn(jobs::poller(self.jobs.clone(), ends, self.multi_thread));
     }
 
     // ---- the steps ------------------------------------------------------------------------------
 
-    /// Handles the ends that came back, until one is an item of the stream.
-    fn next_end(&mut self) -> Option<Item<T, R::Error>> {
-        loop {
-            let end = match self.inbox.pop_front() {
-                Some(end) => end,
-                None => {
-                    if !self.engine.ends.take(&mut self.inbox) {
-                        return None;
-                    }
-                    continue;
-                }
-            };
+    /// Handles the ends that came back (failures go to the error policy); their items wait in
+    /// `items`.
+    fn collect_ends(&mut self) {
+        if !self.engine.ends.take(&mut self.inbox) {
+            return;
+        }
+        while let Some(end) = self.inbox.pop_front() {
             self.running -= 1;
             self.queue_empty = false;
             let item = match end {
@@ -291,17 +316,14 @@ where
                     self.judge(failed.lease, failed.begun, failed.failure)
                 }
             };
-            if item.is_some() {
-                return item;
-            }
+            self.items.extend(item);
         }
     }
 
-    /// Takes the keys it may now (held ones first), and hands their jobs to the pollers. An item
-    /// when a key failed before its reconcile could start.
-    fn take_ready(&mut self) -> Option<Item<T, R::Error>> {
-        let mut item = None;
-        while item.is_none() && self.may_take() {
+    /// Takes the keys it may now (held ones first), and hands their jobs to the pollers. A key
+    /// that failed before its reconcile could start leaves its item in `items`.
+    fn take_ready(&mut self) {
+        while self.may_take() {
             let lease = match self.held.pop() {
                 Some(lease) => lease,
                 None => match catch(|| self.engine.queue().try_get()) {
@@ -313,10 +335,11 @@ where
                     }
                 },
             };
-            item = self.dispatch(lease);
+            if let Some(item) = self.dispatch(lease) {
+                self.items.push_back(item);
+            }
         }
         self.jobs.push(&mut self.batch);
-        item
     }
 
     /// Whether the run is over: stopping, with nothing running or held. A run that ends with its
@@ -333,6 +356,11 @@ where
 
     /// Waits for the next event.
     async fn wait(&mut self) -> Event<T> {
+        // Outside the worker threads, a poller's next end is usually microseconds away: spin
+        // for it rather than wait (see `jobs`).
+        if self.outside && self.running > 0 && jobs::spin_until(|| self.engine.ends.any()) {
+            return Event::Ends;
+        }
         let take = self.may_take_async();
         let deadline = self.deadline();
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
@@ -358,9 +386,9 @@ where
         }
     }
 
-    /// Handles an event; an item for the stream, if it makes one.
-    fn handle(&mut self, event: Event<T>) -> Option<Item<T, R::Error>> {
-        match event {
+    /// Handles an event; an item it makes waits in `items`.
+    fn handle(&mut self, event: Event<T>) {
+        let item = match event {
             Event::Ends => None,
             Event::Shutdown => {
                 self.on_shutdown();
@@ -380,7 +408,8 @@ where
                 self.on_deadline();
                 None
             }
-        }
+        };
+        self.items.extend(item);
     }
 
     // ---- the handlers ---------------------------------------------------------------------------
@@ -415,6 +444,7 @@ where
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
                 self.batch.push(self.engine.job(lease, begun, fut, ticket));
+
                 self.running += 1;
                 None
             }
@@ -604,6 +634,7 @@ where
     async fn end(&mut self) {
         self.ended = true;
         self.intake_watcher = None;
+        self.watch = None;
         self.feeder_stop.cancel();
         while let Some(joined) = self.feeders.join_next().await {
             if let Err(error) = joined {

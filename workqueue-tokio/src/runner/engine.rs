@@ -112,7 +112,6 @@ pub(crate) struct Parts<T, E, C, S> {
     pub(crate) registry: Arc<Registry<T>>,
     pub(crate) items: bool,
     pub(crate) source_names: Arc<[Arc<str>]>,
-    pub(crate) ends_batch: usize,
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
@@ -210,7 +209,6 @@ where
             registry,
             items,
             source_names,
-            ends_batch,
         } = parts;
         let metrics = RunnerMetrics::new(queue.name(), &source_names);
         let controller = Arc::from(queue.name().unwrap_or(metrics::UNNAMED));
@@ -241,7 +239,7 @@ where
             registry,
             draining: AtomicBool::new(false),
             items,
-            ends: Arc::new(Ends::new(ends_batch)),
+            ends: Arc::new(Ends::new()),
         }
     }
 

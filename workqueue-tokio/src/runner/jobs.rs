@@ -1,55 +1,102 @@
 //! Where reconciles run: the dispatcher (the task that polls the runner's stream) makes each
-//! reconcile's future and hands it over as a job; a few poller tasks give each job its first
-//! poll, and a job that has to wait goes on as a task of its own. Each job sends one [`End`]
-//! back.
+//! reconcile's future and hands it over as a job; poller tasks give each job its first poll, and
+//! a job that has to wait goes on as a task of its own. Each job sends one end back
+//! ([`Ends`]).
 //!
 //! Why pollers: the dispatcher calls the user's reconcile function (it need not be `Send`), so it
-//! must never be the one that polls a reconcile's future. A reconcile that computes before its
-//! first `.await` would hold every other key behind it. A poller that meets such a job holds
-//! only that job; the others take the rest. Why not a task per reconcile: most reconciles of a
-//! level-triggered controller find their object as it should be and return at their first poll;
-//! a poller finishes those without the cost of a task (a spawn, and the wake-up of an idle
-//! runtime thread for each).
+//! must never be the one that polls a reconcile's future: a reconcile that computes before its
+//! first `.await` would hold every key behind it. Why not a task per reconcile: most reconciles
+//! of a level-triggered controller find their object as it should be and return at their first
+//! poll; a poller finishes those without the cost of a task (a spawn, and the wake-up of an idle
+//! runtime thread for each, which is most of what a task costs).
 //!
-//! Two rules keep a stalled poller from holding anything but its own job:
-//! - a batch of jobs wakes as many idle pollers as it has jobs, so jobs never wait behind a
-//!   busy poller while another is idle;
-//! - a poller that woke another task (the dispatcher, with an [`End`]; a job it spawned) yields
-//!   before it polls another job: tokio runs a task woken from a worker thread next on that
-//!   thread, and no other thread may take it from there, so a long poll right after the wake
-//!   would hold it.
+//! How many pollers work at once:
+//! - a batch of jobs wakes one idle poller. Woken from the dispatcher's thread, it runs there
+//!   next, so the common case (first polls that return at once) stays on one thread, with no
+//!   wake-up of another: the dispatcher and one poller take turns, a batch each;
+//! - a [`watch`] task looks every [`TICK`] while jobs wait: if no first poll finished since its
+//!   last look, the pollers at work are stalled (a reconcile computing before its first
+//!   `.await`), and it wakes another poller, which takes the waiting jobs. A stalled poller so
+//!   holds only its own job, for at most a tick before help comes.
 //!
-//! Ends are batched: one from a job's first poll wakes the dispatcher only once enough have
-//! piled up, or when the pollers run out of jobs (they flush before they wait); one from a task
-//! (a reconcile that waited) wakes it at once.
+//! A poller that is a task of the same runtime's worker threads as the dispatcher wakes it only
+//! when it runs out of jobs, and then waits itself: tokio runs a task woken from a worker thread
+//! next on that thread, where no other thread may take it, so a poller that went on to a long
+//! poll right after a wake would hold the dispatcher. A dispatcher outside the worker threads (a
+//! stream polled by `block_on`, as under `#[tokio::main]`) is woken as ends come, and there
+//! the dispatcher and the poller at work run on two threads at once: before either waits for the
+//! other (a syscall, and the other thread's wake-up), it spins for up to [`SPIN`], which in a busy
+//! runner is enough for the other's next hand-off.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::catch;
 
 /// A reconcile's whole life after its future was made: drive it, judge it, finish its lease, send
-/// its [`End`].
+/// its end.
 pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-thread_local! {
-    /// Whether an `End` sent on this thread woke the dispatcher since the last look.
-    static WOKE: Cell<bool> = const { Cell::new(false) };
+/// How often the [`watch`] looks for stalled pollers while jobs wait.
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+
+/// How many ticks without waiting jobs before the [`watch`] stops ticking (until jobs wait
+/// again), so that an idle runner costs nothing.
+const IDLE_TICKS: u32 = 100;
+
+/// How long a poller, or a dispatcher outside the worker threads, spins for the other's next
+/// hand-off before it waits (see the module docs). A first poll that returns at once takes a few
+/// microseconds.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// Spins until `ready` or [`SPIN`] has passed; whether `ready` became true.
+pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if ready() {
+            return true;
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(32) && start.elapsed() >= SPIN {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// The jobs not yet given their first poll, and the pollers waiting for one.
 pub(crate) struct Jobs {
     state: Mutex<JobsState>,
+    /// How many jobs wait (written under the lock; read without it to spin).
+    queued: AtomicUsize,
+    /// First polls finished so far (what the watch compares between its looks).
+    progress: AtomicU64,
 }
 
 struct JobsState {
     queue: VecDeque<Job>,
     idle: Vec<Waker>,
+    /// The watch's waker, while it waits for jobs.
+    watch: Option<Waker>,
     closed: bool,
+}
+
+/// What the watch found.
+enum Look {
+    /// No job waits.
+    Idle,
+    /// Jobs wait, and first polls finished since the last look.
+    Busy,
+    /// Jobs wait, and no first poll finished since the last look.
+    Stalled,
 }
 
 impl Jobs {
@@ -58,29 +105,31 @@ impl Jobs {
             state: Mutex::new(JobsState {
                 queue: VecDeque::new(),
                 idle: Vec::new(),
+                watch: None,
                 closed: false,
             }),
+            queued: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, JobsState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 
-    /// Queues `batch` (emptying it) and wakes as many idle pollers as it has jobs.
+    /// Queues `batch` (emptying it) and wakes one idle poller (and the watch, if it waits).
     pub(crate) fn push(&self, batch: &mut Vec<Job>) {
         if batch.is_empty() {
             return;
         }
-        let mut woken = Vec::new();
-        {
+        let (poller, watch) = {
             let mut state = self.lock();
-            let n = batch.len().min(state.idle.len());
-            let at = state.idle.len() - n;
-            woken.extend(state.idle.drain(at..));
             state.queue.extend(batch.drain(..));
-        }
-        for waker in woken {
+            self.queued.store(state.queue.len(), Ordering::Relaxed);
+            (state.idle.pop(), state.watch.take())
+        };
+        // The watch first: the poller, woken last, runs next on this thread.
+        for waker in watch.into_iter().chain(poller) {
             waker.wake();
         }
     }
@@ -90,6 +139,7 @@ impl Jobs {
         poll_fn(|cx| {
             let mut state = self.lock();
             if let Some(job) = state.queue.pop_front() {
+                self.queued.store(state.queue.len(), Ordering::Relaxed);
                 return Poll::Ready(Some(job));
             }
             if state.closed {
@@ -103,72 +153,131 @@ impl Jobs {
         .await
     }
 
-    /// No more jobs: the pollers end, and the jobs not yet polled are dropped (their leases end
-    /// as dropped leases do; their `End`s are sent by their guards).
+    /// The next job if one is queued (without waiting).
+    fn try_pop(&self) -> Option<Job> {
+        if self.queued.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut state = self.lock();
+        let job = state.queue.pop_front();
+        self.queued.store(state.queue.len(), Ordering::Relaxed);
+        job
+    }
+
+    /// Completes once a job waits (or the jobs are closed: `false`).
+    async fn until_queued(&self) -> bool {
+        poll_fn(|cx| {
+            let mut state = self.lock();
+            if state.closed {
+                return Poll::Ready(false);
+            }
+            if !state.queue.is_empty() {
+                return Poll::Ready(true);
+            }
+            state.watch = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Looks at the queue, given the progress seen at the last look (updated).
+    fn look(&self, last: &mut u64) -> Look {
+        let progress = self.progress.load(Ordering::Relaxed);
+        let queued = !self.lock().queue.is_empty();
+        let moved = std::mem::replace(last, progress) != progress;
+        match (queued, moved) {
+            (false, _) => Look::Idle,
+            (true, true) => Look::Busy,
+            (true, false) => Look::Stalled,
+        }
+    }
+
+    /// Wakes an idle poller, if there is one.
+    fn wake_one(&self) {
+        let poller = self.lock().idle.pop();
+        if let Some(poller) = poller {
+            poller.wake();
+        }
+    }
+
+    /// No more jobs: the pollers and the watch end, and the jobs not yet polled are dropped
+    /// (their leases end as dropped leases do; their ends are sent by their guards).
     pub(crate) fn close(&self) {
-        let (jobs, idle) = {
+        let (jobs, idle, watch) = {
             let mut state = self.lock();
             state.closed = true;
+            self.queued.store(0, Ordering::Relaxed);
             (
                 std::mem::take(&mut state.queue),
                 std::mem::take(&mut state.idle),
+                state.watch.take(),
             )
         };
         drop(jobs);
-        for waker in idle {
+        for waker in idle.into_iter().chain(watch) {
             waker.wake();
         }
     }
 }
 
 /// A poller: gives each job its first poll; one that is not finished then goes on as a task.
-pub(crate) async fn poller(jobs: std::sync::Arc<Jobs>, ends: std::sync::Arc<dyn Flush>) {
-    let multi_thread = matches!(
-        tokio::runtime::Handle::current().runtime_flavor(),
-        tokio::runtime::RuntimeFlavor::MultiThread
-    );
+/// `spin`: spin for the dispatcher's next batch before waiting (a multi-thread runtime).
+pub(crate) async fn poller(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, spin: bool) {
     loop {
-        let job = match poll_now(&jobs) {
+        let job = match jobs.try_pop() {
             Some(job) => job,
             None => {
-                // Out of jobs: whatever ended meanwhile goes to the dispatcher before this
-                // poller waits (it may be waiting for those ends to hand out more).
+                // Out of jobs: what ended meanwhile goes to the dispatcher (which may be waiting
+                // for those ends to hand out more) as this poller waits.
                 ends.flush();
+                if spin && spin_until(|| jobs.queued.load(Ordering::Relaxed) > 0) {
+                    continue;
+                }
                 match jobs.pop().await {
                     Some(job) => job,
                     None => return,
                 }
             }
         };
-        WOKE.set(false);
-        let spawned = first_poll(job);
-        if multi_thread && (spawned || WOKE.replace(false)) {
-            tokio::task::yield_now().await;
+        first_poll(job);
+        jobs.progress.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Looks every [`TICK`] while jobs wait, and wakes another poller when the ones at work made no
+/// progress (see the module docs); the ends the stalled poller holds go to the dispatcher too.
+/// Sleeps while no job waits.
+pub(crate) async fn watch(jobs: Arc<Jobs>, ends: Arc<dyn Flush>) {
+    let mut last = jobs.progress.load(Ordering::Relaxed);
+    while jobs.until_queued().await {
+        let mut idle = 0;
+        while idle < IDLE_TICKS {
+            tokio::time::sleep(TICK).await;
+            match jobs.look(&mut last) {
+                Look::Idle => idle += 1,
+                Look::Busy => idle = 0,
+                Look::Stalled => {
+                    idle = 0;
+                    ends.flush();
+                    jobs.wake_one();
+                }
+            }
         }
     }
 }
 
-/// The next job if one is queued (without waiting).
-fn poll_now(jobs: &Jobs) -> Option<Job> {
-    jobs.lock().queue.pop_front()
-}
-
-/// Polls a job once; spawns it if it has to wait. Whether it was spawned.
-fn first_poll(mut job: Job) -> bool {
+/// Polls a job once; spawns it if it has to wait.
+fn first_poll(mut job: Job) {
     // A waker that does nothing is enough: a job that is not finished is spawned, and the task's
     // first poll registers its wake-ups again.
     let mut cx = Context::from_waker(Waker::noop());
     match catch(|| job.as_mut().poll(&mut cx)) {
-        Ok(Poll::Ready(())) => false,
-        Ok(Poll::Pending) => {
-            drop(tokio::spawn(job));
-            true
-        }
+        Ok(Poll::Ready(())) => {}
+        Ok(Poll::Pending) => drop(tokio::spawn(job)),
         Err(message) => {
             // A job catches every panic of user code; this is defence in depth. The job is
             // dropped (never polled after a panic): its guard sends its end.
             tracing::error!(panic = %message, "a reconcile's job panicked");
-            false
         }
     }
 }
@@ -178,50 +287,70 @@ pub(crate) trait Flush: Send + Sync {
     fn flush(&self);
 }
 
-/// The channel of [`End`]s from the jobs to the dispatcher.
+/// The channel of ends from the jobs to the dispatcher. An end from a job's first poll does not
+/// wake the dispatcher: the poller flushes when it runs out of jobs (see the module docs); one
+/// from a task (a reconcile that waited) does.
 pub(crate) struct Ends<M> {
     state: Mutex<EndsState<M>>,
+    /// How many ends wait (written under the lock; read without it to spin).
+    queued: AtomicUsize,
+    /// Whether an end from a first poll wakes a waiting dispatcher at once: only for a
+    /// dispatcher outside the runtime's worker threads (see the module docs).
+    eager: AtomicBool,
 }
 
 struct EndsState<M> {
     queue: VecDeque<M>,
     /// The dispatcher's waker, while it waits.
     waker: Option<Waker>,
-    /// How many ends from first polls wake a waiting dispatcher.
-    batch: usize,
 }
 
 impl<M> Ends<M> {
-    pub(crate) fn new(batch: usize) -> Self {
+    pub(crate) fn new() -> Self {
         Ends {
             state: Mutex::new(EndsState {
                 queue: VecDeque::new(),
                 waker: None,
-                batch: batch.max(1),
             }),
+            queued: AtomicUsize::new(0),
+            eager: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, EndsState<M>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Whether ends from first polls wake the dispatcher at once (see [`Ends::eager`]).
+    pub(crate) fn set_eager(&self, eager: bool) {
+        self.eager.store(eager, Ordering::Relaxed);
     }
 
-    /// Sends an end; `now`: wake the dispatcher whatever the batch (an end from a task).
-    pub(crate) fn send(&self, end: M, now: bool) {
+    /// Whether ends wait (without the lock: for spinning).
+    pub(crate) fn any(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) > 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, EndsState<M>> {
+        self.state.lock()
+    }
+
+    /// Sends an end; `from_task`: it comes from a task (a reconcile that waited), and wakes the
+    /// dispatcher now.
+    pub(crate) fn send(&self, end: M, from_task: bool) {
+        let wake = from_task || self.eager.load(Ordering::Relaxed);
         let waker = {
             let mut state = self.lock();
             state.queue.push_back(end);
-            if now || state.queue.len() >= state.batch {
-                state.waker.take()
-            } else {
-                None
-            }
+            self.queued.store(state.queue.len(), Ordering::Relaxed);
+            if wake { state.waker.take() } else { None }
         };
-        wake(waker);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
     /// Moves every end received into `into`; whether there were any.
     pub(crate) fn take(&self, into: &mut VecDeque<M>) -> bool {
+        if self.queued.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         let mut state = self.lock();
         if state.queue.is_empty() {
             return false;
@@ -231,6 +360,7 @@ impl<M> Ends<M> {
         } else {
             into.extend(state.queue.drain(..));
         }
+        self.queued.store(0, Ordering::Relaxed);
         true
     }
 
@@ -257,13 +387,8 @@ impl<M: Send> Flush for Ends<M> {
                 state.waker.take()
             }
         };
-        wake(waker);
-    }
-}
-
-fn wake(waker: Option<Waker>) {
-    if let Some(waker) = waker {
-        waker.wake();
-        WOKE.set(true);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 }

@@ -680,7 +680,6 @@ where
             registry: self.registry,
             items,
             source_names,
-            ends_batch: self.workers.min(64) / 2,
         });
         let setup = Setup {
             sources: self.sources,
