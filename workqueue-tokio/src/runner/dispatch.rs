@@ -690,3 +690,46 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::WorkQueue;
+    use crate::runner::Runner;
+
+    /// The interleaving a multi-thread runtime allows: a key is leased as the gate closes (on
+    /// another thread), so its lease is held; then shutdown begins, then the gate opens. The held
+    /// lease is put back, and its reconcile never starts: nothing starts once shutdown began.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lease_never_starts_once_shutdown_began() {
+        let queue: WorkQueue<&'static str> = WorkQueue::new();
+        let (gate_tx, gate) = watch::channel(true);
+        let started = Arc::new(AtomicU32::new(0));
+        let reconcile = {
+            let started = started.clone();
+            move |_key: &'static str, _ctx: Context| {
+                started.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, ()>(Action::await_change()) }
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let mut dispatcher = Runner::new(queue.clone(), reconcile)
+            .readiness(gate)
+            .into_dispatcher(shutdown.clone(), true);
+        dispatcher.start();
+        queue.add("a");
+        let lease = queue.try_get().expect("a is due");
+        gate_tx.send_replace(false);
+        dispatcher.handle(Event::Lease(Ok(Some(lease))));
+        assert_eq!(dispatcher.held.len(), 1, "leased as the gate closed: held");
+        shutdown.cancel();
+        dispatcher.handle(Event::Shutdown);
+        gate_tx.send_replace(true);
+        let next = tokio::time::timeout(Duration::from_secs(60), dispatcher.next()).await;
+        assert!(matches!(next, Ok(None)), "the run ends");
+        assert_eq!(started.load(Ordering::SeqCst), 0, "no reconcile started");
+        assert_eq!(queue.len(), 1, "the held key was put back");
+    }
+}
