@@ -60,9 +60,13 @@
 //! # Guarantees (kube-runtime's, kept)
 //!
 //! - No reconcile starts before the main resource's first list is in the store; triggers from
-//!   owned or watched objects wait too. While the main watch relists (after a broken watch), no
-//!   reconcile starts either: the store holds the previous list until the new one is complete,
-//!   and an object the new list lacks must not be reconciled.
+//!   owned or watched objects wait too. A store whose writer is dropped before that ends the
+//!   stream with [`RunnerError::Readiness`]. While the main watch receives a relist (after a
+//!   broken watch), no reconcile starts either: the store holds the previous list until the new
+//!   one is complete, and an object the new list lacks must not be reconciled. A list that fails
+//!   leaves the store as it was (the last complete list and the changes since), and reconciles go
+//!   on from it until the next attempt, as in kube-runtime, so that a relist that keeps failing
+//!   (an outage, a denied `list`) does not hold them for as long as it fails.
 //! - An object is reconciled only if it is in the store: a key due for an object that is not is
 //!   reported as [`Error::ObjectNotFound`] and forgotten. Deletion is handled by finalizers
 //!   ([`finalizer()`](crate::finalizer::finalizer())).
@@ -78,6 +82,24 @@
 //!   ([`Config::outage_detection`]).
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
+//!
+//! # From kube-runtime: `run`, `applier` and what they do
+//!
+//! [`Controller::run`] is built on [`applier`], which is built on `workqueue-tokio`'s
+//! `Runner::results`, as kube-runtime's builder is over its `applier` over its runner.
+//!
+//! | | kube-runtime 5 | here |
+//! |---|---|---|
+//! | `Controller::run` bounds | `K::DynamicType: Debug + Unpin`; the future `Send + 'static`, its error `std::error::Error + Send + 'static`; no bound on the context | the same (a context holding a `Cell` is fine) |
+//! | where the reconciler, the error policy and the context are used | on the task polling the stream | the same |
+//! | where reconciles run | each spawned as a task | in parallel on the runtime's threads: a few poller tasks give each future its first poll, and one that has to wait runs as a task of its own (one that returns at once needs none); a reconcile that computes before its first `.await` holds only its poller |
+//! | `applier(reconciler, error_policy, context, store, queue, config)` | the reconciler's future may be anything (`Unpin`): the applier polls it on its own task | the same, but the future must be `Send + 'static` (it runs on the runtime's threads); the queue's metrics are labelled `controller="applier"` |
+//! | store's writer dropped before the store is ready | `Error::RunnerError(RunnerError::Readiness(_))`, then the stream ends | the same |
+//! | a relist that keeps failing | reconciles go on from the store's last list | the same; while a list is being received, none starts (see the guarantees) |
+//! | every trigger stream ended | reconciles what is scheduled (a debounce, requeues asked for before), drops the requeues asked for after, then ends | the same |
+//! | `Config::debounce(d)` | delays triggers and requeues: `requeue(r)` runs after `r + d` | **deliberately different**: delays triggers only; `requeue(r)` runs after `r` (a requeue is one event, not a burst to merge) |
+//! | `RunnerError` | `Readiness` | `Readiness`, `ReconcilerPanicked`, `Leases`, `LeasesNeedAClient` |
+//! | `Debug` of [`Action`] | `Action { requeue_after: Some(300s) }` | **deliberately different**: as the constructors read, `requeue(300s)`, `await_change()`, `backoff()` |
 
 mod applier;
 mod config;
@@ -249,8 +271,10 @@ where
     /// A replica takes a key only while it holds the key's shard (an owned object's key is its
     /// owner's, so a family stays together); a shard it takes has its objects enqueued (behind
     /// real changes); a shard it loses (no renewal within the renew deadline) or hands over has
-    /// its queued keys dropped and its reconciles stopped (cancelled, then aborted) before
-    /// another replica can take it. A graceful shutdown releases its shards after its
+    /// its queued keys dropped and its running reconciles aborted (their futures dropped: a
+    /// reconcile here has no cancellation to watch) before another replica can take it. A task
+    /// of the controller's own does this, so it happens on time whatever the application does
+    /// with the stream (a consumer that is slow, or waits on something else). A graceful shutdown releases its shards after its
     /// reconciles finished, so that another replica takes them at once. An invalid `config` is
     /// reported as the stream's first item ([`RunnerError::Leases`]), which then ends.
     ///

@@ -42,9 +42,9 @@
 //!   store, at low priority), since another replica may have dropped their events.
 //! - **Losing a shard.** When `valid_until` passes without a renewal the shard is lost, even
 //!   before the protocol publishes it ([`ShardChange::Ended`]): the controller stops taking its
-//!   keys at once, cancels its in-flight reconciles, and aborts any still running before
-//!   `valid_until` plus the lease duration minus the renew deadline (less the clock rate bound
-//!   below), after which another replica may take the shard.
+//!   keys at once, and aborts its reconciles still running (from a task of its own, whatever
+//!   polls its stream) before `valid_until` plus the lease duration minus the renew deadline
+//!   (less the clock rate bound below), after which another replica may take the shard.
 //! - **Handing a shard over.** For a [`HandOver`] the controller stops taking the shard's keys
 //!   (the `Assignment` shows it as [`GivingUp`](ShardState::GivingUp)), removes its queued keys,
 //!   lets its in-flight reconciles finish within a grace that ends before the request's

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::{Arc, OnceLock};
 
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::CancellationToken;
 
 /// The context of one reconcile: the runner's shared data, its cancellation, its priority and
 /// two counts of earlier failures. The error policy gets the same context for the failure it
@@ -40,9 +40,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// # let _ = policy;
 /// ```
 ///
-/// The context is cancelled when the reconcile times out, or when the runner shuts down and the
-/// grace period for in-flight work has passed. A reconcile should stop promptly then; work it
-/// spawned is not stopped by the runner, so it must not outlive the context.
+/// Its [`token`](Context::token) is cancelled when the reconcile times out, or when the runner
+/// shuts down and the grace period for in-flight work has passed. A reconcile should stop
+/// promptly then; work it spawned is not stopped by the runner, so it must not outlive the
+/// token. (An [aborted](super::Aborts) reconcile is dropped without being asked first.)
 ///
 /// Why a key was queued (a source, a requeue, a retry) is not here on purpose: it is in the
 /// reconcile's tracing span (`reasons`) and metrics. A reconcile that branched on it would be
@@ -88,6 +89,7 @@ impl Cancel {
         }
     }
 
+    /// Whether cancelled, without making the token.
     fn is_cancelled(&self) -> bool {
         self.own.load(Ordering::SeqCst) || self.run.is_cancelled()
     }
@@ -143,17 +145,22 @@ impl<C> Context<C> {
         self.priority
     }
 
-    /// Whether the reconcile has been asked to stop.
-    pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
-    }
-
-    /// Completes when the reconcile is asked to stop.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.cancel.token().cancelled()
-    }
-
-    /// The cancellation token, to hand to work the reconcile spawns.
+    /// The reconcile's cancellation: cancelled when the reconcile times out, or when the runner
+    /// shuts down and the grace for in-flight work has passed. Await `token().cancelled()` to
+    /// stop promptly, check `token().is_cancelled()`, or hand it (or a child) to work the
+    /// reconcile spawns.
+    ///
+    /// ```
+    /// use workqueue_tokio::runner::{Action, Context};
+    ///
+    /// async fn reconcile(_key: String, ctx: Context) -> Result<Action, std::io::Error> {
+    ///     tokio::select! {
+    ///         () = ctx.token().cancelled() => Err(std::io::Error::other("stopped")),
+    ///         () = tokio::time::sleep(std::time::Duration::from_secs(1)) => Ok(Action::await_change()),
+    ///     }
+    /// }
+    /// # let _ = reconcile;
+    /// ```
     pub fn token(&self) -> &CancellationToken {
         self.cancel.token()
     }

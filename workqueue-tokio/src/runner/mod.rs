@@ -1,6 +1,10 @@
-//! The controller runner: workers that lease keys, reconcile them and finish their leases.
+//! The controller runner: leases due keys, reconciles them (at most `N` at once) and finishes
+//! their leases.
 //!
-//! `N` workers loop: `get` → `reconcile(key, ctx)` → finish the lease. What a reconcile returns
+//! A [`Runner`] runs as a worker pool ([`Runner::run`], which returns a [`Report`]) or as a
+//! stream of results ([`Runner::results`]: kube-runtime's `applier` shape, the layer
+//! `workqueue-kube`'s `Controller` stands on). Both are the same machinery: for each due key,
+//! `reconcile(key, ctx)` → run its future → finish the lease. What a reconcile returns
 //! ([`Action`]), or what the error policy answers for a failure (an [`Action`] too), becomes the
 //! lease's outcome by one mapping:
 //!
@@ -41,7 +45,6 @@
 //! | `failures_in_a_row` | [`Context::failures_in_a_row`] |
 //! | `priority` | the priority the key was handed out at |
 //! | `reasons` | why the key was queued, merged across de-duplicated adds: `source:NAME`, `requeue`, `retry`, `direct` |
-//! | `shard` | the key's shard, for a `workqueue-kube` `Controller` on Leases (empty otherwise) |
 //!
 //! A failed reconcile logs one event in that span, at the level [`Runner::failure_log`] sets
 //! (`ERROR` by default, or none): `reconcile failed` (with the `error`), `reconcile panicked`
@@ -49,9 +52,26 @@
 //! runner's own troubles (a panicking recorder or source, a worker that died) are `ERROR` events
 //! outside it.
 //!
-//! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
-//! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
-//! their futures are dropped and their keys retried. `run` then returns a [`Report`].
+//! Shutdown (the token given to [`Runner::run`] or [`Runner::results`]): intake stops at once
+//! (no reconcile starts after it); in-flight reconciles may finish within the shutdown grace;
+//! then their contexts are cancelled; after the cancel grace their futures are dropped and their
+//! keys retried. `run` then returns a [`Report`] (the stream ends).
+//!
+//! # Where reconciles run
+//!
+//! The reconcile function and the error policy are called on the task that runs the runner (the
+//! one that awaits `run` or polls `results`), so they need not be `Send` or `Sync`. Each
+//! reconcile's future (`Send + 'static`) is given its first poll by one of a few poller tasks
+//! (one per runtime thread): most reconciles of a level-triggered controller find their object
+//! as it should be and return there, with no task of their own; one that has to wait (an API
+//! call) goes on as a task of its own, so that reconciles run in parallel on the runtime's
+//! threads. A reconcile that computes before its first `.await` holds only its poller: within a
+//! millisecond another poller takes the keys behind it, and new keys keep being handed out.
+//!
+//! Hooks for a caller that runs several replicas or waits for a cache:
+//! [`Runner::readiness`] (hold reconciles until a gate opens), [`Runner::belongs`] (the one rule
+//! for which keys this replica works on), [`Runner::abort_handle`] (drop running reconciles by
+//! key from any task), [`Runner::per_key_backoff`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -272,7 +292,8 @@ where
     /// What happens to a key whose reconcile failed: `policy(key, failure, ctx)` returns the
     /// [`Action`] (see its table for what each means after a failure). The closure's argument
     /// types are inferred from the reconcile. Default: [`Action::backoff()`] for every failure,
-    /// as in controller-runtime.
+    /// as in controller-runtime. It is called on the task that runs the runner (it need not be
+    /// `Send` or `Sync`).
     ///
     /// The [`Context`] carries the counts to bound retries with: [`Context::failures_in_a_row`]
     /// sees every failure, whatever the policy answered.
