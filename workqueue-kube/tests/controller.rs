@@ -792,3 +792,58 @@ async fn a_context_that_is_neither_send_nor_sync() {
     assert_eq!(items.len(), 1);
     assert_eq!((calls.get(), context.get()), (1, 101));
 }
+
+/// A reconcile that computes before its first `.await` holds only its own object: on a runtime of
+/// two threads, while its first poll runs (computing until every other object has been
+/// reconciled, for at most 10 s), the other 50 are handed out and reconciled through the three
+/// other slots (before, the stream's task polled each reconcile first and held every other
+/// object behind it).
+#[test]
+fn a_reconcile_computing_before_its_first_await_holds_only_its_object() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (reader, mut writer) = reflector::store::<ConfigMap>();
+    let objects: Vec<ConfigMap> = (0..=50).map(|i| cm(&format!("cm-{i:02}"))).collect();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in &objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object.clone()));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let others = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let saw = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let reconcile = {
+        let (others, saw) = (others.clone(), saw.clone());
+        move |cm: Arc<ConfigMap>, _: Arc<()>| {
+            let (others, saw) = (others.clone(), saw.clone());
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                if cm.name_any() == "cm-00" {
+                    let computing = std::time::Instant::now();
+                    while others.load(SeqCst) < 50 && computing.elapsed() < secs(10) {
+                        std::hint::spin_loop();
+                    }
+                    saw.store(others.load(SeqCst), SeqCst);
+                } else {
+                    others.fetch_add(1, SeqCst);
+                }
+                Ok::<_, Failed>(Action::await_change())
+            }
+        }
+    };
+    let objects = stream::iter(objects.into_iter().map(Ok));
+    let items = runtime.block_on(
+        Controller::for_stream(objects, reader)
+            .with_config(Config::default().concurrency(4))
+            .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(items.len(), 51);
+    assert_eq!(
+        saw.load(std::sync::atomic::Ordering::SeqCst),
+        50,
+        "the others were reconciled while the first computed"
+    );
+}

@@ -43,6 +43,11 @@ use super::{Action, Context, Error, Failure, Reconcile};
 /// `Clone` always panics would otherwise make it spin).
 const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
 
+/// How many jobs a dispatcher outside the worker threads makes before it hands them over (the
+/// rest of a turn's go at its end): small enough that a poller on another thread starts while the
+/// next are made, large enough to take the hand-off's lock once for several.
+const HAND_OFF: usize = 4;
+
 /// One item of a runner's stream.
 pub(crate) type Item<T, E> = Result<(T, Action), Error<T, E>>;
 
@@ -82,6 +87,8 @@ enum Event<T> {
     Poller(Option<Result<(), JoinError>>),
     Lease(std::thread::Result<Option<Lease<T>>>),
     Deadline,
+    /// A tick while first polls were due: are the pollers stalled?
+    Look,
 }
 
 /// What starts at the first poll.
@@ -114,6 +121,8 @@ where
     /// Whether the run ends once its sources have ended and the queue has nothing left.
     ends_with_sources: bool,
     running: usize,
+    /// Jobs made so far (compared with the pollers' first polls).
+    handed_out: u64,
     limit: usize,
     held: Vec<Lease<T>>,
     inbox: VecDeque<End<T, R::Error, C>>,
@@ -130,8 +139,8 @@ where
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
     intake_watcher: Option<AbortOnDrop>,
-    /// Wakes another poller when the ones at work stall.
-    watch: Option<AbortOnDrop>,
+    /// The pollers' progress at the dispatcher's last look (see `jobs`).
+    progress_seen: u64,
     /// Whether the runtime has several worker threads.
     multi_thread: bool,
     /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
@@ -187,6 +196,7 @@ where
             shutdown: Shutdown::None,
             ends_with_sources: settings.ends_with_sources,
             running: 0,
+            handed_out: 0,
             limit: settings.limit.max(1),
             held: Vec::new(),
             inbox: VecDeque::new(),
@@ -198,7 +208,7 @@ where
             worker_panics: 0,
             ended: false,
             intake_watcher: None,
-            watch: None,
+            progress_seen: 0,
             multi_thread: false,
             outside: false,
         }
@@ -211,6 +221,13 @@ where
             return None;
         }
         self.start();
+        self.jobs.set_dispatching(true);
+        let item = self.next_item().await;
+        self.jobs.set_dispatching(false);
+        item
+    }
+
+    async fn next_item(&mut self) -> Option<Item<T, R::Error>> {
         loop {
             // The ends first (they free slots), then new work, and only then the items: the
             // pollers get their next jobs before the consumer gets its results.
@@ -269,7 +286,7 @@ where
         self.gate = setup.gate;
         self.intake_watcher = Some(AbortOnDrop(tokio::spawn(self.engine.intake_watcher())));
         // As many pollers as the runtime has threads: one at work in the common case, the
-        // others for when it stalls (see `jobs`), found by the watch.
+        // others for when it stalls (see `jobs`).
         let threads = tokio::runtime::Handle::current().metrics().num_workers();
         let pollers = threads.clamp(1, self.limit);
         self.multi_thread = matches!(
@@ -283,16 +300,10 @@ where
         for _ in 0..pollers {
             self.start_poller();
         }
-        if pollers > 1 {
-            let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
-            self.watch = Some(AbortOnDrop(tokio::spawn(jobs::watch(
-                self.jobs.clone(),
-                ends,
-            ))));
-        }
     }
 
     fn start_poller(&mut self) {
+        self.jobs.add_poller();
         let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
         self.pollers
             .spawn(jobs::poller(self.jobs.clone(), ends, self.multi_thread));
@@ -358,11 +369,19 @@ where
     async fn wait(&mut self) -> Event<T> {
         // Outside the worker threads, a poller's next end is usually microseconds away: spin
         // for it rather than wait (see `jobs`).
-        if self.outside && self.running > 0 && jobs::spin_until(|| self.engine.ends.any()) {
+        if self.outside && self.first_polls_pending() && jobs::spin_until(|| self.engine.ends.any())
+        {
             return Event::Ends;
         }
         let take = self.may_take_async();
         let deadline = self.deadline();
+        // While first polls are due, look at the pollers every tick (see `jobs`).
+        let look = (self.multi_thread && self.first_polls_pending()).then(|| {
+            self.progress_seen = self.jobs.progress();
+            Instant::now() + jobs::TICK
+        });
+        // Waiting: a poller that runs out of jobs need not spin for more.
+        self.jobs.set_dispatching(false);
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
         let watch_gate = self.gate.is_some() && !self.gate_final;
         let Dispatcher {
@@ -374,7 +393,7 @@ where
             ..
         } = self;
         let ends = &engine.ends;
-        tokio::select! {
+        let event = tokio::select! {
             biased;
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
@@ -383,7 +402,10 @@ where
             joined = pollers.join_next(), if !pollers.is_empty() => Event::Poller(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
-        }
+            () = sleep_until(look), if look.is_some() => Event::Look,
+        };
+        self.jobs.set_dispatching(true);
+        event
     }
 
     /// Handles an event; an item it makes waits in `items`.
@@ -406,6 +428,10 @@ where
             Event::Lease(got) => self.on_lease(got),
             Event::Deadline => {
                 self.on_deadline();
+                None
+            }
+            Event::Look => {
+                self.on_look();
                 None
             }
         };
@@ -444,8 +470,12 @@ where
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
                 self.batch.push(self.engine.job(lease, begun, fut, ticket));
-
                 self.running += 1;
+                self.handed_out += 1;
+                if self.outside && self.batch.len() >= HAND_OFF {
+                    // A poller on another thread starts on these while the next are made.
+                    self.jobs.push(&mut self.batch);
+                }
                 None
             }
             Err(message) => self.judge(lease, begun, Failure::Panic(message)),
@@ -513,6 +543,7 @@ where
         // Pollers catch the panics of the jobs they poll; this is defence in depth.
         if let Some(Err(error)) = joined {
             self.worker_panics += 1;
+            self.jobs.remove_poller();
             tracing::error!(%error, "a poller failed; starting another");
             if !self.ended {
                 self.start_poller();
@@ -557,6 +588,14 @@ where
         }
     }
 
+    /// A tick passed while first polls were due: if none finished meanwhile, the pollers at work
+    /// are stalled, and another takes the waiting jobs.
+    fn on_look(&mut self) {
+        if let jobs::Look::Stalled = self.jobs.look(&mut self.progress_seen) {
+            self.jobs.help();
+        }
+    }
+
     /// A deadline passed: the end of a pause after a panicking `get`, or the next step of a
     /// shutdown.
     fn on_deadline(&mut self) {
@@ -584,6 +623,12 @@ where
     }
 
     // ---- helpers --------------------------------------------------------------------------------
+
+    /// Whether jobs handed out have not had their first poll yet (their ends may be microseconds
+    /// away; those of reconciles that wait, as tasks, are not).
+    fn first_polls_pending(&self) -> bool {
+        self.jobs.progress() < self.handed_out
+    }
 
     fn begin_stopping(&mut self) {
         self.phase = Phase::Stopping;
@@ -634,7 +679,6 @@ where
     async fn end(&mut self) {
         self.ended = true;
         self.intake_watcher = None;
-        self.watch = None;
         self.feeder_stop.cancel();
         while let Some(joined) = self.feeders.join_next().await {
             if let Err(error) = joined {

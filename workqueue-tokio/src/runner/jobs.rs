@@ -11,22 +11,27 @@
 //! runtime thread for each, which is most of what a task costs).
 //!
 //! How many pollers work at once:
-//! - a batch of jobs wakes one idle poller. Woken from the dispatcher's thread, it runs there
-//!   next, so the common case (first polls that return at once) stays on one thread, with no
-//!   wake-up of another: the dispatcher and one poller take turns, a batch each;
-//! - a [`watch`] task looks every [`TICK`] while jobs wait: if no first poll finished since its
-//!   last look, the pollers at work are stalled (a reconcile computing before its first
-//!   `.await`), and it wakes another poller, which takes the waiting jobs. A stalled poller so
-//!   holds only its own job, for at most a tick before help comes.
+//! - jobs wake a poller only when none is at work: one poller takes a batch after another, and
+//!   the common case (first polls that return at once) keeps one thread besides the
+//!   dispatcher's busy, without waking others;
+//! - while first polls are due, the dispatcher looks every [`TICK`] (`Jobs::look`): if none
+//!   finished since its last look, the pollers at work are stalled (a reconcile computing before
+//!   its first `.await`), and it wakes another poller (`Jobs::help`), which takes the waiting
+//!   jobs. A stalled poller so holds only its own job, for about a tick before help comes. The
+//!   dispatcher does this itself, rather than a task of the runtime's, because a task woken just
+//!   before the stall could wait in the stalled thread's queue.
 //!
 //! A poller that is a task of the same runtime's worker threads as the dispatcher wakes it only
 //! when it runs out of jobs, and then waits itself: tokio runs a task woken from a worker thread
 //! next on that thread, where no other thread may take it, so a poller that went on to a long
 //! poll right after a wake would hold the dispatcher. A dispatcher outside the worker threads (a
-//! stream polled by `block_on`, as under `#[tokio::main]`) is woken as ends come, and there
-//! the dispatcher and the poller at work run on two threads at once: before either waits for the
-//! other (a syscall, and the other thread's wake-up), it spins for up to [`SPIN`], which in a busy
-//! runner is enough for the other's next hand-off.
+//! stream polled by `block_on`, as under `#[tokio::main]`) is woken as ends come.
+//!
+//! Waiting for the other side of a hand-off is a syscall and the other thread's wake-up, which
+//! costs more than a first poll: a poller that runs out of jobs while the dispatcher is at work,
+//! and a dispatcher outside the worker threads while first polls are due, spin for up to
+//! [`SPIN`] first (giving the CPU away between looks), which in a busy runner is enough for the
+//! other's next hand-off.
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
@@ -44,31 +49,31 @@ use super::catch;
 /// its end.
 pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// How often the [`watch`] looks for stalled pollers while jobs wait.
+/// How often the dispatcher looks for stalled pollers while first polls are due.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
 
-/// How many ticks without waiting jobs before the [`watch`] stops ticking (until jobs wait
-/// again), so that an idle runner costs nothing.
-const IDLE_TICKS: u32 = 100;
+/// How long a poller (while the dispatcher is at work), or a dispatcher outside the worker
+/// threads, spins for the other's next hand-off before it waits (see the module docs). A first
+/// poll that returns at once, or the making of a job, takes a few microseconds.
+const SPIN: Duration = Duration::from_micros(50);
 
-/// How long a poller, or a dispatcher outside the worker threads, spins for the other's next
-/// hand-off before it waits (see the module docs). A first poll that returns at once takes a few
-/// microseconds.
-const SPIN: Duration = Duration::from_micros(20);
-
-/// Spins until `ready` or [`SPIN`] has passed; whether `ready` became true.
+/// Spins until `ready` or [`SPIN`] has passed; whether `ready` became true. It gives its CPU to
+/// another thread between looks (`sched_yield`), so that when the other side of the hand-off
+/// runs on the same CPU (a busy machine, or a poller stalled on the other), the spin lets it
+/// make progress instead of burning its time.
 pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();
-    let mut spins = 0u32;
     loop {
-        if ready() {
-            return true;
+        for _ in 0..32 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
         }
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(32) && start.elapsed() >= SPIN {
-            return false;
+        if start.elapsed() >= SPIN {
+            return ready();
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }
 
@@ -77,20 +82,23 @@ pub(crate) struct Jobs {
     state: Mutex<JobsState>,
     /// How many jobs wait (written under the lock; read without it to spin).
     queued: AtomicUsize,
-    /// First polls finished so far (what the watch compares between its looks).
+    /// Whether the dispatcher is at work (not waiting, not handing an item to its consumer):
+    /// more jobs may come any moment, and an idle poller spins for them.
+    dispatching: AtomicBool,
+    /// First polls finished so far (what the dispatcher compares between its looks).
     progress: AtomicU64,
 }
 
 struct JobsState {
     queue: VecDeque<Job>,
     idle: Vec<Waker>,
-    /// The watch's waker, while it waits for jobs.
-    watch: Option<Waker>,
+    /// How many pollers there are (all idle: `idle.len() == pollers`).
+    pollers: usize,
     closed: bool,
 }
 
-/// What the watch found.
-enum Look {
+/// What a look at the pollers found.
+pub(crate) enum Look {
     /// No job waits.
     Idle,
     /// Jobs wait, and first polls finished since the last look.
@@ -105,10 +113,11 @@ impl Jobs {
             state: Mutex::new(JobsState {
                 queue: VecDeque::new(),
                 idle: Vec::new(),
-                watch: None,
+                pollers: 0,
                 closed: false,
             }),
             queued: AtomicUsize::new(0),
+            dispatching: AtomicBool::new(false),
             progress: AtomicU64::new(0),
         }
     }
@@ -117,21 +126,40 @@ impl Jobs {
         self.state.lock()
     }
 
-    /// Queues `batch` (emptying it) and wakes one idle poller (and the watch, if it waits).
+    /// Counts a poller (before it first waits).
+    pub(crate) fn add_poller(&self) {
+        self.lock().pollers += 1;
+    }
+
+    /// Uncounts a poller that died.
+    pub(crate) fn remove_poller(&self) {
+        let mut state = self.lock();
+        state.pollers = state.pollers.saturating_sub(1);
+    }
+
+    /// Queues `batch` (emptying it), and wakes a poller if none is at work.
     pub(crate) fn push(&self, batch: &mut Vec<Job>) {
         if batch.is_empty() {
             return;
         }
-        let (poller, watch) = {
+        let poller = {
             let mut state = self.lock();
             state.queue.extend(batch.drain(..));
             self.queued.store(state.queue.len(), Ordering::Relaxed);
-            (state.idle.pop(), state.watch.take())
+            if state.idle.len() == state.pollers {
+                state.idle.pop()
+            } else {
+                None
+            }
         };
-        // The watch first: the poller, woken last, runs next on this thread.
-        for waker in watch.into_iter().chain(poller) {
-            waker.wake();
+        if let Some(poller) = poller {
+            poller.wake();
         }
+    }
+
+    /// Whether the dispatcher is at work (see [`Jobs::dispatching`]).
+    pub(crate) fn set_dispatching(&self, at_work: bool) {
+        self.dispatching.store(at_work, Ordering::Relaxed);
     }
 
     /// The next job, waiting for one; `None` once closed.
@@ -164,26 +192,10 @@ impl Jobs {
         job
     }
 
-    /// Completes once a job waits (or the jobs are closed: `false`).
-    async fn until_queued(&self) -> bool {
-        poll_fn(|cx| {
-            let mut state = self.lock();
-            if state.closed {
-                return Poll::Ready(false);
-            }
-            if !state.queue.is_empty() {
-                return Poll::Ready(true);
-            }
-            state.watch = Some(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
-    }
-
-    /// Looks at the queue, given the progress seen at the last look (updated).
-    fn look(&self, last: &mut u64) -> Look {
+    /// Looks at the pollers, given the progress seen at the last look (updated).
+    pub(crate) fn look(&self, last: &mut u64) -> Look {
         let progress = self.progress.load(Ordering::Relaxed);
-        let queued = !self.lock().queue.is_empty();
+        let queued = self.queued.load(Ordering::Relaxed) > 0;
         let moved = std::mem::replace(last, progress) != progress;
         match (queued, moved) {
             (false, _) => Look::Idle,
@@ -192,29 +204,33 @@ impl Jobs {
         }
     }
 
-    /// Wakes an idle poller, if there is one.
-    fn wake_one(&self) {
+    /// Wakes an idle poller, if there is one (the ones at work are stalled).
+    pub(crate) fn help(&self) {
         let poller = self.lock().idle.pop();
         if let Some(poller) = poller {
             poller.wake();
         }
     }
 
-    /// No more jobs: the pollers and the watch end, and the jobs not yet polled are dropped
-    /// (their leases end as dropped leases do; their ends are sent by their guards).
+    /// First polls finished so far.
+    pub(crate) fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// No more jobs: the pollers end, and the jobs not yet polled are dropped (their leases end
+    /// as dropped leases do; their ends are sent by their guards).
     pub(crate) fn close(&self) {
-        let (jobs, idle, watch) = {
+        let (jobs, idle) = {
             let mut state = self.lock();
             state.closed = true;
             self.queued.store(0, Ordering::Relaxed);
             (
                 std::mem::take(&mut state.queue),
                 std::mem::take(&mut state.idle),
-                state.watch.take(),
             )
         };
         drop(jobs);
-        for waker in idle.into_iter().chain(watch) {
+        for waker in idle {
             waker.wake();
         }
     }
@@ -230,7 +246,13 @@ pub(crate) async fn poller(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, spin: bool) {
                 // Out of jobs: what ended meanwhile goes to the dispatcher (which may be waiting
                 // for those ends to hand out more) as this poller waits.
                 ends.flush();
-                if spin && spin_until(|| jobs.queued.load(Ordering::Relaxed) > 0) {
+                if spin
+                    && spin_until(|| {
+                        jobs.queued.load(Ordering::Relaxed) > 0
+                            || !jobs.dispatching.load(Ordering::Relaxed)
+                    })
+                    && jobs.queued.load(Ordering::Relaxed) > 0
+                {
                     continue;
                 }
                 match jobs.pop().await {
@@ -241,28 +263,6 @@ pub(crate) async fn poller(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, spin: bool) {
         };
         first_poll(job);
         jobs.progress.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Looks every [`TICK`] while jobs wait, and wakes another poller when the ones at work made no
-/// progress (see the module docs); the ends the stalled poller holds go to the dispatcher too.
-/// Sleeps while no job waits.
-pub(crate) async fn watch(jobs: Arc<Jobs>, ends: Arc<dyn Flush>) {
-    let mut last = jobs.progress.load(Ordering::Relaxed);
-    while jobs.until_queued().await {
-        let mut idle = 0;
-        while idle < IDLE_TICKS {
-            tokio::time::sleep(TICK).await;
-            match jobs.look(&mut last) {
-                Look::Idle => idle += 1,
-                Look::Busy => idle = 0,
-                Look::Stalled => {
-                    idle = 0;
-                    ends.flush();
-                    jobs.wake_one();
-                }
-            }
-        }
     }
 }
 
