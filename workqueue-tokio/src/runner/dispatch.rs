@@ -87,8 +87,6 @@ enum Event<T> {
     Poller(Option<Result<(), JoinError>>),
     Lease(std::thread::Result<Option<Lease<T>>>),
     Deadline,
-    /// A tick while first polls were due: are the pollers stalled?
-    Look,
 }
 
 /// What starts at the first poll.
@@ -139,8 +137,6 @@ where
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
     intake_watcher: Option<AbortOnDrop>,
-    /// The pollers' progress at the dispatcher's last look (see `jobs`).
-    progress_seen: u64,
     /// Whether the runtime has several worker threads.
     multi_thread: bool,
     /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
@@ -208,7 +204,6 @@ where
             worker_panics: 0,
             ended: false,
             intake_watcher: None,
-            progress_seen: 0,
             multi_thread: false,
             outside: false,
         }
@@ -300,13 +295,17 @@ where
         for _ in 0..pollers {
             self.start_poller();
         }
+        if pollers > 1 {
+            let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
+            jobs::watch(self.jobs.clone(), ends, tokio::runtime::Handle::current());
+        }
     }
 
     fn start_poller(&mut self) {
-        self.jobs.add_poller();
+        let busy = self.jobs.add_poller(self.multi_thread);
         let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
-        self.pollers
-            .spawn(jobs::poller(self.jobs.clone(), ends, self.multi_thread));
+        let poller = jobs::poller(self.jobs.clone(), ends, self.multi_thread, busy);
+        self.pollers.spawn(poller);
     }
 
     // ---- the steps ------------------------------------------------------------------------------
@@ -369,17 +368,15 @@ where
     async fn wait(&mut self) -> Event<T> {
         // Outside the worker threads, a poller's next end is usually microseconds away: spin
         // for it rather than wait (see `jobs`).
-        if self.outside && self.first_polls_pending() && jobs::spin_until(|| self.engine.ends.any())
+        if self.outside
+            && self.first_polls_pending()
+            && jobs::spin_until(|| self.engine.ends.any() || !self.first_polls_pending())
+            && self.engine.ends.any()
         {
             return Event::Ends;
         }
         let take = self.may_take_async();
         let deadline = self.deadline();
-        // While first polls are due, look at the pollers every tick (see `jobs`).
-        let look = (self.multi_thread && self.first_polls_pending()).then(|| {
-            self.progress_seen = self.jobs.progress();
-            Instant::now() + jobs::TICK
-        });
         // Waiting: a poller that runs out of jobs need not spin for more.
         self.jobs.set_dispatching(false);
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
@@ -402,7 +399,6 @@ where
             joined = pollers.join_next(), if !pollers.is_empty() => Event::Poller(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
-            () = sleep_until(look), if look.is_some() => Event::Look,
         };
         self.jobs.set_dispatching(true);
         event
@@ -428,10 +424,6 @@ where
             Event::Lease(got) => self.on_lease(got),
             Event::Deadline => {
                 self.on_deadline();
-                None
-            }
-            Event::Look => {
-                self.on_look();
                 None
             }
         };
@@ -585,14 +577,6 @@ where
                 self.get_panicked(&workqueue_core::__private::panic_message(&*payload));
                 None
             }
-        }
-    }
-
-    /// A tick passed while first polls were due: if none finished meanwhile, the pollers at work
-    /// are stalled, and another takes the waiting jobs.
-    fn on_look(&mut self) {
-        if let jobs::Look::Stalled = self.jobs.look(&mut self.progress_seen) {
-            self.jobs.help();
         }
     }
 

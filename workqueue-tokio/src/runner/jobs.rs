@@ -11,15 +11,20 @@
 //! runtime thread for each, which is most of what a task costs).
 //!
 //! How many pollers work at once:
-//! - jobs wake a poller only when none is at work: one poller takes a batch after another, and
-//!   the common case (first polls that return at once) keeps one thread besides the
-//!   dispatcher's busy, without waking others;
-//! - while first polls are due, the dispatcher looks every [`TICK`] (`Jobs::look`): if none
-//!   finished since its last look, the pollers at work are stalled (a reconcile computing before
-//!   its first `.await`), and it wakes another poller (`Jobs::help`), which takes the waiting
-//!   jobs. A stalled poller so holds only its own job, for about a tick before help comes. The
-//!   dispatcher does this itself, rather than a task of the runtime's, because a task woken just
-//!   before the stall could wait in the stalled thread's queue.
+//! - jobs wake a poller only when none is at work (or those at work are each in a first poll
+//!   that has run for more than [`STALL`]): one poller takes a batch after another, and the
+//!   common case (first polls that return at once) keeps one thread besides the dispatcher's
+//!   busy, without waking others;
+//! - while jobs wait, a [`watch`] thread looks every [`TICK`]: if no first poll finished since
+//!   its last look (or each poller at work is in one that has run for more than [`STALL`]), the
+//!   pollers at work are stalled (a reconcile computing before its first `.await`), and it
+//!   spawns a helper, a poller that takes the waiting jobs and ends when there are none. A
+//!   stalled poller so holds only its own job, for about a tick before help comes. The watch is
+//!   a thread of its own, and the helper a new task rather than an idle poller woken: a task of
+//!   the runtime's may wait in the stalled thread's queue (tokio moves tasks to a worker's own
+//!   queue, where another takes them only if it is awake), while a task spawned from outside
+//!   the worker threads wakes an idle one; and tokio's timers fire only when a worker thread
+//!   parks on the runtime's driver. It sleeps while no job waits.
 //!
 //! A poller that is a task of the same runtime's worker threads as the dispatcher wakes it only
 //! when it runs out of jobs, and then waits itself: tokio runs a task woken from a worker thread
@@ -41,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::catch;
 
@@ -49,8 +54,13 @@ use super::catch;
 /// its end.
 pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// How often the dispatcher looks for stalled pollers while first polls are due.
-pub(crate) const TICK: Duration = Duration::from_millis(1);
+/// How often the [`watch`] looks for stalled pollers while jobs wait.
+const TICK: Duration = Duration::from_millis(1);
+
+/// How long a first poll runs before its poller counts as stalled (a first poll that returns at
+/// once takes a few microseconds): jobs handed out then wake another poller, and so does the
+/// [`watch`].
+const STALL: Duration = Duration::from_micros(100);
 
 /// How long a poller (while the dispatcher is at work), or a dispatcher outside the worker
 /// threads, spins for the other's next hand-off before it waits (see the module docs). A first
@@ -80,6 +90,8 @@ pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
 /// The jobs not yet given their first poll, and the pollers waiting for one.
 pub(crate) struct Jobs {
     state: Mutex<JobsState>,
+    /// Where the [`watch`] waits while no job waits.
+    queued_again: Condvar,
     /// How many jobs wait (written under the lock; read without it to spin).
     queued: AtomicUsize,
     /// Whether the dispatcher is at work (not waiting, not handing an item to its consumer):
@@ -87,6 +99,8 @@ pub(crate) struct Jobs {
     dispatching: AtomicBool,
     /// First polls finished so far (what the dispatcher compares between its looks).
     progress: AtomicU64,
+    /// Where [`Busy`] times count from.
+    epoch: std::time::Instant,
 }
 
 struct JobsState {
@@ -94,18 +108,27 @@ struct JobsState {
     idle: Vec<Waker>,
     /// How many pollers there are (all idle: `idle.len() == pollers`).
     pollers: usize,
+    /// For each poller of a multi-thread runtime: when its current first poll began.
+    busy: Vec<Arc<Busy>>,
+    /// Whether the [`watch`] waits on `queued_again`.
+    watch_waits: bool,
     closed: bool,
 }
 
-/// What a look at the pollers found.
-pub(crate) enum Look {
+/// What the watch found.
+enum Look {
     /// No job waits.
     Idle,
-    /// Jobs wait, and first polls finished since the last look.
+    /// Jobs wait, and pollers at work make progress.
     Busy,
-    /// Jobs wait, and no first poll finished since the last look.
+    /// Jobs wait, and the pollers at work are stalled.
     Stalled,
 }
+
+/// When a poller's current first poll began (nanoseconds since [`Jobs::epoch`], at least 1), or 0
+/// between polls.
+#[derive(Default)]
+pub(crate) struct Busy(AtomicU64);
 
 impl Jobs {
     pub(crate) fn new() -> Self {
@@ -114,21 +137,39 @@ impl Jobs {
                 queue: VecDeque::new(),
                 idle: Vec::new(),
                 pollers: 0,
+                busy: Vec::new(),
+                watch_waits: false,
                 closed: false,
             }),
+            queued_again: Condvar::new(),
             queued: AtomicUsize::new(0),
             dispatching: AtomicBool::new(false),
             progress: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         }
+    }
+
+    /// Nanoseconds since [`Jobs::epoch`], at least 1.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     fn lock(&self) -> MutexGuard<'_, JobsState> {
         self.state.lock()
     }
 
-    /// Counts a poller (before it first waits).
-    pub(crate) fn add_poller(&self) {
-        self.lock().pollers += 1;
+    /// Counts a poller (before it first waits); `timed`: it publishes when its first polls
+    /// begin (a multi-thread runtime, where another may help it), through what this returns.
+    pub(crate) fn add_poller(&self, timed: bool) -> Option<Arc<Busy>> {
+        let mut state = self.lock();
+        state.pollers += 1;
+        timed.then(|| {
+            let busy = Arc::new(Busy::default());
+            state.busy.push(busy.clone());
+            busy
+        })
     }
 
     /// Uncounts a poller that died.
@@ -146,7 +187,11 @@ impl Jobs {
             let mut state = self.lock();
             state.queue.extend(batch.drain(..));
             self.queued.store(state.queue.len(), Ordering::Relaxed);
-            if state.idle.len() == state.pollers {
+            if state.watch_waits {
+                state.watch_waits = false;
+                self.queued_again.notify_one();
+            }
+            if !state.idle.is_empty() && !self.at_work(&state) {
                 state.idle.pop()
             } else {
                 None
@@ -192,23 +237,52 @@ impl Jobs {
         job
     }
 
-    /// Looks at the pollers, given the progress seen at the last look (updated).
-    pub(crate) fn look(&self, last: &mut u64) -> Look {
-        let progress = self.progress.load(Ordering::Relaxed);
-        let queued = self.queued.load(Ordering::Relaxed) > 0;
-        let moved = std::mem::replace(last, progress) != progress;
-        match (queued, moved) {
-            (false, _) => Look::Idle,
-            (true, true) => Look::Busy,
-            (true, false) => Look::Stalled,
+    /// Whether a poller is at work that is not stalled: awake, and not in a first poll that has
+    /// run for more than [`STALL`].
+    fn at_work(&self, state: &JobsState) -> bool {
+        let awake = state.pollers.saturating_sub(state.idle.len());
+        if awake == 0 {
+            return false;
+        }
+        let now = self.now();
+        let stall = u64::try_from(STALL.as_nanos()).unwrap_or(u64::MAX);
+        let stalled = state
+            .busy
+            .iter()
+            .map(|b| b.0.load(Ordering::Relaxed))
+            .filter(|&began| began != 0 && now.saturating_sub(began) > stall)
+            .count();
+        awake > stalled
+    }
+
+    /// Waits (the watch's thread) until a job waits; `false` once closed.
+    fn until_queued(&self) -> bool {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return false;
+            }
+            if !state.queue.is_empty() {
+                return true;
+            }
+            state.watch_waits = true;
+            self.queued_again.wait(&mut state);
         }
     }
 
-    /// Wakes an idle poller, if there is one (the ones at work are stalled).
-    pub(crate) fn help(&self) {
-        let poller = self.lock().idle.pop();
-        if let Some(poller) = poller {
-            poller.wake();
+    /// The watch's look: whether jobs still wait, and if so, whether the pollers at work are
+    /// stalled: none finished a first poll since the last look (`last`, updated), or each is in
+    /// one that has run for more than [`STALL`].
+    fn look(&self, last: &mut u64) -> Look {
+        let progress = self.progress.load(Ordering::Relaxed);
+        let moved = std::mem::replace(last, progress) != progress;
+        let state = self.lock();
+        if state.queue.is_empty() {
+            Look::Idle
+        } else if !moved || !self.at_work(&state) {
+            Look::Stalled
+        } else {
+            Look::Busy
         }
     }
 
@@ -223,6 +297,7 @@ impl Jobs {
         let (jobs, idle) = {
             let mut state = self.lock();
             state.closed = true;
+            self.queued_again.notify_all();
             self.queued.store(0, Ordering::Relaxed);
             (
                 std::mem::take(&mut state.queue),
@@ -238,7 +313,13 @@ impl Jobs {
 
 /// A poller: gives each job its first poll; one that is not finished then goes on as a task.
 /// `spin`: spin for the dispatcher's next batch before waiting (a multi-thread runtime).
-pub(crate) async fn poller(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, spin: bool) {
+/// `busy`: where it publishes when its first polls begin (see [`Jobs::add_poller`]).
+pub(crate) async fn poller(
+    jobs: Arc<Jobs>,
+    ends: Arc<dyn Flush>,
+    spin: bool,
+    busy: Option<Arc<Busy>>,
+) {
     loop {
         let job = match jobs.try_pop() {
             Some(job) => job,
@@ -261,9 +342,51 @@ pub(crate) async fn poller(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, spin: bool) {
                 }
             }
         };
+        if let Some(busy) = &busy {
+            busy.0.store(jobs.now(), Ordering::Relaxed);
+        }
+        first_poll(job);
+        if let Some(busy) = &busy {
+            busy.0.store(0, Ordering::Relaxed);
+        }
+        jobs.progress.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Starts the watch: a thread that looks every [`TICK`] while jobs wait, and spawns a helper on
+/// `runtime` when the pollers at work are stalled (see the module docs). It ends once the jobs
+/// are closed.
+pub(crate) fn watch(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, runtime: tokio::runtime::Handle) {
+    let spawned = std::thread::Builder::new()
+        .name("workqueue-watch".into())
+        .spawn(move || {
+            let mut last = jobs.progress();
+            while jobs.until_queued() {
+                loop {
+                    std::thread::sleep(TICK);
+                    match jobs.look(&mut last) {
+                        Look::Idle => break,
+                        Look::Busy => {}
+                        Look::Stalled => {
+                            drop(runtime.spawn(helper(jobs.clone(), ends.clone())));
+                        }
+                    }
+                }
+            }
+        });
+    if let Err(error) = spawned {
+        // The runner still runs: a stalled poller then holds the jobs behind it until it ends.
+        tracing::error!(%error, "the runner's watch thread could not start");
+    }
+}
+
+/// A helper: a poller for as long as jobs wait (see [`watch`]).
+async fn helper(jobs: Arc<Jobs>, ends: Arc<dyn Flush>) {
+    while let Some(job) = jobs.try_pop() {
         first_poll(job);
         jobs.progress.fetch_add(1, Ordering::Relaxed);
     }
+    ends.flush();
 }
 
 /// Polls a job once; spawns it if it has to wait.
