@@ -244,6 +244,10 @@ pub struct OutageDetector {
     open: Option<Open>,
     now: u64,
     openings: u64,
+    /// The tenth in which the last look found failures not widespread, until a first failure
+    /// comes: a failure in that tenth need not look again, since only a first failure or the
+    /// window moving on can change the verdict (a success only makes failures less widespread).
+    quiet_epoch: Option<u64>,
 }
 
 impl OutageDetector {
@@ -255,6 +259,7 @@ impl OutageDetector {
             open: None,
             now: 0,
             openings: 0,
+            quiet_epoch: None,
         }
     }
 
@@ -303,11 +308,22 @@ impl OutageDetector {
         self.advance(now);
         match signal {
             Signal::Success => self.count(false),
-            Signal::FirstFailure => self.count(true),
+            Signal::FirstFailure => {
+                self.count(true);
+                self.quiet_epoch = None;
+            }
             Signal::Failure => {}
             Signal::Ignored => return Transition::None,
         }
-        if self.open.is_some() || !signal.is_failure() || !self.widespread() {
+        if self.open.is_some() || !signal.is_failure() {
+            return Transition::None;
+        }
+        let epoch = self.epoch(self.now);
+        if self.quiet_epoch == Some(epoch) {
+            return Transition::None;
+        }
+        if !self.widespread(epoch) {
+            self.quiet_epoch = Some(epoch);
             return Transition::None;
         }
         self.open = Some(Open {
@@ -321,8 +337,7 @@ impl OutageDetector {
     /// The opening rule: whether, for some `j` in `1..=BUCKETS`, the first failures of the last
     /// `j` buckets are at least `min_first_failures` and at least `ratio` of themselves plus the
     /// successes of the last `j + 1` buckets within the window.
-    fn widespread(&self) -> bool {
-        let epoch = self.epoch(self.now);
+    fn widespread(&self, epoch: u64) -> bool {
         // The live buckets' counts, newest first; the last entry, the tenth before the window,
         // stays empty.
         let mut live = [(0u64, 0u64); BUCKETS + 1];
@@ -367,6 +382,7 @@ impl OutageDetector {
             let lasted = Duration::from_nanos(self.now - open.since);
             self.open = None;
             self.buckets = [Bucket::default(); BUCKETS];
+            self.quiet_epoch = None;
             return Transition::Closed { lasted };
         }
         open.interval = open.interval.saturating_mul(2).min(self.config.probe_max);
