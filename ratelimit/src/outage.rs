@@ -198,23 +198,30 @@ struct Open {
 ///   Failures of keys that already failed are not counted: with a few objects failing for their
 ///   own reasons in a quiet steady state, a ratio of all failures would reach 100 %, while their
 ///   first failures age out of the window.
-/// - **Open**: on a failure (first or not) while closed, if for some `j` from 1 to 10 the first
-///   failures `F` of the last `j` tenths (the current one included) and the successes `S` of the
-///   last `j + 1` tenths (as far as the window reaches: for `j` = 10 the whole window) satisfy
+/// - **Open**: a failure (first or not) while closed opens it if, for some `j` from 1 to 10, the
+///   first failures `F` of the last `j` tenths (the current one included) and the successes `S`
+///   of the last `j + 1` tenths (those in the window: for `j` = 10, the whole window) satisfy
 ///   `F >= min_first_failures` and `F >= ratio * (F + S)`
-///   ([`OutageConfig::min_first_failures`], [`OutageConfig::ratio`]). Looking at every recent
-///   stretch, not only the whole window, means that successes from before the failures began
-///   (a burst of reconciles that converged, seconds before the API server went away) do not
-///   hide a widespread failure now; counting the successes of one tenth more than the failures
-///   means that a handful of keys failing together among steady successes is judged against the
-///   successes just before them, not opening the detector. A retry's failure looks again
-///   because successes age out of the window while first failures of its later tenths stay.
-///   Once open, the queue parks failing keys and lets one probe through at a time,
-///   [`OutageDetector::probe_interval`] apart, an interval that doubles after each failed probe
-///   up to [`OutageConfig::probe_max`].
+///   ([`OutageConfig::min_first_failures`], [`OutageConfig::ratio`]). The queue then parks
+///   failing keys and lets one probe through at a time, [`OutageDetector::probe_interval`]
+///   apart, an interval that doubles after each failed probe up to [`OutageConfig::probe_max`].
 /// - It closes only when a **probe** succeeds ([`OutageDetector::probe`]): the success of an
 ///   unrelated key is no proof that the shared dependency is back, so a partial outage does not
 ///   make it flap. Closing clears the window.
+///
+/// Why the opening rule looks as it does:
+/// - It looks at every recent stretch of the window, not only the whole of it: successes from
+///   before the failures began (a burst of reconciles that converged seconds before the API
+///   server went away) do not hide a widespread failure now.
+/// - It counts the successes of one tenth more than the first failures: a handful of keys
+///   failing together among steady successes is weighed against the successes just before
+///   them, and does not open it, wherever in a tenth it lands.
+/// - A retry looks again: the window's older successes age out while the first failures of its
+///   later tenths stay.
+/// - Its limit: successes in the same tenth as the first failures, or in the tenth before,
+///   hide them if they outnumber them (at the default ratio). The detector opens only once
+///   those successes have left the window and a retry comes; if they share a tenth with the
+///   first failures, they leave together and it does not open.
 ///
 /// ```
 /// use std::time::Duration;
@@ -234,6 +241,27 @@ struct Open {
 /// let later = Instant::from_nanos(61_000_000_000);
 /// assert_eq!(d.probe(true, later), Transition::Closed { lasted: Duration::from_secs(60) });
 /// assert!(!d.is_open());
+/// ```
+///
+/// Successes from before the failures began do not hide them:
+///
+/// ```
+/// use workqueue_ratelimit::{Instant, OutageConfig, OutageDetector, Signal, Transition};
+///
+/// let secs = |s: u64| Instant::from_nanos(s * 1_000_000_000);
+/// let mut d = OutageDetector::new(OutageConfig::default());
+/// // 200 objects converge: 400 successes (each object's reconcile, and the no-op reconcile its
+/// // own write queued).
+/// for _ in 0..400 {
+///     d.record(Signal::Success, secs(10));
+/// }
+/// // 15 s later every reconcile fails: 5 first failures against the 400 successes of the
+/// // window, but against none in the last two tenths (6 s).
+/// for _ in 0..4 {
+///     assert_eq!(d.record(Signal::FirstFailure, secs(25)), Transition::None);
+/// }
+/// assert_eq!(d.record(Signal::FirstFailure, secs(25)), Transition::Opened);
+/// assert_eq!(d.window_counts(), (5, 400));
 /// ```
 ///
 /// Pure: it never reads a clock, and times that go backwards are clamped to the latest one seen.
