@@ -3,9 +3,11 @@
 //!
 //! Not published; built by the workspace, but its tests only with the `control-plane` feature.
 
+pub mod child;
 pub mod counting;
 #[cfg(feature = "control-plane")]
 pub mod outage;
+pub mod replica;
 
 use std::time::{Duration, Instant};
 

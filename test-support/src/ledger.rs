@@ -151,12 +151,18 @@ impl<S: Clone + Eq + Hash + Debug + Send + 'static> Ledger<S> {
     /// Records the start of a run now; returns its index (for [`Ledger::end`] and
     /// [`Ledger::valid_until`]).
     pub fn begin(&self, replica: &str, process: usize, subject: S) -> usize {
+        self.begin_at(replica, process, subject, Instant::now())
+    }
+
+    /// Records the start of a run at `start` (a run read from another process's record, say);
+    /// returns its index.
+    pub fn begin_at(&self, replica: &str, process: usize, subject: S, start: Instant) -> usize {
         let mut inner = self.lock();
         inner.runs.push(Run {
             replica: replica.into(),
             process,
             subject,
-            start: Instant::now(),
+            start,
             ended: None,
             valid_until: None,
         });

@@ -343,12 +343,12 @@ impl ControlPlane {
 
     /// Pauses kube-apiserver (SIGSTOP): the kernel still accepts connections, nothing answers.
     pub fn pause_apiserver(&self) {
-        process::signal(self.apiserver_pid(), "STOP").expect("SIGSTOP to kube-apiserver");
+        crate::signal::send(self.apiserver_pid(), "STOP").expect("SIGSTOP to kube-apiserver");
     }
 
     /// Resumes a paused kube-apiserver (SIGCONT).
     pub fn resume_apiserver(&self) {
-        process::signal(self.apiserver_pid(), "CONT").expect("SIGCONT to kube-apiserver");
+        crate::signal::send(self.apiserver_pid(), "CONT").expect("SIGCONT to kube-apiserver");
     }
 
     /// Kills kube-apiserver (SIGKILL) and waits for it to exit: connections are refused until

@@ -98,22 +98,3 @@ impl Group {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 }
-
-/// Sends a signal (`STOP`, `CONT`, `KILL`) to a process through the shell's `kill` builtin
-/// (no `unsafe`, no dependency).
-pub(crate) fn signal(pid: u32, signal: &str) -> std::io::Result<()> {
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(r#"kill -s "$1" "$2""#)
-        .arg("signal")
-        .arg(signal)
-        .arg(pid.to_string())
-        .status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "kill -s {signal} {pid}: {status}"
-        )))
-    }
-}
