@@ -21,12 +21,27 @@ use serde::{Deserialize, Serialize};
 use workqueue_kube::controller::{Action, Config, Controller};
 
 /// A request for a ConfigMap with the given content.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+///
+/// Written by hand (kube's `CustomResource` derive would need its `derive` feature and schemars);
+/// the API server requires `apiVersion` and `kind` in a body, so they are serialized too (below).
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct ConfigMapGenerator {
     /// Its name, namespace, uid...
     pub metadata: ObjectMeta,
     /// What it asks for.
     pub spec: GeneratorSpec,
+}
+
+impl Serialize for ConfigMapGenerator {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut object = serializer.serialize_struct("ConfigMapGenerator", 4)?;
+        object.serialize_field("apiVersion", &Self::api_version(&()))?;
+        object.serialize_field("kind", &Self::kind(&()))?;
+        object.serialize_field("metadata", &self.metadata)?;
+        object.serialize_field("spec", &self.spec)?;
+        object.end()
+    }
 }
 
 /// What a generator asks for.

@@ -3,7 +3,6 @@
 //! the ConfigMap is put back (its owner is triggered); a change of the generator's content is
 //! applied.
 
-mod apiserver;
 #[allow(dead_code)]
 #[path = "../examples/configmap_generator.rs"]
 mod example;
@@ -17,8 +16,8 @@ use kube::api::ObjectMeta;
 use tokio::sync::oneshot;
 use tokio::time::sleep;
 
-use apiserver::ApiServer;
 use example::{ConfigMapGenerator, GeneratorSpec};
+use workqueue_test_support::apiserver::ApiServer;
 
 fn generator(name: &str, content: &str) -> ConfigMapGenerator {
     ConfigMapGenerator {

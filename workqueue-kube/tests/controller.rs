@@ -4,8 +4,6 @@
 //! `reconcile_all_on`, `reconcile_on`, `for_stream`), `Config`'s `concurrency` and `debounce`,
 //! the mapping of results onto the queue, and graceful shutdown.
 
-mod apiserver;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,31 +21,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use workqueue_kube::controller::{Action, Config, Controller, Error};
 
-use apiserver::{ApiServer, Partition};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn cm(name: &str) -> ConfigMap {
-    cm_in("default", name)
-}
-
-fn cm_in(namespace: &str, name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("v".into(), "1".into())])),
-        ..Default::default()
-    }
-}
+use workqueue_test_support::apiserver::{ApiServer, Partition};
+use workqueue_test_support::fixtures::{cm, cm_in, ms, secs};
 
 /// A Deployment owned by the ConfigMap `owner` (with the uid the server gave it).
 fn owned(server: &ApiServer, name: &str, owner: &str) -> Deployment {
@@ -216,7 +191,7 @@ fn configmaps(server: &ApiServer) -> Controller<ConfigMap> {
 async fn nothing_is_reconciled_before_the_first_list_is_complete() {
     let server = ApiServer::new();
     for name in ["a", "b", "c"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     server.put(&owned(&server, "a-1", "a"));
     server.set_max_page_size("configmaps", 2);
@@ -248,7 +223,7 @@ async fn nothing_is_reconciled_before_the_first_list_is_complete() {
 async fn a_relist_does_not_reconcile_objects_the_new_list_lacks() {
     let server = ApiServer::new();
     for name in ["keep", "gone"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     let behaviour = Behaviour {
         takes: Duration::ZERO,
@@ -281,7 +256,7 @@ async fn a_relist_does_not_reconcile_objects_the_new_list_lacks() {
 async fn owns_and_watches_map_to_the_right_objects() {
     let server = ApiServer::new();
     for name in ["web", "db"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     let controller = configmaps(&server)
         .owns(
@@ -324,7 +299,7 @@ async fn owns_and_watches_map_to_the_right_objects() {
 async fn reconcile_all_on_and_reconcile_on() {
     let server = ApiServer::new();
     for name in ["a", "b"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     let (all_tx, all_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let (one_tx, one_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<ConfigMap>>();
@@ -360,7 +335,7 @@ async fn concurrency_bounds_reconciles_and_zero_is_unbounded() {
     for (concurrency, peak) in [(3u16, 3usize), (0, 20)] {
         let server = ApiServer::new();
         for i in 0..20 {
-            server.put(&cm(&format!("cm-{i:02}")));
+            server.put(&cm(&format!("cm-{i:02}"), "1"));
         }
         let controller =
             configmaps(&server).with_config(Config::default().concurrency(concurrency));
@@ -381,7 +356,7 @@ async fn concurrency_bounds_reconciles_and_zero_is_unbounded() {
 #[tokio::test(start_paused = true)]
 async fn an_object_is_reconciled_one_at_a_time() {
     let server = ApiServer::new();
-    server.put(&cm("a"));
+    server.put(&cm("a", "1"));
     let behaviour = Behaviour {
         takes: secs(5),
         ..Behaviour::default()
@@ -389,7 +364,7 @@ async fn an_object_is_reconciled_one_at_a_time() {
     let c = Running::start(configmaps(&server), behaviour);
     sleep(secs(1)).await;
     for v in 2..5 {
-        let mut changed = cm("a");
+        let mut changed = cm("a", "1");
         changed.data = Some(BTreeMap::from([("v".into(), v.to_string())]));
         server.put(&changed);
         sleep(ms(100)).await;
@@ -407,7 +382,7 @@ async fn an_object_is_reconciled_one_at_a_time() {
 #[tokio::test(start_paused = true)]
 async fn debounce_reconciles_a_burst_once_after_the_last_change() {
     let server = ApiServer::new();
-    server.put(&cm("a"));
+    server.put(&cm("a", "1"));
     let controller = configmaps(&server).with_config(Config::default().debounce(secs(3)));
     let start = Instant::now();
     let c = Running::start(controller, Behaviour::default());
@@ -421,7 +396,7 @@ async fn debounce_reconciles_a_burst_once_after_the_last_change() {
     );
     let burst = Instant::now();
     for v in 2..6 {
-        let mut changed = cm("a");
+        let mut changed = cm("a", "1");
         changed.data = Some(BTreeMap::from([("v".into(), v.to_string())]));
         server.put(&changed);
         sleep(secs(1)).await;
@@ -444,7 +419,7 @@ async fn debounce_reconciles_a_burst_once_after_the_last_change() {
 async fn results_map_onto_the_queue() {
     let server = ApiServer::new();
     for name in ["poll", "fail", "done"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     let behaviour = Behaviour {
         takes: Duration::ZERO,
@@ -473,7 +448,7 @@ async fn results_map_onto_the_queue() {
 #[tokio::test(start_paused = true)]
 async fn per_key_backoff_makes_a_failing_object_wait_longer_each_time() {
     let server = ApiServer::new();
-    server.put(&cm("fail"));
+    server.put(&cm("fail", "1"));
     let behaviour = Behaviour {
         takes: Duration::ZERO,
         result: |_| Err(Failed("down".into())),
@@ -500,7 +475,7 @@ async fn per_key_backoff_makes_a_failing_object_wait_longer_each_time() {
 async fn a_change_is_served_before_the_initial_list() {
     let server = ApiServer::new();
     for i in 0..10 {
-        server.put(&cm(&format!("cm-{i}")));
+        server.put(&cm(&format!("cm-{i}"), "1"));
     }
     let controller = configmaps(&server).with_config(Config::default().concurrency(1));
     let behaviour = Behaviour {
@@ -509,7 +484,7 @@ async fn a_change_is_served_before_the_initial_list() {
     };
     let c = Running::start(controller, behaviour);
     sleep(ms(1500)).await;
-    server.put(&cm("changed"));
+    server.put(&cm("changed", "1"));
     sleep(secs(20)).await;
     let names = c.ledger.names();
     let position = names.iter().position(|n| n == "changed").unwrap();
@@ -523,7 +498,7 @@ async fn a_change_is_served_before_the_initial_list() {
 async fn graceful_shutdown_lets_in_flight_reconciles_finish() {
     let server = ApiServer::new();
     for i in 0..4 {
-        server.put(&cm(&format!("cm-{i}")));
+        server.put(&cm(&format!("cm-{i}"), "1"));
     }
     let controller = configmaps(&server).with_config(Config::default().concurrency(2));
     let behaviour = Behaviour {
@@ -546,7 +521,7 @@ async fn graceful_shutdown_lets_in_flight_reconciles_finish() {
 #[tokio::test(start_paused = true)]
 async fn for_stream_waits_for_its_store_and_ends_with_its_stream() {
     let (reader, mut writer) = reflector::store::<ConfigMap>();
-    let (a, b) = (cm("a"), cm("b"));
+    let (a, b) = (cm("a", "1"), cm("b", "1"));
     let ledger = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
     let reconcile = {
         let ledger = ledger.clone();
@@ -583,9 +558,9 @@ async fn for_stream_waits_for_its_store_and_ends_with_its_stream() {
 async fn fair_namespaces_serves_a_small_namespace_promptly() {
     let server = ApiServer::new();
     for i in 0..20 {
-        server.put(&cm_in("a", &format!("cm-{i:02}")));
+        server.put(&cm_in("a", &format!("cm-{i:02}"), "1"));
     }
-    server.put(&cm_in("b", "lonely"));
+    server.put(&cm_in("b", "lonely", "1"));
     let controller =
         configmaps(&server).with_config(Config::default().concurrency(1).fair_namespaces(true));
     let behaviour = Behaviour {
@@ -604,7 +579,7 @@ async fn fair_namespaces_serves_a_small_namespace_promptly() {
 #[tokio::test(start_paused = true)]
 async fn store_is_the_controllers_store() {
     let server = ApiServer::new();
-    server.put(&cm("a"));
+    server.put(&cm("a", "1"));
     let controller = configmaps(&server);
     let store = controller.store();
     let c = Running::start(controller, Behaviour::default());
@@ -711,8 +686,9 @@ async fn a_relist_that_keeps_failing_does_not_hold_requeue_polls() {
 }
 
 /// With every trigger stream ended, the triggers still waiting for their debounce are reconciled
-/// before the stream ends, as kube-runtime runs what it has scheduled (before, they were dropped:
-/// a finite trigger stream with a debounce reconciled nothing).
+/// before the stream ends (before, they were dropped: a finite trigger stream with a debounce
+/// reconciled nothing; kube-runtime drops whatever has not started); the requeues the reconciles
+/// ask for are dropped, so the stream ends then and not 300 s later.
 #[tokio::test(start_paused = true)]
 async fn debounced_triggers_are_reconciled_after_every_trigger_ended() {
     let (reader, mut writer) = reflector::store::<ConfigMap>();
@@ -733,7 +709,7 @@ async fn debounced_triggers_are_reconciled_after_every_trigger_ended() {
                 .lock()
                 .unwrap()
                 .push((cm.name_any(), Instant::now()));
-            async { Ok::<_, Failed>(Action::await_change()) }
+            async { Ok::<_, Failed>(Action::requeue(secs(300))) }
         }
     };
     let start = Instant::now();
@@ -752,6 +728,7 @@ async fn debounced_triggers_are_reconciled_after_every_trigger_ended() {
     let names: Vec<_> = reconciled.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["a", "b"]);
     assert!(reconciled.iter().all(|(_, at)| *at - start == secs(3)));
+    assert_eq!(Instant::now() - start, secs(3), "the requeues were dropped");
 }
 
 /// kube-runtime puts no bound on the context: one that is neither `Send` nor `Sync` (a `Cell`)

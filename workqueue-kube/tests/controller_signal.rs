@@ -3,9 +3,6 @@
 //! ends. In a test binary of its own (it takes the process's signals), on real time: the signal
 //! is an operating-system event. The only time bound is a guard whose expiry fails the test.
 
-mod apiserver;
-
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,13 +10,14 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta};
+use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio::time::timeout;
 use workqueue_kube::controller::{Action, Config, Controller};
 
-use apiserver::ApiServer;
+use workqueue_test_support::apiserver::ApiServer;
+use workqueue_test_support::fixtures::cm;
 
 /// Sets a flag when the controller logs that a graceful shutdown was requested.
 #[derive(Clone, Default)]
@@ -57,18 +55,6 @@ impl tracing::Subscriber for Watch {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-fn cm(name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("v".into(), "1".into())])),
-        ..Default::default()
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 #[error("never")]
 struct Never;
@@ -79,7 +65,7 @@ async fn sigterm_shuts_down_gracefully_and_in_flight_reconciles_finish() {
     tracing::subscriber::set_global_default(watch.clone()).unwrap();
     let server = ApiServer::new();
     for name in ["first", "second"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     let started = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());

@@ -2,14 +2,12 @@
 //! controller, included from `examples/counter/`, with a `kube::Client` on a scripted API server
 //! in memory (`apiserver/`). No cluster, no network.
 
-mod apiserver;
 #[allow(dead_code)]
 #[path = "../examples/counter/main.rs"]
 mod controller;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 
@@ -18,7 +16,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta};
+use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use tokio::sync::oneshot;
@@ -26,20 +24,9 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 use workqueue_kube::controller::Controller;
 
-use apiserver::ApiServer;
 use controller::{APPLIED, REPLICAS};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some("default".into()),
-        ..Default::default()
-    }
-}
+use workqueue_test_support::apiserver::ApiServer;
+use workqueue_test_support::fixtures::{meta, secs};
 
 fn configmap(name: &str, replicas: &str) -> ConfigMap {
     let mut metadata = meta(name);

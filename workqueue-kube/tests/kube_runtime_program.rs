@@ -3,8 +3,6 @@
 //! the scripted API server both ways: the same finalizer's apply and cleanup, with the object
 //! deleted while its apply is in flight.
 
-mod apiserver;
-
 /// The program on kube-runtime's `Controller`.
 mod on_kube_runtime {
     use kube::runtime::controller::{Action, Config, Controller, Error};
@@ -21,28 +19,15 @@ mod on_workqueue_kube {
     include!("kube_runtime_program/program.rs");
 }
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
 use tokio::sync::oneshot;
 use tokio::time::sleep;
 
-use apiserver::ApiServer;
-
-fn cm(name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("v".into(), "1".into())])),
-        ..Default::default()
-    }
-}
+use workqueue_test_support::apiserver::ApiServer;
+use workqueue_test_support::fixtures::cm;
 
 /// Runs one build of the program: the ConfigMap is created, its finalizer added and applied; it
 /// is deleted while its apply runs; the cleanup then removes the finalizer and the object goes.
@@ -53,7 +38,7 @@ where
     Fut: std::future::Future<Output = Vec<String>> + Send + 'static,
 {
     let server = ApiServer::new();
-    server.put(&cm("web"));
+    server.put(&cm("web", "1"));
     let (stop, stopped) = oneshot::channel();
     let log = Arc::new(Mutex::new(Vec::new()));
     let task = tokio::spawn(run(server.client(), stopped, log.clone()));

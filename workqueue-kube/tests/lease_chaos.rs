@@ -4,13 +4,12 @@
 //! same. Throughout, no two replicas may believe they hold one shard at the same instant, and
 //! once the faults stop the live replicas settle on a fair share.
 
-mod apiserver;
 mod lease_support;
 
 use tokio::time::sleep;
 
-use apiserver::{ApiServer, Partition};
 use lease_support::*;
+use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 /// xorshift64*: a small deterministic generator (no dependency).
 struct Rng(u64);

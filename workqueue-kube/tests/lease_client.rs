@@ -1,7 +1,5 @@
 //! The Lease client and the protocol's configuration, against the scripted API server.
 
-mod apiserver;
-
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -10,7 +8,7 @@ use workqueue_kube::lease::{
     ConfigError, Created, Deleted, LeaseClient, LeaseConfig, LeaseError, Replaced, ShardLeases,
 };
 
-use apiserver::ApiServer;
+use workqueue_test_support::apiserver::ApiServer;
 
 fn lease(name: &str, holder: &str) -> Lease {
     Lease {

@@ -3,15 +3,14 @@
 //! tokio's paused clock. Every test checks, from each replica's published beliefs, that the two
 //! never believe they hold the shard at the same instant.
 
-mod apiserver;
 mod lease_support;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep};
 use workqueue_kube::lease::{Ended, OnLoss};
 
-use apiserver::{ApiServer, Partition};
 use lease_support::*;
+use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 const LEASE: u64 = 15;
 const RETRY: u64 = 2;
@@ -137,8 +136,10 @@ async fn a_partitioned_leader_stops_before_the_other_takes_over() {
             fast.held_count() == 1
         })
         .await;
-        let beliefs = ledger.beliefs();
-        let lost = beliefs.iter().find(|b| b.replica == "slow").unwrap().end();
+        let beliefs = ledger.runs();
+        let lost = beliefs.iter().find(|b| b.replica == "slow").unwrap();
+        // A belief always has its validity: it has an end.
+        let lost = lost.end().unwrap();
         let taken = ledger.taken_after(0, cut).unwrap();
         assert_eq!(taken.replica, "fast");
         let margin = taken.start - lost;

@@ -3,7 +3,6 @@
 //! minutes, rates within 1%), on tokio's paused clock. Every test checks, from each replica's
 //! published beliefs, that no two replicas ever believe they hold one shard at the same instant.
 
-mod apiserver;
 mod lease_support;
 
 use std::collections::BTreeSet;
@@ -12,8 +11,8 @@ use http::Method;
 use tokio::time::{Instant, sleep};
 use workqueue_kube::lease::Ended;
 
-use apiserver::{ApiServer, Partition};
 use lease_support::*;
+use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 const SHARDS: u32 = 32;
 const LEASE: u64 = 15;
@@ -267,13 +266,13 @@ async fn a_partitioned_replica_stops_before_its_shards_are_taken() {
             || settled(&[&fast, &third], SHARDS),
         )
         .await;
-        let beliefs = ledger.beliefs();
+        let beliefs = ledger.runs();
         let mut margins = Vec::new();
         for &shard in &cut_off {
             let lost = beliefs
                 .iter()
-                .filter(|b| b.replica == "slow" && b.shard == shard)
-                .map(|b| b.end())
+                .filter(|b| b.replica == "slow" && b.subject == shard)
+                .filter_map(|b| b.end())
                 .max()
                 .unwrap();
             let taken = ledger.taken_after(shard, cut).unwrap();

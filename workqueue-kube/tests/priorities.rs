@@ -2,33 +2,18 @@
 //! the keys and priorities it yields through an initial list, changes, an outage and a relist,
 //! and the errors it passes on for the runner to skip.
 
-mod apiserver;
-
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::stream::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::ObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::time::sleep;
-use workqueue_kube::{AddOptions, LOW_PRIORITY, keys, prioritized};
+use workqueue_kube::sources::{AddOptions, LOW_PRIORITY, keys, prioritized};
 
-use apiserver::ApiServer;
-
-fn configmap(name: &str, value: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("v".into(), value.into())])),
-        ..Default::default()
-    }
-}
+use workqueue_test_support::apiserver::ApiServer;
+use workqueue_test_support::fixtures::cm;
 
 /// What the stream yielded since the last call: keys with priorities, and how many errors.
 fn drain(
@@ -69,14 +54,15 @@ fn normal(name: &str) -> (String, i32) {
 async fn initial_list_low_changes_normal_relist_low_only_when_unchanged() {
     let api = ApiServer::new();
     for name in ["a", "b", "gone"] {
-        api.put(&configmap(name, "1"));
+        api.put(&cm(name, "1"));
     }
     let events = watcher(
         Api::<ConfigMap>::all(api.client()),
         watcher::Config::default(),
-    )
-    .default_backoff();
+    );
+    // The backoff after the stages, where the watcher's `Init` events no longer reset it.
     let mut stream = keys(prioritized(events))
+        .default_backoff()
         .map(|item| {
             item.map(|(key, opts)| (key.name, priority_of(opts)))
                 .map_err(|e| e.to_string())
@@ -91,7 +77,7 @@ async fn initial_list_low_changes_normal_relist_low_only_when_unchanged() {
     sleep(Duration::from_secs(1)).await;
     assert_eq!(drain(&mut rx), (vec![low("a"), low("b"), low("gone")], 0));
 
-    api.put(&configmap("a", "2"));
+    api.put(&cm("a", "2"));
     sleep(Duration::from_secs(1)).await;
     assert_eq!(drain(&mut rx), (vec![normal("a")], 0));
 
@@ -99,8 +85,8 @@ async fn initial_list_low_changes_normal_relist_low_only_when_unchanged() {
     // the watcher must relist.
     api.set_down(true);
     sleep(Duration::from_secs(10)).await;
-    api.put(&configmap("b", "2"));
-    api.put(&configmap("c", "1"));
+    api.put(&cm("b", "2"));
+    api.put(&cm("c", "1"));
     api.delete::<ConfigMap>("gone");
     api.compact();
     api.set_down(false);

@@ -4,17 +4,16 @@
 //! start and end on every replica; every scenario checks that no object ever has overlapping
 //! reconciles on two replicas.
 
-mod apiserver;
 mod lease_support;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta};
+use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -22,118 +21,20 @@ use tokio::time::{Instant, sleep};
 use workqueue_kube::controller::{Action, Config, Controller};
 use workqueue_kube::lease::LeaseConfig;
 
-use apiserver::{ApiServer, Partition};
 use lease_support::{CONTROLLER, NAMESPACE, clock_of, millis, secs, until};
+use workqueue_test_support::apiserver::{ApiServer, Partition};
+use workqueue_test_support::fixtures::cm;
 
-fn cm(name: &str, version: u32) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(NAMESPACE.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([("v".into(), version.to_string())])),
-        ..Default::default()
-    }
-}
+/// Every reconcile on every replica: the subject is the object's name.
+type Ledger = workqueue_test_support::ledger::Ledger<String>;
 
 /// How long a reconcile takes and what it returns, by the object's name.
 type Behaviour = Arc<dyn Fn(&str) -> (Duration, Action) + Send + Sync>;
 
-/// One reconcile: which replica ran which object, from when until when (`None`: still running,
-/// or killed with its replica).
-#[derive(Clone, Debug)]
-struct Run {
-    replica: String,
-    object: String,
-    start: Instant,
-    end: Option<Instant>,
-}
-
-#[derive(Clone, Default)]
-struct Ledger(Arc<Mutex<Vec<Run>>>);
-
-/// Ends a run when dropped.
-struct Ended(Ledger, usize);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        self.0.end(self.1);
-    }
-}
-
-impl Ledger {
-    fn start(&self, replica: &str, cm: &ConfigMap) -> usize {
-        let mut runs = self.0.lock().unwrap();
-        runs.push(Run {
-            replica: replica.into(),
-            object: cm.name_any(),
-            start: Instant::now(),
-            end: None,
-        });
-        runs.len() - 1
-    }
-
-    fn end(&self, index: usize) {
-        let mut runs = self.0.lock().unwrap();
-        runs[index].end.get_or_insert_with(Instant::now);
-    }
-
-    fn runs(&self) -> Vec<Run> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Closes the open runs of a killed replica at `at` (its process is gone).
-    fn killed(&self, replica: &str, at: Instant) {
-        for run in self.0.lock().unwrap().iter_mut() {
-            if run.replica == replica && run.end.is_none() {
-                run.end = Some(at);
-            }
-        }
-    }
-
-    /// No object has overlapping reconciles on two replicas (a run still open counts until now).
-    fn assert_never_two_at_once(&self) -> usize {
-        let now = Instant::now();
-        let runs = self.runs();
-        let mut by_object: HashMap<&str, Vec<&Run>> = HashMap::new();
-        for run in &runs {
-            by_object.entry(&run.object).or_default().push(run);
-        }
-        for (object, runs) in &by_object {
-            for (i, a) in runs.iter().enumerate() {
-                for b in &runs[i + 1..] {
-                    if a.replica == b.replica {
-                        continue;
-                    }
-                    let (a_end, b_end) = (a.end.unwrap_or(now), b.end.unwrap_or(now));
-                    assert!(
-                        a_end <= b.start || b_end <= a.start,
-                        "{object} ran on {} and {} at once: {a:?} {b:?}",
-                        a.replica,
-                        b.replica
-                    );
-                }
-            }
-        }
-        runs.len()
-    }
-
-    /// The objects each replica reconciled from `since` on.
-    fn reconciled_since(&self, since: Instant) -> HashMap<String, Vec<String>> {
-        let mut by_object: HashMap<String, Vec<String>> = HashMap::new();
-        for run in self.runs() {
-            if run.start >= since {
-                by_object.entry(run.object).or_default().push(run.replica);
-            }
-        }
-        by_object
-    }
-}
-
 /// A running replica: its controller's stream as a task.
 struct Replica {
-    name: String,
+    /// Its number in the ledger.
+    process: usize,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Vec<String>>,
 }
@@ -193,12 +94,13 @@ impl Replica {
     ) -> Replica {
         let name = config.identity.clone();
         let client = server.client_named(&name);
+        let process = ledger.process();
         let (stop, stopped) = oneshot::channel::<()>();
         let reconcile = {
             let (ledger, name) = (ledger.clone(), name.clone());
             move |cm: Arc<ConfigMap>, _: Arc<()>| {
                 // The run ends when its future does: returned, or dropped (aborted).
-                let run = Ended(ledger.clone(), ledger.start(&name, &cm));
+                let run = ledger.run(&name, process, cm.name_any());
                 let (takes, then) = behaviour(&cm.name_any());
                 async move {
                     sleep(takes).await;
@@ -228,7 +130,7 @@ impl Replica {
                 .collect(),
         );
         Replica {
-            name,
+            process,
             stop: Some(stop),
             task,
         }
@@ -238,7 +140,7 @@ impl Replica {
     /// nothing is released.
     fn kill(&self, ledger: &Ledger) {
         self.task.abort();
-        ledger.killed(&self.name, Instant::now());
+        ledger.died(self.process, Instant::now());
     }
 
     async fn shut_down(mut self) {
@@ -297,9 +199,9 @@ fn fair(server: &ApiServer, replicas: &[&str]) -> bool {
 async fn a_killed_leader_is_replaced_and_every_object_reconciled_again() {
     let server = ApiServer::new();
     for i in 0..20 {
-        server.put(&cm(&format!("cm-{i:02}"), 1));
+        server.put(&cm(&format!("cm-{i:02}"), "1"));
     }
-    let ledger = Ledger::default();
+    let ledger = Ledger::new();
     let poll = Action::requeue(millis(500));
     let r1 = Replica::start_then(&server, &ledger, 0, leader("r1"), millis(500), 0, poll);
     sleep(secs(5)).await;
@@ -308,7 +210,7 @@ async fn a_killed_leader_is_replaced_and_every_object_reconciled_again() {
     // r1 leads (it started first) and is in the middle of its reconciles.
     let runs = ledger.runs();
     assert!(runs.iter().all(|r| r.replica == "r1"), "{runs:?}");
-    assert!(runs.iter().any(|r| r.end.is_none()), "r1 is reconciling");
+    assert!(runs.iter().any(|r| r.ended.is_none()), "r1 is reconciling");
     let killed = Instant::now();
     r1.kill(&ledger);
     let limit = secs(15) + secs(2) + secs(1);
@@ -316,8 +218,8 @@ async fn a_killed_leader_is_replaced_and_every_object_reconciled_again() {
         let runs = ledger.runs();
         let done: std::collections::HashSet<_> = runs
             .iter()
-            .filter(|r| r.replica == "r2" && r.start >= killed && r.end.is_some())
-            .map(|r| r.object.clone())
+            .filter(|r| r.replica == "r2" && r.start >= killed && r.ended.is_some())
+            .map(|r| r.subject.clone())
             .collect();
         done.len()
     };
@@ -341,9 +243,9 @@ async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
     for partition in [Partition::Blackholed, Partition::Refused] {
         let server = ApiServer::new();
         for i in 0..10 {
-            server.put(&cm(&format!("cm-{i}"), 1));
+            server.put(&cm(&format!("cm-{i}"), "1"));
         }
-        let ledger = Ledger::default();
+        let ledger = Ledger::new();
         // Reconciles that outlive the loss: the partitioned leader must abort them.
         let r1 = Replica::start(&server, &ledger, 0, leader("r1"), secs(4), 2);
         sleep(secs(5)).await;
@@ -360,7 +262,7 @@ async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
         let r1_last = runs
             .iter()
             .filter(|r| r.replica == "r1")
-            .filter_map(|r| r.end)
+            .filter_map(|r| r.ended)
             .max()
             .unwrap();
         let r2_first = runs
@@ -383,7 +285,7 @@ async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
         assert!(
             runs.iter()
                 .filter(|r| r.replica == "r1")
-                .all(|r| r.end.is_some()),
+                .all(|r| r.ended.is_some()),
             "r1 stopped every reconcile"
         );
         ledger.assert_never_two_at_once();
@@ -393,20 +295,20 @@ async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
 }
 
 /// Safety does not depend on the application: the leader's stream is consumed by a task that
-/// takes 5 s per item (a slow sink; 20 short reconciles that requeue keep it always behind), and the
-/// leader is cut off while two long reconciles run; its watchdog still aborts them before the
-/// standby can take the Lease, so no object runs on both (before, the aborts waited for the
-/// consumer to poll the stream again, and the long ones ran on both).
+/// takes 5 s per item (a slow sink; 20 short reconciles that requeue keep it always behind), and
+/// the leader is cut off while two long reconciles run; its watchdog still aborts them before
+/// the standby can take the Lease, so no object runs on both (before, the aborts waited for the
+/// consumer to poll the stream again, and the long ones ran 10 s past the standby's take).
 #[tokio::test(start_paused = true)]
 async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
     let server = ApiServer::new();
     for name in ["long-0", "long-1"] {
-        server.put(&cm(name, 1));
+        server.put(&cm(name, "1"));
     }
     for i in 0..20 {
-        server.put(&cm(&format!("short-{i:02}"), 1));
+        server.put(&cm(&format!("short-{i:02}"), "1"));
     }
-    let ledger = Ledger::default();
+    let ledger = Ledger::new();
     let behaviour: Behaviour = Arc::new(|name| {
         if name.starts_with("long") {
             (secs(60), Action::await_change())
@@ -415,26 +317,16 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
         }
     });
     let slow = secs(5);
-    let r1 = Replica::start_consumed(
-        &server,
-        &ledger,
-        0,
-        leader("r1"),
-        behaviour.clone(),
-        0,
-        slow,
-    );
+    let r1 = Replica::start_consumed(&server, &ledger, 0, leader("r1"), behaviour.clone(), 0, slow);
     sleep(secs(5)).await;
     let r2 = Replica::start_consumed(&server, &ledger, 1, leader("r2"), behaviour, 0, slow);
     sleep(secs(3)).await;
-    let long_running = |ledger: &Ledger| {
-        ledger
-            .runs()
-            .iter()
-            .filter(|r| r.replica == "r1" && r.object.starts_with("long") && r.end.is_none())
-            .count()
-    };
-    assert_eq!(long_running(&ledger), 2, "r1 runs the long reconciles");
+    let long_running = ledger
+        .runs()
+        .iter()
+        .filter(|r| r.replica == "r1" && r.subject.starts_with("long") && r.ended.is_none())
+        .count();
+    assert_eq!(long_running, 2, "r1 runs the long reconciles");
     let cut = Instant::now();
     server.set_partition("r1", Partition::Blackholed);
     until(secs(40), "r2 takes over", || {
@@ -446,7 +338,7 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
     let r1_last = runs
         .iter()
         .filter(|r| r.replica == "r1")
-        .map(|r| r.end.unwrap_or(Instant::now()))
+        .map(|r| r.ended.unwrap_or(Instant::now()))
         .max()
         .unwrap();
     let r2_first = runs
@@ -466,11 +358,8 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
         r1_last - cut,
         r2_first - cut
     );
-    let checked = ledger.assert_never_two_at_once();
-    assert!(
-        checked >= 22,
-        "the ledger holds the runs it judged: {checked}"
-    );
+    let (checked, _) = ledger.assert_never_two_at_once();
+    assert!(checked >= 22, "the ledger holds the runs it judged: {checked}");
     r1.kill(&ledger);
     r2.shut_down().await;
 }
@@ -483,20 +372,20 @@ async fn rebalance_one_three_two_loses_nothing() {
     let server = ApiServer::new();
     const OBJECTS: usize = 200;
     for i in 0..OBJECTS {
-        server.put(&cm(&format!("cm-{i:03}"), 1));
+        server.put(&cm(&format!("cm-{i:03}"), "1"));
     }
-    let ledger = Ledger::default();
+    let ledger = Ledger::new();
     let mut version = 1;
     // Touches every object and checks that each is reconciled once after it, on one replica.
     let touch_all = |version: u32| {
         for i in 0..OBJECTS {
-            server.put(&cm(&format!("cm-{i:03}"), version));
+            server.put(&cm(&format!("cm-{i:03}"), &version.to_string()));
         }
     };
     let r1 = Replica::start(&server, &ledger, 0, sharded("r1"), millis(10), 4);
     until(secs(30), "r1 holds everything", || fair(&server, &["r1"])).await;
     until(secs(30), "every object reconciled", || {
-        ledger.reconciled_since(Instant::now() - secs(60)).len() == OBJECTS
+        ledger.started_since(Instant::now() - secs(60)).len() == OBJECTS
     })
     .await;
     let mut replicas = vec![r1];
@@ -517,7 +406,7 @@ async fn rebalance_one_three_two_loses_nothing() {
     .await;
     sleep(secs(5)).await;
     // The objects of the shards r2 and r3 took were reconciled by them on taking.
-    let taken = ledger.reconciled_since(joined);
+    let taken = ledger.started_since(joined);
     let by_newcomers = taken
         .values()
         .filter(|replicas| replicas.iter().any(|r| r == "r2" || r == "r3"))
@@ -541,11 +430,11 @@ async fn rebalance_one_three_two_loses_nothing() {
         let touched = Instant::now();
         touch_all(version);
         until(secs(30), "every change reconciled", || {
-            ledger.reconciled_since(touched).len() == OBJECTS
+            ledger.started_since(touched).len() == OBJECTS
         })
         .await;
         sleep(secs(2)).await;
-        let after = ledger.reconciled_since(touched);
+        let after = ledger.started_since(touched);
         for (object, on) in &after {
             assert_eq!(
                 on.len(),
@@ -568,7 +457,7 @@ async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
     let mut times = Vec::new();
     for k in [1usize, 2, 4] {
         let server = ApiServer::new();
-        let ledger = Ledger::default();
+        let ledger = Ledger::new();
         let names: Vec<String> = (1..=k).map(|i| format!("r{i}")).collect();
         let replicas: Vec<Replica> = names
             .iter()
@@ -579,10 +468,10 @@ async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
         until(secs(60), "the replicas settle", || fair(&server, &refs)).await;
         let created = Instant::now();
         for i in 0..OBJECTS {
-            server.put(&cm(&format!("cm-{i:05}"), 1));
+            server.put(&cm(&format!("cm-{i:05}"), "1"));
         }
         let took = until(secs(300), "every object reconciled", || {
-            ledger.reconciled_since(created).len() == OBJECTS
+            ledger.started_since(created).len() == OBJECTS
         })
         .await;
         ledger.assert_never_two_at_once();

@@ -24,13 +24,15 @@ pub enum Error<ReconcilerErr: 'static, QueueErr: 'static> {
     QueueError(#[source] QueueErr),
 
     /// The runner failed: the store never became ready, a reconcile panicked (its key was
-    /// retried with the rate limiter's backoff), or the Leases could not be used.
+    /// retried with the rate limiter's backoff), a `watches` mapper panicked, or the Leases
+    /// could not be used.
     #[error("runner error: {0}")]
     RunnerError(#[source] RunnerError),
 }
 
 /// What went wrong in the controller's runner rather than in a reconcile: kube-runtime's
-/// `Readiness`, and what the runner adds (a reconcile's panic, the Lease configuration).
+/// `Readiness`, and what the runner adds (a reconcile's or a mapper's panic, the Lease
+/// configuration).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunnerError {
@@ -43,6 +45,16 @@ pub enum RunnerError {
     #[error("reconciler for object {object} panicked: {message}")]
     ReconcilerPanicked {
         /// The object.
+        object: Box<ObjectRef<DynamicObject>>,
+        /// The panic's message.
+        message: String,
+    },
+    /// A `watches` mapper (of [`Controller::watches`](super::Controller::watches) or its stream
+    /// variants) panicked on this related object: the keys it would have returned were not
+    /// queued, and the next change of the object calls it again; the controller goes on.
+    #[error("a watches mapper panicked on {object}: {message}")]
+    MapperPanicked {
+        /// The related object the mapper was given.
         object: Box<ObjectRef<DynamicObject>>,
         /// The panic's message.
         message: String,

@@ -41,6 +41,51 @@
 //! # }
 //! ```
 //!
+//! # From kube-runtime
+//!
+//! As in kube-runtime, [`Controller::run`] is built on [`applier`], itself built on a runner
+//! (here `workqueue-tokio`'s public `Runner::results`). A kube-runtime 5 program moves over by
+//! changing its `use` lines: `Controller`, `Config`, `Action`, `Error` and the `finalizer`
+//! helper come from this crate, everything else (the `Api`s, `watcher`, reflectors,
+//! predicates) stays kube's. What then stays the same, and what is deliberately different, each
+//! checked against kube-runtime 5.0's source:
+//!
+//! | the same | kube-runtime 5 and here |
+//! |---|---|
+//! | builder | `new`, `new_with`, `owns`, `owns_with`, `watches`, `watches_with`, `reconcile_all_on`, `graceful_shutdown_on`, `shutdown_on_signal`, `with_config`, `trigger_backoff`, `store`, with kube's signatures |
+//! | stream builders | `for_stream`, `for_shared_stream`, `owns_stream`, `owns_shared_stream`, `watches_stream`, `watches_shared_stream` (each with its `_with`), `reconcile_on`, with kube's signatures; stable here, behind kube's `unstable-runtime-*` features there |
+//! | `run(reconciler, error_policy, context)` | a stream of `Result<(ObjectRef<K>, Action), Error<E, watcher::Error>>`, idle until polled; `reconciler`, `error_policy` and the context need not be `Send` or `Sync` (kube's bounds: none on the context); the reconcile's future is `Send + 'static` |
+//! | [`applier`]`(reconciler, error_policy, context, store, queue, config)` | kube's signature: the layer beneath `Controller::run` (built on it here too), its queue a stream of [`ReconcileRequest`]s or `ObjectRef`s |
+//! | a store whose writer is dropped before it is ready | [`RunnerError::Readiness`], then the stream ends |
+//! | [`Error`] | `ObjectNotFound`, `ReconcilerFailed`, `QueueError`, `RunnerError`, with kube's messages |
+//! | `Action::requeue(d)` (`d` > 0), `Action::await_change()` | after a success: reconcile again after `d`, or on the next change |
+//! | error policy `requeue(d)`, `await_change()` | retry after `d`; no retry |
+//! | `Config::default().concurrency(n).debounce(d)` | `n` = 0 is unbounded |
+//! | guarantees | no reconcile before the store is ready; none of an object absent from it ([`Error::ObjectNotFound`]); one at a time per object, and a key due while its object runs runs once after it |
+//! | a watch's failed request | an [`Error::QueueError`] item; the watch retries after a backoff shared by all watches (kube's `DefaultBackoff` unless [`Controller::trigger_backoff`]) |
+//! | `shutdown_on_signal` | SIGINT or SIGTERM: graceful shutdown; a second one: forced |
+//! | [`finalizer()`](crate::finalizer::finalizer()) | kube's signature, `Event`, `Error` and finalizer protocol |
+//! | [`ReconcileRequest`], [`ReconcileReason`], [`trigger_owners`], [`trigger_self`], [`trigger_with`] | kube's own, re-exported |
+//!
+//! | deliberately different | kube-runtime 5 | here |
+//! |---|---|---|
+//! | `Action::requeue(Duration::ZERO)` | runs again at once: a reconcile that always returns it loops | a retry after the rate limiter's delay, as [`Action::backoff()`] |
+//! | `Action`'s `Debug` (log lines) | `Action { requeue_after: Some(300s) }` | `requeue(300s)`, `await_change()`, `backoff()` |
+//! | a reconcile that panics | the panic reaches the task polling the stream | [`RunnerError::ReconcilerPanicked`]; the key is retried with backoff, the controller goes on |
+//! | a `watches` mapper that panics | the panic reaches the task polling the stream | [`RunnerError::MapperPanicked`]; that object's keys are not queued, the watch goes on |
+//! | [`RunnerError`] | `runner::Error<WriterDropped>` (`Readiness`) | this crate's variants (`Readiness` among them): a `match` on kube's does not compile |
+//! | `applier`'s reconciler future | any (`Unpin`): the applier polls it on its own task | `Send + 'static`: it runs on the runtime's threads; the queue's metrics are labelled `controller="applier"` |
+//! | while the main watch relists | reconciles go on against the previous list | none starts while a list is being received (an object the new list lacks must not be reconciled); between failed lists (an outage, a denied `list`) they go on from the last complete list, as in kube-runtime |
+//! | order | by due time | controller-runtime's priorities (an initial list and unchanged relisted objects after real changes; the keys of streams given to `for_stream` and the like at the default priority) and aging (due for 60 s: served first) |
+//! | trigger backoff | any watch's error holds every trigger; any key resets it | only a failing watch waits, and keys of a working one do not reset it while another fails; retries go out one per delay |
+//! | `debounce(d)` | delays every request by `d`, requeues included | delays the triggers' keys only; requeues are not delayed |
+//! | graceful shutdown | running reconciles finish, however long they take | they finish within [`Config::shutdown_grace`] (30 s), then are dropped |
+//! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what the triggers queued (debounced ones when their debounce ends), drops requeues and retries, then ends |
+//! | where a reconcile runs | each is spawned as a task | a few tasks of the controller's give each future its first poll; one that has to wait goes on as a task of its own (one that returns at once needs none); one that computes before its first `.await` holds only its own object |
+//! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...) and controller-runtime's metrics |
+//!
+//! Nothing of kube-runtime 5's `controller` module is missing.
+//!
 //! # What a result does to the queue
 //!
 //! | returned | queue operation |
@@ -50,14 +95,13 @@
 //! | `Err(e)`, `error_policy` → `requeue(d)` | retry after `d`, as kube-runtime does |
 //! | `Err(e)`, `error_policy` → `await_change()` | give up: the failures are forgotten, the next change starts afresh |
 //! | `Err(e)`, `error_policy` → `requeue(d)` with [`Config::per_key_backoff`] | retry after the rate limiter's delay for the object, and at least `d` |
-//! | a panic of the reconcile | retry after the rate limiter's delay (reported as [`Error::RunnerError`]; the controller goes on) |
+//! | a panic of the reconcile | retry after the rate limiter's delay (reported as [`RunnerError::ReconcilerPanicked`]; the controller goes on) |
 //!
 //! `Action::requeue(Duration::ZERO)` (and [`Action::backoff()`]) is a retry after the rate
-//! limiter's delay, not an immediate rerun as in kube-runtime: a reconcile that always returns it
-//! backs off instead of looping. With [`Config::outage_detection`] on, a failing object is parked
+//! limiter's delay. With [`Config::outage_detection`] on, a failing object is parked
 //! while failures are widespread, as the queue parks any failing key.
 //!
-//! # Guarantees (kube-runtime's, kept)
+//! # Guarantees
 //!
 //! - No reconcile starts before the main resource's first list is in the store; triggers from
 //!   owned or watched objects wait too. A store whose writer is dropped before that ends the
@@ -82,28 +126,12 @@
 //!   ([`Config::outage_detection`]).
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
-//!
-//! # From kube-runtime: `run`, `applier` and what they do
-//!
-//! [`Controller::run`] is built on [`applier`], which is built on `workqueue-tokio`'s
-//! `Runner::results`, as kube-runtime's builder is over its `applier` over its runner.
-//!
-//! | | kube-runtime 5 | here |
-//! |---|---|---|
-//! | `Controller::run` bounds | `K::DynamicType: Debug + Unpin`; the future `Send + 'static`, its error `std::error::Error + Send + 'static`; no bound on the context | the same (a context holding a `Cell` is fine) |
-//! | where the reconciler, the error policy and the context are used | on the task polling the stream | the same |
-//! | where reconciles run | each spawned as a task | in parallel on the runtime's threads: a few poller tasks give each future its first poll, and one that has to wait runs as a task of its own (one that returns at once needs none); a reconcile that computes before its first `.await` holds only its poller |
-//! | `applier(reconciler, error_policy, context, store, queue, config)` | the reconciler's future may be anything (`Unpin`): the applier polls it on its own task | the same, but the future must be `Send + 'static` (it runs on the runtime's threads); the queue's metrics are labelled `controller="applier"` |
-//! | store's writer dropped before the store is ready | `Error::RunnerError(RunnerError::Readiness(_))`, then the stream ends | the same |
-//! | a relist that keeps failing | reconciles go on from the store's last list | the same; while a list is being received, none starts (see the guarantees) |
-//! | every trigger stream ended | reconciles what is scheduled (a debounce, requeues asked for before), drops the requeues asked for after, then ends | the same |
-//! | `Config::debounce(d)` | delays triggers and requeues: `requeue(r)` runs after `r + d` | **deliberately different**: delays triggers only; `requeue(r)` runs after `r` (a requeue is one event, not a burst to merge) |
-//! | `RunnerError` | `Readiness` | `Readiness`, `ReconcilerPanicked`, `Leases`, `LeasesNeedAClient` |
-//! | `Debug` of [`Action`] | `Action { requeue_after: Some(300s) }` | **deliberately different**: as the constructors read, `requeue(300s)`, `await_change()`, `backoff()` |
 
 mod applier;
+mod backoff;
 mod config;
 mod error;
+mod relations;
 mod shards;
 mod triggers;
 
@@ -118,23 +146,25 @@ use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Client;
 use kube::Resource;
 use kube::api::Api;
-#[allow(deprecated)]
-// as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
-use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::watch;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
+use tokio::sync::{mpsc, watch};
 use workqueue_tokio::AddOptions;
 
 pub use applier::applier;
 pub use config::Config;
 pub use error::{Error, RunnerError};
+pub use kube::runtime::controller::{
+    ReconcileReason, ReconcileRequest, trigger_owners, trigger_self, trigger_with,
+};
 pub use workqueue_tokio::runner::Action;
 
 use crate::lease::{LeaseClock, LeaseConfig};
 use applier::Parts;
+use backoff::TriggerBackoff;
 use shards::Leases;
-use triggers::Trigger;
+use triggers::{Reports, Trigger};
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -150,6 +180,10 @@ where
     K::DynamicType: Eq + Hash,
 {
     triggers: Vec<(String, Trigger<K>)>,
+    /// The backoff the watches' triggers share.
+    backoff: TriggerBackoff,
+    /// What triggers report on the stream besides keys and watch errors (a mapper's panic).
+    reports: (Reports, mpsc::Receiver<RunnerError>),
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -193,15 +227,16 @@ where
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(false);
-        let events = reflector::reflector(writer, watcher(main_api, wc).default_backoff());
-        let main = triggers::main(events, gate_tx, dyntype.clone()).boxed();
+        // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
+        let events = reflector::reflector(writer, watcher(main_api, wc));
+        let main = triggers::main(events, gate_tx, dyntype.clone());
         Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
     }
 
     /// A controller whose main trigger is `main`, reading `reader`, taking keys once `gate` says
     /// the store is ready (with `tasks` started with it to keep the gate).
     fn with_main(
-        main: Trigger<K>,
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
         reader: Store<K>,
         dyntype: K::DynamicType,
         gate: watch::Receiver<bool>,
@@ -209,8 +244,12 @@ where
         client: Option<Client>,
     ) -> Self {
         let name = K::kind(&dyntype).to_lowercase();
+        let backoff = TriggerBackoff::default();
+        let main = backoff.apply(main).boxed();
         Controller {
             triggers: vec![(name, main)],
+            backoff,
+            reports: Reports::channel(),
             reader,
             dyntype,
             config: Config::default(),
@@ -242,6 +281,70 @@ where
         reader: Store<K>,
         dyntype: K::DynamicType,
     ) -> Self {
+        let main = triggers::applied(trigger, dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller fed by a shared stream of objects (a subscriber of a shared store's writer,
+    /// `reflector::store_shared` and `Writer::subscribe` with kube's
+    /// `unstable-runtime-subscribe` feature), whose store `reader` reads; reconciles wait until
+    /// that store is ready. The stream that drives the shared watch must be polled on its own
+    /// (it fills the store and feeds every subscriber), as in kube-runtime. Every object is
+    /// queued at the default priority.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use futures_util::StreamExt;
+    /// use k8s_openapi::api::apps::v1::Deployment;
+    /// use kube::runtime::{WatchStreamExt, reflector, watcher};
+    /// use kube::{Api, Client};
+    /// use workqueue_kube::controller::{Action, Controller};
+    ///
+    /// # async fn reconcile(_: Arc<Deployment>, _: Arc<()>) -> Result<Action, kube::Error> { Ok(Action::await_change()) }
+    /// # fn error_policy(_: Arc<Deployment>, _: &kube::Error, _: Arc<()>) -> Action { Action::await_change() }
+    /// # async fn doc(client: Client) {
+    /// let (reader, writer) = reflector::store_shared(128);
+    /// let subscriber = writer.subscribe().expect("a shared store has subscribers");
+    /// let deploys = watcher(Api::<Deployment>::all(client), watcher::Config::default())
+    ///     .default_backoff()
+    ///     .reflect_shared(writer)
+    ///     .for_each(|_| std::future::ready(()));
+    /// let controller = Controller::for_shared_stream(subscriber, reader)
+    ///     .run(reconcile, error_policy, Arc::new(()))
+    ///     .for_each(|_| std::future::ready(()));
+    /// tokio::select! {
+    ///     () = deploys => {}
+    ///     () = controller => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn for_shared_stream(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+    ) -> Self
+    where
+        K::DynamicType: Default,
+    {
+        Self::for_shared_stream_with(trigger, reader, Default::default())
+    }
+
+    /// [`Controller::for_shared_stream`] for a dynamic type.
+    pub fn for_shared_stream_with(
+        trigger: impl Stream<Item = Arc<K>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
+        let main = triggers::applied(trigger.map(Ok::<_, watcher::Error>), dyntype.clone());
+        Self::on_store(main, reader, dyntype)
+    }
+
+    /// A controller whose main trigger is `main`, on a store filled elsewhere (`reader`):
+    /// reconciles wait until it is ready.
+    fn on_store(
+        main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
+        reader: Store<K>,
+        dyntype: K::DynamicType,
+    ) -> Self {
         let (gate_tx, gate) = watch::channel(false);
         let ready = {
             let reader = reader.clone();
@@ -252,8 +355,28 @@ where
                 }
             }
         };
-        let main = triggers::applied(trigger, dyntype.clone()).boxed();
         Self::with_main(main, reader, dyntype, gate, vec![ready.boxed()], None)
+    }
+
+    /// The backoff of the controller's watches (kube-runtime's `DefaultBackoff` unless set: 0.8 s
+    /// doubling to 30 s, with jitter, as client-go's reflectors), and of the fallible streams
+    /// given to [`Controller::for_stream`], [`owns_stream`](Controller::owns_stream) and
+    /// [`watches_stream`](Controller::watches_stream): one sequence over all of them, as
+    /// kube-runtime applies it. (Streams that cannot fail, shared ones and those of
+    /// `reconcile_on` and `reconcile_all_on`, are never held.)
+    ///
+    /// Once a request failed (a list refused, a watch that cannot start), a watch that is not
+    /// known to work (it failed last, or has delivered nothing yet) waits for the next slot
+    /// before it polls again; each slot admits one attempt and is followed by the policy's next
+    /// delay, so an outage costs as few requests with several watches as with one. Unlike
+    /// kube-runtime, a watch that delivers keys is never held while another one fails, and its
+    /// keys do not reset the sequence: it starts over once no watch is failing. A policy that
+    /// gives up (returns `None`) ends every watch: the controller then reconciles what is due
+    /// and stops. Every failure is also an item of the stream ([`Error::QueueError`]), as in
+    /// kube-runtime.
+    pub fn trigger_backoff(self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff.set(backoff);
+        self
     }
 
     /// The controller's options.
@@ -312,71 +435,6 @@ where
         self.reader.clone()
     }
 
-    /// Reconciles the owner (of kind `K`) of every `Child` that `api` sees and `wc` selects when
-    /// the child changes. Children need an owner reference to a `K`.
-    pub fn owns<Child>(self, api: Api<Child>, wc: watcher::Config) -> Self
-    where
-        Child: Clone + Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + 'static,
-    {
-        self.owns_with(api, (), wc)
-    }
-
-    /// [`Controller::owns`] for a dynamic child type.
-    pub fn owns_with<Child>(
-        mut self,
-        api: Api<Child>,
-        dyntype: Child::DynamicType,
-        wc: watcher::Config,
-    ) -> Self
-    where
-        Child: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Child::DynamicType: Debug + Eq + Hash + Clone + Send + 'static,
-    {
-        let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
-        #[allow(deprecated)]
-        let events = metadata_watcher(api, wc).default_backoff();
-        let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone(), dyntype).boxed();
-        self.triggers.push((name, keys));
-        self
-    }
-
-    /// Reconciles the objects `mapper` relates each `Other` that `api` sees to, when it changes.
-    pub fn watches<Other, I>(
-        self,
-        api: Api<Other>,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        Other::DynamicType: Default + Debug + Clone + Eq + Hash,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-    {
-        self.watches_with(api, Default::default(), wc, mapper)
-    }
-
-    /// [`Controller::watches`] for a dynamic type.
-    pub fn watches_with<Other, I>(
-        mut self,
-        api: Api<Other>,
-        dyntype: Other::DynamicType,
-        wc: watcher::Config,
-        mapper: impl Fn(Other) -> I + Sync + Send + 'static,
-    ) -> Self
-    where
-        Other: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
-        I: 'static + IntoIterator<Item = ObjectRef<K>>,
-        I::IntoIter: Send,
-        Other::DynamicType: Debug + Clone + Eq + Hash,
-    {
-        let name = format!("watches:{}", Other::kind(&dyntype).to_lowercase());
-        let events = watcher(api, wc).default_backoff();
-        self.triggers
-            .push((name, triggers::related(events, mapper).boxed()));
-        self
-    }
-
     /// Reconciles every object in the store each time `trigger` yields (behind real changes,
     /// like a resync).
     pub fn reconcile_all_on(mut self, trigger: impl Stream<Item = ()> + Send + 'static) -> Self {
@@ -433,13 +491,14 @@ where
     /// Each reconcile's future runs in parallel on the runtime's threads, as kube-runtime spawns
     /// them (hence `Send + 'static`): a few tasks of the controller's give each future its first
     /// poll, and one that has to wait (an API call) goes on as a task of its own. A reconcile that
-    /// returns at its first poll (one that finds its object as it should be) needs no task.
+    /// returns at its first poll (one that finds its object as it should be) needs no task, and
+    /// one that computes before its first `.await` holds only its own object.
     ///
     /// The stream ends after a graceful shutdown ([`Controller::graceful_shutdown_on`],
     /// [`Controller::shutdown_on_signal`]) once running reconciles finished (within
     /// [`Config::shutdown_grace`]); at once on a forced one (their futures are dropped); or once
-    /// every trigger has ended and the objects due (and those waiting: a debounce, a requeue
-    /// asked for before) were reconciled. A store whose writer is dropped before it is ready
+    /// every trigger has ended and the objects the triggers queued (debounced ones too) were
+    /// reconciled (requeues are dropped then). A store whose writer is dropped before it is ready
     /// ends it with [`RunnerError::Readiness`]. Must be polled inside a tokio runtime.
     pub fn run<ReconcilerFut, Ctx>(
         self,
@@ -469,7 +528,11 @@ where
             forceful: self.forceful,
             dyntype: Some(self.dyntype),
         };
-        applier::run(parts, reconciler, error_policy, context)
+        // The triggers' reports (a mapper's panic), merged in.
+        triggers::with_reports(
+            applier::run(parts, reconciler, error_policy, context),
+            self.reports.1,
+        )
     }
 }
 

@@ -1,6 +1,9 @@
 //! What queues a controller's keys: the main resource's watch (which also fills the store and
-//! opens the gate), owned and watched resources, and triggers of the user's.
+//! opens the gate), owned and watched resources (watched by the controller, or streams of the
+//! user's), and triggers of the user's.
 
+use std::borrow::Borrow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use futures_util::future::ready;
@@ -8,10 +11,11 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use workqueue_tokio::{AddOptions, LOW_PRIORITY};
 
-use crate::{Change, Prioritized, prioritized};
+use super::error::{Error, RunnerError};
+use crate::sources::{Change, Prioritized, owner_keys, owners as prioritized_owners, prioritized};
 
 /// A stream of keys and how to add them, or a watch's error.
 pub(crate) type Trigger<K> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), watcher::Error>>;
@@ -64,41 +68,186 @@ where
     })
 }
 
-/// The keys of `objects`' owners of the main resource, each at the priority of the event.
+/// The keys of `events`' owners of the main resource, each at the priority of the event.
 pub(crate) fn owners<K, Child, S>(
-    objects: S,
+    events: S,
     dyntype: K::DynamicType,
-    child_type: Child::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
 where
     K: Resource,
     K::DynamicType: Clone,
     Child: Resource,
-    Child::DynamicType: Clone,
     S: Stream<Item = Result<watcher::Event<Child>, watcher::Error>>,
 {
-    crate::owners::<K, Child, _>(prioritized(objects), dyntype, child_type)
+    prioritized_owners::<K, Child, _>(prioritized(events), dyntype)
 }
 
-/// The keys `mapper` relates each object of `objects` to, each at the priority of the event.
-pub(crate) fn related<K, Other, S, I>(
+/// The keys of the owners of the main resource of each object of `objects` (a stream of
+/// objects of the user's, owned or shared), at the default priority: such a stream does not tell
+/// a list from a change.
+pub(crate) fn owners_of<K, Child, T, S>(
     objects: S,
-    mapper: impl Fn(Other) -> I + Send + Sync + 'static,
+    dyntype: K::DynamicType,
+) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
+where
+    K: Resource,
+    K::DynamicType: Clone,
+    Child: Resource,
+    T: Borrow<Child>,
+    S: Stream<Item = Result<T, watcher::Error>>,
+{
+    objects.flat_map(move |item| {
+        let keys = item.map(|object| owner_keys::<K, Child>(object.borrow(), &dyntype));
+        of_one(keys, AddOptions::default())
+    })
+}
+
+/// A `watches` mapper of the user's, called so that a panic costs the keys of one object: the
+/// panic is reported on the controller's stream ([`RunnerError::MapperPanicked`]) and the
+/// trigger goes on with the next object.
+pub(crate) struct Relation<F, D> {
+    mapper: F,
+    /// The dynamic type of the related objects, to name one in a report.
+    dyntype: D,
+    reports: Reports,
+}
+
+impl<F, D> Relation<F, D> {
+    pub(crate) fn new(mapper: F, dyntype: D, reports: Reports) -> Self {
+        Relation {
+            mapper,
+            dyntype,
+            reports,
+        }
+    }
+
+    /// The keys the mapper relates `object` to; none if it panicked.
+    fn keys<K, Other, T, I>(&self, object: T) -> Vec<ObjectRef<K>>
+    where
+        K: Resource,
+        Other: Resource<DynamicType = D>,
+        D: Clone,
+        T: Borrow<Other>,
+        F: Fn(T) -> I,
+        I: IntoIterator<Item = ObjectRef<K>>,
+    {
+        let related = ObjectRef::from_obj_with(object.borrow(), self.dyntype.clone()).erase();
+        // The returned iterator is the user's too: it is drained inside the catch.
+        let called = catch_unwind(AssertUnwindSafe(|| {
+            (self.mapper)(object).into_iter().collect::<Vec<_>>()
+        }));
+        called.unwrap_or_else(|payload| {
+            let message = panic_message(payload.as_ref());
+            tracing::error!(object = %related, panic = %message, "a watches mapper panicked; that object's keys were not queued");
+            self.reports.send(RunnerError::MapperPanicked {
+                object: Box::new(related),
+                message,
+            });
+            Vec::new()
+        })
+    }
+}
+
+/// The keys `relation`'s mapper relates each object an event touched to, each at the priority
+/// of the event.
+pub(crate) fn related<K, Other, S, F, I>(
+    events: S,
+    relation: Relation<F, Other::DynamicType>,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
 where
     K: Resource,
     Other: Resource,
+    Other::DynamicType: Clone,
+    F: Fn(Other) -> I,
     I: IntoIterator<Item = ObjectRef<K>>,
     S: Stream<Item = Result<watcher::Event<Other>, watcher::Error>>,
 {
-    prioritized(objects).flat_map(move |item| match item {
+    prioritized(events).flat_map(move |item| match item {
         Ok(touched) => {
             let opts = touched.options();
-            let keys: Vec<_> = mapper(touched.object).into_iter().collect();
-            stream::iter(keys.into_iter().map(move |key| Ok((key, opts)))).left_stream()
+            of_one(Ok(relation.keys::<K, Other, _, _>(touched.object)), opts)
         }
-        Err(error) => stream::iter([Err(error)]).right_stream(),
+        Err(error) => of_one(Err(error), AddOptions::default()),
     })
+}
+
+/// The keys `relation`'s mapper relates each object of `objects` (a stream of the user's, owned
+/// or shared) to, at the default priority.
+pub(crate) fn related_objects<K, Other, T, S, F, I>(
+    objects: S,
+    relation: Relation<F, Other::DynamicType>,
+) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
+where
+    K: Resource,
+    Other: Resource,
+    Other::DynamicType: Clone,
+    T: Borrow<Other>,
+    F: Fn(T) -> I,
+    I: IntoIterator<Item = ObjectRef<K>>,
+    S: Stream<Item = Result<T, watcher::Error>>,
+{
+    objects.flat_map(move |item| {
+        let keys = item.map(|object| relation.keys::<K, Other, _, _>(object));
+        of_one(keys, AddOptions::default())
+    })
+}
+
+/// The items one object (or one error) queues.
+fn of_one<K: Resource>(
+    keys: Result<Vec<ObjectRef<K>>, watcher::Error>,
+    opts: AddOptions,
+) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> {
+    match keys {
+        Ok(keys) => stream::iter(keys.into_iter().map(move |key| Ok((key, opts)))).left_stream(),
+        Err(error) => stream::iter([Err(error)]).right_stream(),
+    }
+}
+
+/// The message of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        (*message).to_string()
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// Where triggers report what the controller's stream must say besides their keys and watch
+/// errors (a mapper's panic). Bounded: when the consumer falls behind, reports past the bound
+/// are dropped (each was logged when it happened).
+#[derive(Clone, Debug)]
+pub(crate) struct Reports(mpsc::Sender<RunnerError>);
+
+/// How many reports wait for the consumer at most.
+const REPORTS: usize = 64;
+
+impl Reports {
+    pub(crate) fn channel() -> (Reports, mpsc::Receiver<RunnerError>) {
+        let (tx, rx) = mpsc::channel(REPORTS);
+        (Reports(tx), rx)
+    }
+
+    fn send(&self, report: RunnerError) {
+        let _ = self.0.try_send(report);
+    }
+}
+
+/// `items` (a controller's stream) with the `reports` merged in as [`Error::RunnerError`]
+/// items; it ends when `items` ends.
+pub(crate) fn with_reports<T, E: 'static>(
+    items: impl Stream<Item = Result<T, Error<E, watcher::Error>>>,
+    reports: mpsc::Receiver<RunnerError>,
+) -> impl Stream<Item = Result<T, Error<E, watcher::Error>>> {
+    let reports = stream::unfold(reports, |mut reports| async move {
+        let report = reports.recv().await?;
+        Some((Some(Err(Error::RunnerError(report))), reports))
+    });
+    let items = items.map(Some).chain(stream::once(ready(None)));
+    stream::select(items, reports)
+        .take_while(|item| ready(item.is_some()))
+        .filter_map(ready)
 }
 
 /// Every object in `store` each time `trigger` yields, behind real changes (a resync).
@@ -123,19 +272,21 @@ where
     })
 }
 
-/// The objects of a stream of applied objects (`Controller::for_stream`), at the default
-/// priority: such a stream does not tell a list from a change.
-pub(crate) fn applied<K>(
-    objects: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+/// The objects of a stream of applied objects, owned or shared (`Controller::for_stream`,
+/// `Controller::for_shared_stream`), at the default priority: such a stream does not tell a
+/// list from a change.
+pub(crate) fn applied<K, T>(
+    objects: impl Stream<Item = Result<T, watcher::Error>>,
     dyntype: K::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
 where
     K: Resource,
     K::DynamicType: Clone,
+    T: Borrow<K>,
 {
     objects.map_ok(move |object| {
         (
-            ObjectRef::from_obj_with(&object, dyntype.clone()),
+            ObjectRef::from_obj_with(object.borrow(), dyntype.clone()),
             AddOptions::default(),
         )
     })

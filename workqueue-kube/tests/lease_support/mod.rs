@@ -5,7 +5,6 @@
 //! them, to check that no two replicas ever believe they hold one shard at the same instant.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -17,18 +16,13 @@ use workqueue_kube::lease::{
     Assignment, Ended, HandOver, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
 };
 
-use crate::apiserver::ApiServer;
+use workqueue_test_support::apiserver::ApiServer;
 
 pub const NAMESPACE: &str = "default";
 pub const CONTROLLER: &str = "ctl";
 
-pub fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-pub fn millis(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+// `millis`: the name the Lease tests use.
+pub use workqueue_test_support::fixtures::{ms as millis, secs};
 
 /// A clock `offset_secs` off 2025-01-01 running at `rate`.
 pub fn clock(offset_secs: i64, rate: f64) -> SkewedClock {
@@ -147,7 +141,7 @@ pub fn start(
             });
         }
     }
-    let process = ledger.follow(&name, events.assignment.clone());
+    let process = follow(ledger, &name, events.assignment.clone());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(leases.run(async move {
         let _ = rx.await;
@@ -162,196 +156,47 @@ pub fn start(
     }
 }
 
-/// One replica's belief that it may run one shard: from when it published the holding until it
-/// published its end or its `valid_until` passed, whichever came first.
-#[derive(Clone, Debug)]
-pub struct Belief {
-    pub replica: String,
-    /// Which process (a replica restarted with the same identity is another process).
-    pub process: usize,
-    pub shard: u32,
-    pub epoch: u64,
-    pub start: Instant,
-    /// When the replica published the end (`None`: never, as when its task was killed).
-    pub ended: Option<Instant>,
-    pub valid_until: Instant,
-}
+/// Every replica's beliefs that it may run a shard (the subject: the shard's number), recorded
+/// as each replica publishes its [`Assignment`] (on paused time a recorder runs at the instant
+/// of the change, before time moves on, so the record is exact): a belief lasts from when the
+/// replica published the holding until it published its end or its `valid_until` passed,
+/// whichever came first.
+pub type Ledger = workqueue_test_support::ledger::Ledger<u32>;
 
-impl Belief {
-    /// The end of the belief: the controller may run the shard's work until then.
-    pub fn end(&self) -> Instant {
-        self.ended
-            .map_or(self.valid_until, |e| e.min(self.valid_until))
-    }
-
-    pub fn covers(&self, t: Instant) -> bool {
-        self.start <= t && t < self.end()
-    }
-}
-
-/// Every replica's beliefs, recorded as each replica publishes its [`Assignment`] (on paused
-/// time a recorder runs at the instant of the change, before time moves on, so the record is
-/// exact), plus samples at regular instants.
-#[derive(Clone, Default)]
-pub struct Ledger {
-    beliefs: Arc<Mutex<Vec<Belief>>>,
-    processes: Arc<Mutex<usize>>,
-    samples: Arc<Mutex<usize>>,
-    /// What the sampler found (it runs in its own task: a panic there would go unnoticed).
-    violations: Arc<Mutex<Vec<String>>>,
-}
-
-impl Ledger {
-    pub fn new() -> Self {
-        let ledger = Ledger::default();
-        ledger.sample_every(millis(100));
-        ledger
-    }
-
-    /// Records a process's beliefs; returns its number.
-    fn follow(&self, replica: &str, mut rx: watch::Receiver<Assignment>) -> usize {
-        let process = {
-            let mut n = self.processes.lock().unwrap();
-            *n += 1;
-            *n
-        };
-        let beliefs = self.beliefs.clone();
-        let replica = replica.to_string();
-        tokio::spawn(async move {
-            // Shard -> index of its open belief.
-            let mut open: BTreeMap<u32, usize> = BTreeMap::new();
-            loop {
-                let now = Instant::now();
-                let assignment = rx.borrow_and_update().clone();
-                {
-                    let mut all = beliefs.lock().unwrap();
-                    for shard in 0..assignment.shard_count() {
-                        let holding = assignment.state(shard).holding();
-                        if let Some(&i) = open.get(&shard) {
-                            if holding.is_some_and(|h| h.epoch == all[i].epoch) {
-                                all[i].valid_until = holding.unwrap().valid_until;
-                                continue;
-                            }
-                            all[i].ended = Some(now);
-                            open.remove(&shard);
-                        }
-                        if let Some(h) = holding {
-                            open.insert(shard, all.len());
-                            all.push(Belief {
-                                replica: replica.clone(),
-                                process,
-                                shard,
-                                epoch: h.epoch,
-                                start: now,
-                                ended: None,
-                                valid_until: h.valid_until,
-                            });
-                        }
+/// Records a process's beliefs, from its published assignments; returns its process number.
+fn follow(ledger: &Ledger, replica: &str, mut rx: watch::Receiver<Assignment>) -> usize {
+    let process = ledger.process();
+    let ledger = ledger.clone();
+    let replica = replica.to_string();
+    tokio::spawn(async move {
+        // Shard -> its open belief: the run's index and the holding's epoch.
+        let mut open: BTreeMap<u32, (usize, u64)> = BTreeMap::new();
+        loop {
+            let assignment = rx.borrow_and_update().clone();
+            for shard in 0..assignment.shard_count() {
+                let holding = assignment.state(shard).holding();
+                if let Some(&(run, epoch)) = open.get(&shard) {
+                    if let Some(h) = holding.filter(|h| h.epoch == epoch) {
+                        ledger.valid_until(run, h.valid_until);
+                        continue;
                     }
+                    ledger.end(run);
+                    open.remove(&shard);
                 }
-                if rx.changed().await.is_err() {
-                    // The protocol ended or was killed: the last published state stands until
-                    // its validity passes.
-                    return;
-                }
-            }
-        });
-        process
-    }
-
-    /// A process died at `at`: its beliefs end there.
-    fn died(&self, process: usize, at: Instant) {
-        for b in self.beliefs.lock().unwrap().iter_mut() {
-            if b.process == process && b.ended.is_none_or(|e| e > at) {
-                b.ended = Some(at);
-            }
-        }
-    }
-
-    /// Checks at regular instants that no shard is believed held by two replicas.
-    fn sample_every(&self, period: Duration) {
-        let ledger = self.clone();
-        tokio::spawn(async move {
-            loop {
-                sleep(period).await;
-                ledger.check_at(Instant::now());
-                *ledger.samples.lock().unwrap() += 1;
-            }
-        });
-    }
-
-    fn check_at(&self, t: Instant) {
-        let beliefs = self.beliefs.lock().unwrap();
-        let mut holders: BTreeMap<u32, Vec<(&str, usize)>> = BTreeMap::new();
-        for b in beliefs.iter().filter(|b| b.covers(t)) {
-            holders
-                .entry(b.shard)
-                .or_default()
-                .push((&b.replica, b.process));
-        }
-        for (shard, replicas) in holders {
-            if replicas.len() > 1 {
-                let found =
-                    format!("shard {shard} believed held by {replicas:?} at once, at {t:?}");
-                self.violations.lock().unwrap().push(found);
-            }
-        }
-    }
-
-    pub fn beliefs(&self) -> Vec<Belief> {
-        self.beliefs.lock().unwrap().clone()
-    }
-
-    /// The exact check: for each shard, the belief intervals of different replicas are
-    /// disjoint. Returns how many beliefs were checked, and the smallest gap between one
-    /// replica's belief ending and another's starting.
-    pub fn assert_never_two_at_once(&self) -> (usize, Option<Duration>) {
-        let violations = self.violations.lock().unwrap().clone();
-        assert!(
-            violations.is_empty(),
-            "{} samples, the first: {:#?}",
-            violations.len(),
-            &violations[..violations.len().min(3)]
-        );
-        let beliefs = self.beliefs();
-        let mut smallest: Option<Duration> = None;
-        for a in &beliefs {
-            for b in &beliefs {
-                if a.shard != b.shard || a.process == b.process {
-                    continue;
-                }
-                let disjoint = a.end() <= b.start || b.end() <= a.start;
-                assert!(
-                    disjoint,
-                    "shard {}: {} (process {}) believed it held it from {:?} to {:?}, {} (process {}) from {:?} to {:?}",
-                    a.shard,
-                    a.replica,
-                    a.process,
-                    a.start,
-                    a.end(),
-                    b.replica,
-                    b.process,
-                    b.start,
-                    b.end()
-                );
-                if a.end() <= b.start {
-                    let gap = b.start - a.end();
-                    smallest = Some(smallest.map_or(gap, |s| s.min(gap)));
+                if let Some(h) = holding {
+                    let run = ledger.begin(&replica, process, shard);
+                    ledger.valid_until(run, h.valid_until);
+                    open.insert(shard, (run, h.epoch));
                 }
             }
+            if rx.changed().await.is_err() {
+                // The protocol ended or was killed: the last published state stands until
+                // its validity passes.
+                return;
+            }
         }
-        let samples = *self.samples.lock().unwrap();
-        assert!(samples > 0 || beliefs.is_empty(), "the sampler never ran");
-        (beliefs.len(), smallest)
-    }
-
-    /// The first belief of `replica` in `shard` that started at or after `since`.
-    pub fn taken_after(&self, shard: u32, since: Instant) -> Option<Belief> {
-        self.beliefs()
-            .into_iter()
-            .filter(|b| b.shard == shard && b.start >= since)
-            .min_by_key(|b| b.start)
-    }
+    });
+    process
 }
 
 /// The Leases of the controller, as stored now.

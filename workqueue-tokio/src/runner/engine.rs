@@ -161,10 +161,7 @@ impl<T, E, C, S> Engine<T, E, C, S> {
         self.hard_stop.cancel();
     }
 
-    /// From now on, re-adds are dropped (the stream's sources ended).
-    pub(crate) fn drain(&self) {
-        self.draining.store(true, Ordering::Relaxed);
-    }
+
 
     /// Whether intake stopped (the shutdown token was cancelled).
     pub(crate) fn intake_closed(&self) -> bool {
@@ -240,6 +237,16 @@ where
             draining: AtomicBool::new(false),
             items,
             ends: Arc::new(Ends::new()),
+        }
+    }
+
+    /// The stream's sources ended: from now on re-adds are dropped, and so are the keys that
+    /// wait only for one (a requeue, a retry); what the sources (or direct adds) queued stays.
+    pub(crate) fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+        let dropped = catch(|| self.queue.retain(|key| !self.reasons.readds_only(key)));
+        if let Err(message) = dropped {
+            tracing::error!(panic = %message, "dropping the requeues of a drained run panicked");
         }
     }
 

@@ -622,10 +622,10 @@ where
     /// error policy are called on the task that polls it.
     ///
     /// The stream ends:
-    /// - once every [source](Runner::source) has ended (if there was one) and nothing is left:
-    ///   no key due, waiting (a delayed add, a requeue) or being reconciled. Re-adds that
-    ///   reconciles ask for after the sources ended are dropped, as kube-runtime's applier drops
-    ///   the requeues asked for after its input stream ended;
+    /// - once every [source](Runner::source) has ended (if there was one) and what was queued is
+    ///   done: the keys due, and those waiting for a delayed add (a debounce), are reconciled;
+    ///   requeues and retries are dropped, both those already waiting and those asked for after
+    ///   (kube-runtime's applier drops everything not yet started when its input ends);
     /// - as [`run`](Runner::run) returns: the queue shut down and drained, `shutdown` cancelled,
     ///   or the [readiness gate](Runner::readiness) dropped before it opened (after its
     ///   [`Error::Readiness`] item).

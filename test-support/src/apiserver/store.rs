@@ -569,9 +569,15 @@ impl Store {
         if new == old || how.dry_run {
             return Ok(new);
         }
-        // The last finalizer of an object being deleted is gone: the deletion completes.
+        // The last finalizer of an object being deleted is gone: the deletion completes, and
+        // the update itself is not written. As the API server does: the answer is the updated
+        // object at the stored resourceVersion, and DELETED carries the stored object (its
+        // finalizers still listed) at the deletion's.
         if old_meta.contains_key("deletionTimestamp") && finalizers(&new).is_empty() {
-            return Ok(self.remove(key, new));
+            let stored_version = rv_of(&old).to_string();
+            self.remove(key, old);
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(stored_version));
+            return Ok(new);
         }
         Ok(self.commit(key, new, Some(old)))
     }

@@ -213,3 +213,52 @@ fn remove(doc: &mut Value, path: &[String]) -> Result<Value, PatchError> {
     };
     removed.ok_or_else(|| missing("remove", path))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{PatchError, json_patch};
+
+    /// The JSON Patch operations themselves (RFC 6902), atomic.
+    #[test]
+    fn json_patch_operations_follow_rfc_6902() {
+        let mut doc = json!({ "a": [1, 2], "b": { "c": "d" } });
+        let ops = json!([
+            { "op": "add", "path": "/a/-", "value": 3 },
+            { "op": "add", "path": "/a/0", "value": 0 },
+            { "op": "remove", "path": "/a/1" },
+            { "op": "replace", "path": "/b/c", "value": "e" },
+            { "op": "copy", "from": "/b", "path": "/f" },
+            { "op": "move", "from": "/b/c", "path": "/g~1h" },
+            { "op": "test", "path": "/a", "value": [0, 2, 3] },
+            { "op": "test", "path": "/missing", "value": null },
+        ]);
+        json_patch(&mut doc, &ops).unwrap();
+        assert_eq!(
+            doc,
+            json!({ "a": [0, 2, 3], "b": {}, "f": { "c": "e" }, "g/h": "e" })
+        );
+        let before = doc.clone();
+        for bad in [
+            json!([{ "op": "add", "path": "/a/-", "value": 4 }, { "op": "test", "path": "/a/0", "value": 9 }]),
+            json!([{ "op": "remove", "path": "/b/c" }]),
+            json!([{ "op": "replace", "path": "/a/5", "value": 1 }]),
+            json!([{ "op": "add", "path": "/x/y", "value": 1 }]),
+            json!([{ "op": "add", "path": "/a/01", "value": 1 }]),
+            json!([{ "op": "add", "path": "/a/4", "value": 1 }]),
+            json!([{ "op": "test", "path": "/a", "value": null }]),
+            json!([{ "op": "move", "from": "/b", "path": "/b/c" }]),
+            json!([{ "op": "frobnicate", "path": "/a" }]),
+        ] {
+            let result = json_patch(&mut doc, &bad);
+            assert!(
+                matches!(result, Err(PatchError::Failed(_))),
+                "{bad}: {result:?}"
+            );
+            assert_eq!(doc, before, "{bad}");
+        }
+        let not_a_patch = json_patch(&mut doc, &json!({ "op": "add" }));
+        assert!(matches!(not_a_patch, Err(PatchError::Malformed(_))));
+    }
+}

@@ -32,6 +32,7 @@ pub enum Partition {
 pub struct Logged {
     /// The name of the client that sent it (`"default"` for `ApiServer::client()`).
     pub client: String,
+    /// The HTTP method.
     pub method: Method,
     /// Path and query.
     pub uri: String,

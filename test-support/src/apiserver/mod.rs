@@ -1,4 +1,3 @@
-#![allow(dead_code)] // each test binary uses part of the scripted server
 //! A scripted Kubernetes API server in memory, behind `kube::Client`s: a `tower::service_fn`
 //! that serves any resource of any group from one store (how kube-rs tests itself, but
 //! answering any number of concurrent requests in any order, which watchers plus writes need;
@@ -27,7 +26,8 @@
 //!   selector, an object that starts or stops matching is ADDED or DELETED; the server closes
 //!   a watch after its `timeoutSeconds` (kube asks for 290 s).
 //! - **Writes**: create (201; 409 `AlreadyExists`; `generateName`; 500 when a
-//!   `resourceVersion` is set, as the storage layer answers), replace by PUT (404 for a missing
+//!   `resourceVersion` is set, as the storage layer answers; 400 for a custom resource whose
+//!   body lacks `apiVersion` or `kind`, which built-in types may omit), replace by PUT (404 for a missing
 //!   object unless the resource allows create-on-update), merge patch, JSON Patch (RFC 6902,
 //!   all six operations, atomic; a failed `test` or an operation that does not apply is 422
 //!   `Invalid` with a Status; a `test` of a missing path against `null` passes, as the API
@@ -44,11 +44,16 @@
 //!   `deletionTimestamp` are the server's: writes cannot change them. Empty `finalizers` and
 //!   `ownerReferences` are dropped and `managedFields` are not kept.
 //! - **Deletion**: without finalizers, at once (DELETED carries the deletion's
-//!   resourceVersion); with finalizers, the object gets `deletionTimestamp` and
-//!   `deletionGracePeriodSeconds: 0` (MODIFIED) and stays until a write empties its
-//!   finalizers, which deletes it (DELETED); adding a finalizer to it is 422 `Invalid`
-//!   (`FieldValueForbidden`). A second DELETE changes nothing.
-//! - **Faults**: an outage ([`ApiServer::set_down`]: every request 503, watches broken);
+//!   resourceVersion; the DELETE answers a `Status` with the name, group, plural and uid,
+//!   not the object); with finalizers, the object gets
+//!   `deletionTimestamp` and `deletionGracePeriodSeconds: 0` (MODIFIED) and stays until a
+//!   write empties its finalizers, which deletes it without writing that update: the write
+//!   answers the updated object at the stored resourceVersion, and DELETED carries the stored
+//!   object (finalizers listed) at the deletion's; adding a finalizer to it is 422 `Invalid`
+//!   (`FieldValueForbidden`). A second DELETE changes nothing. (Each checked against
+//!   kube-apiserver 1.36 in `e2e/tests/`.)
+//! - **Faults**: an outage ([`ApiServer::set_down`]: every request 503, watches broken); a
+//!   verb that RBAC denies on a resource ([`ApiServer::deny`]: 403 `Forbidden`);
 //!   compaction ([`ApiServer::compact`]); per client ([`ApiServer::client_named`]): latency
 //!   each way ([`ApiServer::set_latency`], watch events included) and partitions
 //!   ([`ApiServer::set_partition`]: refused, or blackholed until healed); slow and held lists
@@ -74,7 +79,7 @@
 
 mod list;
 mod net;
-pub(crate) mod patch;
+mod patch;
 mod serve;
 mod store;
 mod wire;
@@ -90,12 +95,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-// Each test binary uses part of the server's vocabulary.
-#[allow(unused_imports)]
 pub use list::{ListGate, ListOrder};
-#[allow(unused_imports)]
 pub use net::{Logged, Partition};
-#[allow(unused_imports)]
 pub use store::{Generation, ResourceRules};
 
 use net::ClientLink;
@@ -109,12 +110,26 @@ pub(crate) struct Inner {
     /// Every request any client sent, in order.
     log: Vec<Logged>,
     down: bool,
+    /// Verbs on resources that RBAC denies: (`"list"`, `"deployments.apps"`).
+    denied: Vec<(String, String)>,
 }
 
 /// The scripted API server. Clones share it.
 #[derive(Clone, Default)]
 pub struct ApiServer {
     inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("ApiServer")
+            .field("objects", &inner.store.objects.len())
+            .field("version", &inner.store.version)
+            .field("requests", &inner.log.len())
+            .field("down", &inner.down)
+            .finish()
+    }
 }
 
 /// The store key of a typed object: cluster-scoped types (k8s-openapi's
@@ -332,6 +347,21 @@ impl ApiServer {
         if down {
             inner.store.watches.clear();
         }
+    }
+
+    /// RBAC denies `verb` (`"list"`, `"watch"`, `"get"`, `"create"`, `"update"`, `"patch"`,
+    /// `"delete"`) on a resource (`"deployments"` or `"deployments.apps"`) to every client: such
+    /// requests are answered 403 `Forbidden`, as a role without that verb gets them. Watches
+    /// already open stay open (the API server checks a watch when it starts).
+    pub fn deny(&self, verb: &str, resource: &str) {
+        let mut inner = self.lock();
+        inner.denied.push((verb.to_string(), resource.to_string()));
+    }
+
+    /// Undoes every [`ApiServer::deny`] of `verb` on `resource`.
+    pub fn allow(&self, verb: &str, resource: &str) {
+        let mut inner = self.lock();
+        inner.denied.retain(|(v, r)| !(v == verb && r == resource));
     }
 
     /// Compaction: the history so far is forgotten and the open watches break, so that each

@@ -313,6 +313,33 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
     }
 
+    /// RBAC's answer to a request its role does not allow. As kube-apiserver 1.36 words it
+    /// (e2e/tests/least_privilege.rs): a request for one object names it
+    /// (`configmaps "web" is forbidden: ...`), and so do the details.
+    pub fn forbidden(verb: &str, route: &Route) -> ApiError {
+        let gr = &route.gr;
+        let scope = match &route.namespace {
+            Some(ns) => format!("in the namespace \"{ns}\""),
+            None => "at the cluster scope".to_string(),
+        };
+        let name = route.name.as_deref().unwrap_or("");
+        let subject = match name {
+            "" => gr.to_string(),
+            name => format!("{gr} \"{name}\""),
+        };
+        let mut e = Self::new(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{subject} is forbidden: User \"system:serviceaccount:default:controller\" \
+                 cannot {verb} resource \"{}\" in API group \"{}\" {scope}",
+                gr.plural, gr.group
+            ),
+        );
+        e.details = Some(json!({ "name": name, "group": gr.group, "kind": gr.plural }));
+        e
+    }
+
     pub fn unavailable() -> ApiError {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -78,6 +78,11 @@ impl ApiServer {
             if inner.down {
                 return ApiError::unavailable().into_response();
             }
+            let verb = verb_of(&parts.method, &route, &query);
+            let mut denied = inner.denied.iter();
+            if denied.any(|(v, r)| v.as_str() == verb && route.gr.is(r)) {
+                return ApiError::forbidden(verb, &route).into_response();
+            }
             dispatch(
                 &mut inner.store,
                 &parts.method,
@@ -105,6 +110,23 @@ impl ApiServer {
                 .body(watch_body(rx, deadline, link.clone()))
                 .unwrap(),
         }
+    }
+}
+
+/// The RBAC verb of a request: `get`, `list` or `watch` for a GET, `create`, `update`, `patch`,
+/// `delete` or `deletecollection` for the others.
+fn verb_of(method: &Method, route: &Route, query: &Query) -> &'static str {
+    let named = route.name.is_some();
+    match *method {
+        Method::GET if query.flag("watch") => "watch",
+        Method::GET if named => "get",
+        Method::GET => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "unknown",
     }
 }
 
@@ -145,12 +167,12 @@ fn dispatch(
             None => Err(ApiError::not_found(&route.gr, name)),
         },
         (Method::POST, None) => {
-            let created =
-                store.create(&route.gr, &ns, parse_json(body)?, &api_version, how, false)?;
+            let object_in = typed(route, parse_json(body)?)?;
+            let created = store.create(&route.gr, &ns, object_in, &api_version, how, false)?;
             object(StatusCode::CREATED, created)
         }
         (Method::PUT, Some(name)) => {
-            let new = named(parse_json(body)?, name)?;
+            let new = named(typed(route, parse_json(body)?)?, name)?;
             if store.objects.contains_key(&key(name)) {
                 object(StatusCode::OK, store.update(&key(name), new, how)?)
             } else if rules.create_on_update && !how.status {
@@ -164,7 +186,29 @@ fn dispatch(
         (Method::DELETE, Some(name)) => {
             let (pre, dry_run) = delete_options(body)?;
             how.dry_run |= dry_run;
-            object(StatusCode::OK, store.delete(&key(name), &pre, how)?)
+            let gone = !store.objects.contains_key(&key(name)) || {
+                let stored = &store.objects[&key(name)].value;
+                stored["metadata"]["finalizers"]
+                    .as_array()
+                    .is_none_or(Vec::is_empty)
+            };
+            let deleted = store.delete(&key(name), &pre, how)?;
+            if gone {
+                // Deleted at once: a Status, not the object (kube-apiserver 1.36, built-in and
+                // custom resources alike).
+                let details = json!({
+                    "name": name,
+                    "group": route.gr.group,
+                    "kind": route.gr.plural,
+                    "uid": deleted["metadata"]["uid"],
+                });
+                let status = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Success", "details": details,
+                });
+                return object(StatusCode::OK, status);
+            }
+            object(StatusCode::OK, deleted)
         }
         (Method::DELETE, None) => {
             let (pre, dry_run) = delete_options(body)?;
@@ -191,6 +235,26 @@ fn dispatch(
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// A custom resource's body must say its `apiVersion` and `kind`, as the API server's
+/// unstructured decoder requires (400 otherwise); built-in types are decoded from the path.
+fn typed(route: &Route, object: Value) -> Result<Value, ApiError> {
+    if route.gr.is_custom() {
+        for field in ["kind", "apiVersion"] {
+            if object
+                .get(field)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "the object provided is unrecognized: Object '{}' is missing in '{object}'",
+                    if field == "kind" { "Kind" } else { field }
+                )));
+            }
+        }
+    }
+    Ok(object)
 }
 
 /// `DeleteOptions` in a DELETE's body (kube always sends one): preconditions and dry run.

@@ -1,0 +1,9 @@
+//! Scenario 4 with kube-apiserver paused (SIGSTOP) for 60 s: see `workqueue_e2e::outage`.
+
+use workqueue_e2e::outage::{self, Before, Fault};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_api_server_with_outage_detection_costs_a_quarter_of_the_requests() {
+    let figures = outage::run(Fault::Pause, Before::Quiet).await;
+    outage::assert_claims(Fault::Pause, &figures);
+}
