@@ -8,8 +8,13 @@ use kube::api::{Api, PostParams};
 use workqueue_test_support::control_plane::ControlPlane;
 use workqueue_test_support::fixtures::cm_in;
 
+/// The tests of this binary share one control plane, and one of them pauses and kills it: they
+/// take turns.
+static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn the_control_plane_serves_the_pinned_version_with_rbac() {
+    let _turn = TURNS.lock().await;
     let plane = ControlPlane::shared().await;
     let client = plane.client();
     let version = client.apiserver_version().await.unwrap();
@@ -40,6 +45,7 @@ async fn the_control_plane_serves_the_pinned_version_with_rbac() {
 
 #[tokio::test]
 async fn kube_apiserver_pauses_and_restarts_on_the_same_etcd() {
+    let _turn = TURNS.lock().await;
     let plane = ControlPlane::shared().await;
     let ns = plane.namespace("restart").await;
     let api = Api::<ConfigMap>::namespaced(plane.client(), &ns);

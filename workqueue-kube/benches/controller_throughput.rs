@@ -1,19 +1,28 @@
-//! W14, controller throughput against kube-runtime (BENCHMARKS.md): the same store of 100,000
-//! ConfigMaps (10 namespaces), every object triggered once by the same stream of `ObjectRef`s, a
-//! reconcile that reads the object from its `Arc` and returns `await_change`, concurrency 16, a
-//! multi-thread tokio runtime with 2 workers. kube-runtime's side is its stable `applier`, with each
-//! reconcile spawned as its `Controller::run` does (`kube`), and bare (`kube_applier`: the futures
-//! polled inline); ours is `Controller::for_stream(..).reconcile_on(..)` with its defaults
-//! (priorities, aging, and with the `metrics` feature, the named queue's metrics).
+//! W14 and W16, a controller against kube-runtime's (BENCHMARKS.md).
+//!
+//! W14, throughput: the same store of 100,000 ConfigMaps (10 namespaces), every object triggered
+//! once by the same stream of `ObjectRef`s, a reconcile that reads the object from its `Arc` and
+//! returns `await_change`, concurrency 16, a multi-thread tokio runtime with 2 workers.
+//! kube-runtime's side is its stable `applier`, with each reconcile spawned as its
+//! `Controller::run` does (`kube`), and bare (`kube_applier`: the futures polled inline); ours is
+//! `Controller::for_stream(..).reconcile_on(..)` with its defaults (priorities, aging, and with
+//! the `metrics` feature, the named queue's metrics).
+//!
+//! W16, one CPU-heavy reconcile among many: the same with 1,000 objects, where the reconcile of
+//! the first object triggered computes for 50 ms before its first `.await`; the figure is the p99
+//! trigger-to-start of the other 999.
 //!
 //! ```text
-//! cargo bench -p workqueue-kube --bench controller_throughput                 # both, 5 runs each
-//! cargo bench -p workqueue-kube --bench controller_throughput -- kube 100000  # one run of one
+//! cargo bench -p workqueue-kube --bench controller_throughput                     # W14 and W16, 5 runs each
+//! cargo bench -p workqueue-kube --bench controller_throughput -- w16 1000 9       # W16 alone, 9 runs each
+//! cargo bench -p workqueue-kube --bench controller_throughput -- kube 100000      # one run of one
+//! cargo bench -p workqueue-kube --bench controller_throughput -- kube 1000 heavy  # one W16 run of one
 //! ```
 //!
 //! Each run is a process of its own (peak memory is the process's `VmHWM`); the runs alternate
-//! between the two implementations. Figures: reconciles per second, p99 of the time from an
-//! object's trigger (the stream yielding its key) to its reconcile's start, peak RSS.
+//! between the implementations. Figures: reconciles per second, p99 of the time from an object's
+//! trigger (the stream yielding its key) to its reconcile's start (the first poll of its future,
+//! for every implementation), peak RSS.
 
 use std::hint::black_box;
 use std::process::Command;
@@ -29,6 +38,9 @@ use kube::runtime::watcher;
 
 const NAMESPACES: usize = 10;
 const CONCURRENCY: u16 = 16;
+/// W16: the object whose reconcile computes before its first `.await`, and for how long.
+const HEAVY: usize = 0;
+const HEAVY_FOR: std::time::Duration = std::time::Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 #[error("never")]
@@ -42,24 +54,37 @@ struct Times {
     started: Vec<AtomicU64>,
     reconciled: AtomicU64,
     all: tokio::sync::Notify,
+    /// W16: the reconcile of [`HEAVY`] computes for [`HEAVY_FOR`] before its first `.await`.
+    heavy: bool,
 }
 
 impl Times {
-    fn new(n: usize) -> Self {
+    fn new(n: usize, heavy: bool) -> Self {
         Times {
             start: Instant::now(),
             triggered: (0..n).map(|_| AtomicU64::new(0)).collect(),
             started: (0..n).map(|_| AtomicU64::new(0)).collect(),
             reconciled: AtomicU64::new(0),
             all: tokio::sync::Notify::new(),
+            heavy,
         }
     }
 
-    /// Records a reconcile's start; signals once every object has started one.
-    fn start(&self, cm: &ConfigMap) {
-        self.started[index(cm)].store(self.now(), Relaxed);
+    /// What every reconcile does, at its first poll: records its start (signalling once every
+    /// object has started one), reads the object, and in W16 computes for [`HEAVY_FOR`] if it is
+    /// [`HEAVY`].
+    fn reconcile(&self, cm: &ConfigMap) {
+        let i = index(cm);
+        self.started[i].store(self.now(), Relaxed);
         if self.reconciled.fetch_add(1, Relaxed) + 1 == self.started.len() as u64 {
             self.all.notify_one();
+        }
+        black_box(&cm.metadata.name);
+        if self.heavy && i == HEAVY {
+            let computing = Instant::now();
+            while computing.elapsed() < HEAVY_FOR {
+                black_box(computing);
+            }
         }
     }
 
@@ -72,13 +97,15 @@ impl Times {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// The p99 of start − trigger, in µs.
+    /// The p99 of start − trigger, in µs (in W16, of the objects other than [`HEAVY`]).
     fn p99_us(&self) -> f64 {
         let mut waits: Vec<u64> = self
             .triggered
             .iter()
             .zip(&self.started)
-            .map(|(t, s)| s.load(Relaxed).saturating_sub(t.load(Relaxed)))
+            .enumerate()
+            .filter(|(i, _)| !(self.heavy && *i == HEAVY))
+            .map(|(_, (t, s))| s.load(Relaxed).saturating_sub(t.load(Relaxed)))
             .collect();
         waits.sort_unstable();
         waits[waits.len() * 99 / 100] as f64 / 1e3
@@ -145,8 +172,7 @@ async fn run_kube(
         move |cm: Arc<ConfigMap>, _: Arc<()>| {
             let times = times.clone();
             let fut = async move {
-                times.start(&cm);
-                black_box(&cm.metadata.name);
+                times.reconcile(&cm);
                 Ok::<_, Never>(Action::await_change())
             };
             if spawned {
@@ -184,9 +210,11 @@ async fn run_ours(
     let reconcile = {
         let times = times.clone();
         move |cm: Arc<ConfigMap>, _: Arc<()>| {
-            times.start(&cm);
-            black_box(&cm.metadata.name);
-            std::future::ready(Ok::<_, Never>(Action::await_change()))
+            let times = times.clone();
+            async move {
+                times.reconcile(&cm);
+                Ok::<_, Never>(Action::await_change())
+            }
         }
     };
     Controller::for_stream(stream::pending(), store)
@@ -218,8 +246,9 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// One run of one implementation, in this process; prints `impl rps p99_us peak_kib`.
-fn child(which: &str, n: usize) {
+/// One run of one implementation, in this process (`heavy`: W16); prints
+/// `impl rps p99_us peak_kib`.
+fn child(which: &str, n: usize, heavy: bool) {
     let runtime = match std::env::var("W14_RUNTIME").as_deref() {
         Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -232,7 +261,7 @@ fn child(which: &str, n: usize) {
             .unwrap(),
     };
     let (store, refs) = store(n);
-    let times = Arc::new(Times::new(n));
+    let times = Arc::new(Times::new(n, heavy));
     let begun = Instant::now();
     let done = runtime.block_on(async {
         match which {
@@ -266,18 +295,9 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let which = args.first().map_or("all", String::as_str);
-    let n: usize = args.get(1).map_or(100_000, |s| s.parse().expect("N"));
-    if which != "all" {
-        child(which, n);
-        return;
-    }
-    let runs: usize = args.get(2).map_or(5, |s| s.parse().expect("RUNS"));
+/// Runs `runs` rounds of the three implementations (each run a process), and prints the table
+/// and the ratios of `label`.
+fn series(label: &str, n: usize, runs: usize, heavy: bool) {
     let exe = std::env::current_exe().unwrap();
     let mut figures: Vec<(String, Vec<Figures>)> = vec![
         ("kube".into(), Vec::new()),
@@ -286,10 +306,11 @@ fn main() {
     ];
     for _ in 0..runs {
         for (name, results) in &mut figures {
-            let out = Command::new(&exe)
-                .args([name.as_str(), &n.to_string()])
-                .output()
-                .unwrap();
+            let mut args = vec![name.clone(), n.to_string()];
+            if heavy {
+                args.push("heavy".into());
+            }
+            let out = Command::new(&exe).args(&args).output().unwrap();
             assert!(
                 out.status.success(),
                 "{}",
@@ -304,8 +325,15 @@ fn main() {
             results.push((f[0], f[1], f[2]));
         }
     }
+    let what = if heavy {
+        format!(
+            "{label} one CPU-heavy reconcile ({HEAVY_FOR:?} before its first await) among {n} objects"
+        )
+    } else {
+        format!("{label} controller throughput, {n} objects")
+    };
     println!(
-        "W14 controller throughput, {n} objects, concurrency {CONCURRENCY}, 2 runtime threads, {runs} runs each (median [min, max])"
+        "{what}, concurrency {CONCURRENCY}, 2 runtime threads, {runs} runs each (median [min, max])"
     );
     println!("| implementation | reconciles/s | p99 trigger-to-start (ms) | peak RSS (MiB) |");
     println!("|---|---:|---:|---:|");
@@ -315,22 +343,52 @@ fn main() {
         let p99 = median(results.iter().map(|r| r.1 / 1e3).collect());
         let rss = median(results.iter().map(|r| r.2 / 1024.0).collect());
         println!(
-            "| {name} | {:.0} [{:.0}, {:.0}] | {:.1} [{:.1}, {:.1}] | {:.1} [{:.1}, {:.1}] |",
+            "| {name} | {:.0} [{:.0}, {:.0}] | {:.2} [{:.2}, {:.2}] | {:.1} [{:.1}, {:.1}] |",
             rps.0, rps.1, rps.2, p99.0, p99.1, p99.2, rss.0, rss.1, rss.2
         );
         medians.push((rps.0, p99.0, rss.0));
     }
     let (kube, applier, ours) = (medians[0], medians[1], medians[2]);
+    if heavy {
+        println!(
+            "RATIO {label} p99 trigger-to-start of the others against kube-runtime's Controller: {:.2}x (target <= 1); against the bare applier {:.2}x",
+            ours.1 / kube.1,
+            ours.1 / applier.1
+        );
+        return;
+    }
     println!(
-        "RATIO W14 against kube-runtime's Controller (spawned reconciles): reconciles/s {:.2}x (target >= 2), p99 {:.2}x (target <= 1), peak RSS {:.2}x (target <= 1)",
+        "RATIO {label} against kube-runtime's Controller (spawned reconciles): reconciles/s {:.2}x (target >= 2), p99 {:.2}x (target <= 1), peak RSS {:.2}x (target <= 1)",
         ours.0 / kube.0,
         ours.1 / kube.1,
         ours.2 / kube.2
     );
     println!(
-        "RATIO W14 against the bare applier (reconciles polled inline): reconciles/s {:.2}x, p99 {:.2}x, peak RSS {:.2}x",
+        "RATIO {label} against the bare applier (reconciles polled inline): reconciles/s {:.2}x, p99 {:.2}x, peak RSS {:.2}x",
         ours.0 / applier.0,
         ours.1 / applier.1,
         ours.2 / applier.2
     );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let which = args.first().map_or("all", String::as_str);
+    let arg = |i: usize| args.get(i).map(|s| s.parse().expect("a number"));
+    match which {
+        "all" => {
+            series("W14", 100_000, 5, false);
+            series("W16", 1_000, 5, true);
+        }
+        "w14" => series("W14", arg(1).unwrap_or(100_000), arg(2).unwrap_or(5), false),
+        "w16" => series("W16", arg(1).unwrap_or(1_000), arg(2).unwrap_or(5), true),
+        _ => child(
+            which,
+            arg(1).unwrap_or(100_000),
+            args.get(2).is_some_and(|a| a == "heavy"),
+        ),
+    }
 }

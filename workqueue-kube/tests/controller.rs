@@ -589,3 +589,238 @@ async fn store_is_the_controllers_store() {
     assert_eq!(ConfigMap::kind(&()), "ConfigMap");
     c.stop().await;
 }
+
+/// A store whose writer is dropped before it became ready can never be read: the stream yields
+/// kube-runtime's `RunnerError::Readiness` and ends, whether its trigger stream stays open or
+/// ends (before, it waited for ever with an open one, and ended without an item with a finite
+/// one).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_writer_before_the_store_is_ready_yields_readiness() {
+    for open in [true, false] {
+        let (reader, writer) = reflector::store::<ConfigMap>();
+        let objects = stream::iter([Ok(cm("a", "1"))]);
+        let objects = if open {
+            objects.chain(stream::pending()).left_stream()
+        } else {
+            objects.right_stream()
+        };
+        let reconciled = Arc::new(Mutex::new(0));
+        let reconcile = {
+            let reconciled = reconciled.clone();
+            move |_: Arc<ConfigMap>, _: Arc<()>| {
+                *reconciled.lock().unwrap() += 1;
+                async { Ok::<_, Failed>(Action::await_change()) }
+            }
+        };
+        let run = tokio::spawn(
+            Controller::for_stream(objects, reader)
+                .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+                .map(|item| describe(&item))
+                .collect::<Vec<_>>(),
+        );
+        sleep(secs(1)).await;
+        drop(writer);
+        let items = tokio::time::timeout(secs(3600), run)
+            .await
+            .unwrap_or_else(|_| panic!("open trigger {open}: the stream never ended"))
+            .unwrap();
+        assert_eq!(
+            items,
+            [
+                "runner readiness gate failed to become ready: writer was dropped before store became ready"
+            ],
+            "open trigger {open}"
+        );
+        assert_eq!(*reconciled.lock().unwrap(), 0);
+    }
+}
+
+/// A relist that keeps failing does not hold the reconciles for as long as it fails: the watch is
+/// told to relist (a compaction: 410 Gone), and the API server goes down after the relist's first
+/// page, for 5 minutes. Between failed lists the store holds the last complete list, and the
+/// objects' requeue polls (every 10 s) go on from it, as in kube-runtime and client-go (before,
+/// none ran in those 5 minutes). While a list is in flight, nothing starts.
+#[tokio::test(start_paused = true)]
+async fn a_relist_that_keeps_failing_does_not_hold_requeue_polls() {
+    let server = ApiServer::new();
+    for name in ["other", "poll"] {
+        server.put(&cm(name, "1"));
+    }
+    server.set_max_page_size("configmaps", 1);
+    let behaviour = Behaviour {
+        takes: Duration::ZERO,
+        result: |cm| match cm.name_any().as_str() {
+            "poll" => Ok(Action::requeue(secs(10))),
+            _ => Ok(Action::await_change()),
+        },
+    };
+    let c = Running::start(configmaps(&server), behaviour);
+    sleep(secs(2)).await;
+    assert_eq!(c.ledger.count("poll"), 1);
+    // The watch breaks while a change is made and the history compacted: its next watch is
+    // answered 410 and it relists; the server goes down after the relist's first page.
+    server.set_partition("default", Partition::Refused);
+    server.put(&cm("new", "1"));
+    server.compact();
+    let pages = server.gate_lists("configmaps");
+    sleep(secs(2)).await;
+    server.set_partition("default", Partition::Connected);
+    tokio::time::timeout(secs(60), pages.until_held(1))
+        .await
+        .expect("the watch relists");
+    server.set_down(true);
+    pages.open();
+    sleep(secs(300)).await;
+    let polls = c.ledger.count("poll") - 1;
+    println!("{polls} polls in 300 s of failing relists");
+    assert!(
+        (25..=31).contains(&polls),
+        "{polls} polls in 300 s of failing relists"
+    );
+    assert!(
+        c.items().iter().any(|i| i.starts_with("watch ")),
+        "the failing lists are reported"
+    );
+    server.set_down(false);
+    c.stop().await;
+}
+
+/// With every trigger stream ended, the triggers still waiting for their debounce are reconciled
+/// before the stream ends (before, they were dropped: a finite trigger stream with a debounce
+/// reconciled nothing; kube-runtime drops whatever has not started); the requeues the reconciles
+/// ask for are dropped, so the stream ends then and not 300 s later.
+#[tokio::test(start_paused = true)]
+async fn debounced_triggers_are_reconciled_after_every_trigger_ended() {
+    let (reader, mut writer) = reflector::store::<ConfigMap>();
+    let (a, b) = (cm("a", "1"), cm("b", "1"));
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(a.clone()),
+        watcher::Event::InitApply(b.clone()),
+        watcher::Event::InitDone,
+    ] {
+        writer.apply_watcher_event(&event);
+    }
+    let reconciled = Arc::new(Mutex::new(Vec::new()));
+    let reconcile = {
+        let reconciled = reconciled.clone();
+        move |cm: Arc<ConfigMap>, _: Arc<()>| {
+            reconciled
+                .lock()
+                .unwrap()
+                .push((cm.name_any(), Instant::now()));
+            async { Ok::<_, Failed>(Action::requeue(secs(300))) }
+        }
+    };
+    let start = Instant::now();
+    let items = Controller::for_stream(stream::iter([Ok(a), Ok(b)]), reader)
+        .with_config(Config::default().debounce(secs(3)))
+        .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+        .collect::<Vec<_>>()
+        .await;
+    assert_eq!(
+        items.len(),
+        2,
+        "{:?}",
+        items.iter().map(describe).collect::<Vec<_>>()
+    );
+    let reconciled = reconciled.lock().unwrap().clone();
+    let names: Vec<_> = reconciled.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert!(reconciled.iter().all(|(_, at)| *at - start == secs(3)));
+    assert_eq!(Instant::now() - start, secs(3), "the requeues were dropped");
+}
+
+/// kube-runtime puts no bound on the context: one that is neither `Send` nor `Sync` (a `Cell`)
+/// is given to the reconciler and the error policy, which run on the task that polls the stream
+/// and need not be `Send` either.
+#[tokio::test(start_paused = true)]
+async fn a_context_that_is_neither_send_nor_sync() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let server = ApiServer::new();
+    server.put(&cm("a", "1"));
+    let calls = Rc::new(Cell::new(0u32));
+    let reconcile = {
+        let calls = calls.clone();
+        move |_: Arc<ConfigMap>, ctx: Arc<Cell<u32>>| {
+            calls.set(calls.get() + 1);
+            ctx.set(ctx.get() + 1);
+            async { Err::<Action, _>(Failed("once".into())) }
+        }
+    };
+    // kube-runtime's signature takes an `Arc` of the context, whatever it holds.
+    #[allow(clippy::arc_with_non_send_sync)]
+    let context = Arc::new(Cell::new(0u32));
+    let policy = |_: Arc<ConfigMap>, _: &Failed, ctx: Arc<Cell<u32>>| {
+        ctx.set(ctx.get() + 100);
+        Action::await_change()
+    };
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let items = configmaps(&server)
+        .graceful_shutdown_on(async move {
+            let _ = stop_rx.await;
+        })
+        .run(reconcile, policy, context.clone())
+        .take(1)
+        .collect::<Vec<_>>()
+        .await;
+    drop(stop_tx);
+    assert_eq!(items.len(), 1);
+    assert_eq!((calls.get(), context.get()), (1, 101));
+}
+
+/// A reconcile that computes before its first `.await` holds only its own object: on a runtime of
+/// two threads, while its first poll runs (computing until every other object has been
+/// reconciled, for at most 10 s), the other 50 are handed out and reconciled through the three
+/// other slots (before, the stream's task polled each reconcile first and held every other
+/// object behind it).
+#[test]
+fn a_reconcile_computing_before_its_first_await_holds_only_its_object() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (reader, mut writer) = reflector::store::<ConfigMap>();
+    let objects: Vec<ConfigMap> = (0..=50).map(|i| cm(&format!("cm-{i:02}"), "1")).collect();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in &objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object.clone()));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let others = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let saw = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let reconcile = {
+        let (others, saw) = (others.clone(), saw.clone());
+        move |cm: Arc<ConfigMap>, _: Arc<()>| {
+            let (others, saw) = (others.clone(), saw.clone());
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                if cm.name_any() == "cm-00" {
+                    let computing = std::time::Instant::now();
+                    while others.load(SeqCst) < 50 && computing.elapsed() < secs(10) {
+                        std::hint::spin_loop();
+                    }
+                    saw.store(others.load(SeqCst), SeqCst);
+                } else {
+                    others.fetch_add(1, SeqCst);
+                }
+                Ok::<_, Failed>(Action::await_change())
+            }
+        }
+    };
+    let objects = stream::iter(objects.into_iter().map(Ok));
+    let items = runtime.block_on(
+        Controller::for_stream(objects, reader)
+            .with_config(Config::default().concurrency(4))
+            .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(items.len(), 51);
+    assert_eq!(
+        saw.load(std::sync::atomic::Ordering::SeqCst),
+        50,
+        "the others were reconciled while the first computed"
+    );
+}

@@ -28,6 +28,9 @@ use workqueue_test_support::fixtures::cm;
 /// Every reconcile on every replica: the subject is the object's name.
 type Ledger = workqueue_test_support::ledger::Ledger<String>;
 
+/// How long a reconcile takes and what it returns, by the object's name.
+type Behaviour = Arc<dyn Fn(&str) -> (Duration, Action) + Send + Sync>;
+
 /// A running replica: its controller's stream as a task.
 struct Replica {
     /// Its number in the ledger.
@@ -66,6 +69,29 @@ impl Replica {
         concurrency: u16,
         then: Action,
     ) -> Replica {
+        Self::start_consumed(
+            server,
+            ledger,
+            index,
+            config,
+            Arc::new(move |_: &str| (takes, then)),
+            concurrency,
+            Duration::ZERO,
+        )
+    }
+
+    /// [`Replica::start_then`] with reconciles that take and return what `behaviour` says for
+    /// each object, and a consumer of the stream that takes `per_item` for each item (writing
+    /// it somewhere slow).
+    fn start_consumed(
+        server: &ApiServer,
+        ledger: &Ledger,
+        index: usize,
+        config: LeaseConfig,
+        behaviour: Behaviour,
+        concurrency: u16,
+        per_item: Duration,
+    ) -> Replica {
         let name = config.identity.clone();
         let client = server.client_named(&name);
         let process = ledger.process();
@@ -75,6 +101,7 @@ impl Replica {
             move |cm: Arc<ConfigMap>, _: Arc<()>| {
                 // The run ends when its future does: returned, or dropped (aborted).
                 let run = ledger.run(&name, process, cm.name_any());
+                let (takes, then) = behaviour(&cm.name_any());
                 async move {
                     sleep(takes).await;
                     drop(run);
@@ -94,7 +121,14 @@ impl Replica {
                 |_, _: &std::convert::Infallible, _| Action::await_change(),
                 Arc::new(()),
             );
-        let task = tokio::spawn(stream.map(|item| format!("{item:?}")).collect());
+        let task = tokio::spawn(
+            stream
+                .then(move |item| async move {
+                    sleep(per_item).await;
+                    format!("{item:?}")
+                })
+                .collect(),
+        );
         Replica {
             process,
             stop: Some(stop),
@@ -254,6 +288,87 @@ async fn a_partitioned_leader_stops_before_its_lease_can_be_taken() {
         r1.kill(&ledger);
         r2.shut_down().await;
     }
+}
+
+/// Safety does not depend on the application: the leader's stream is consumed by a task that
+/// takes 5 s per item (a slow sink; 20 short reconciles that requeue keep it always behind), and
+/// the leader is cut off while two long reconciles run; its watchdog still aborts them before
+/// the standby can take the Lease, so no object runs on both (before, the aborts waited for the
+/// consumer to poll the stream again, and the long ones ran 10 s past the standby's take).
+#[tokio::test(start_paused = true)]
+async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
+    let server = ApiServer::new();
+    for name in ["long-0", "long-1"] {
+        server.put(&cm(name, "1"));
+    }
+    for i in 0..20 {
+        server.put(&cm(&format!("short-{i:02}"), "1"));
+    }
+    let ledger = Ledger::new();
+    let behaviour: Behaviour = Arc::new(|name| {
+        if name.starts_with("long") {
+            (secs(60), Action::await_change())
+        } else {
+            (millis(100), Action::requeue(millis(500)))
+        }
+    });
+    let slow = secs(5);
+    let r1 = Replica::start_consumed(
+        &server,
+        &ledger,
+        0,
+        leader("r1"),
+        behaviour.clone(),
+        0,
+        slow,
+    );
+    sleep(secs(5)).await;
+    let r2 = Replica::start_consumed(&server, &ledger, 1, leader("r2"), behaviour, 0, slow);
+    sleep(secs(3)).await;
+    let long_running = ledger
+        .runs()
+        .iter()
+        .filter(|r| r.replica == "r1" && r.subject.starts_with("long") && r.ended.is_none())
+        .count();
+    assert_eq!(long_running, 2, "r1 runs the long reconciles");
+    let cut = Instant::now();
+    server.set_partition("r1", Partition::Blackholed);
+    until(secs(40), "r2 takes over", || {
+        ledger.runs().iter().any(|r| r.replica == "r2")
+    })
+    .await;
+    sleep(secs(10)).await;
+    let runs = ledger.runs();
+    let r1_last = runs
+        .iter()
+        .filter(|r| r.replica == "r1")
+        .map(|r| r.ended.unwrap_or(Instant::now()))
+        .max()
+        .unwrap();
+    let r2_first = runs
+        .iter()
+        .filter(|r| r.replica == "r2")
+        .map(|r| r.start)
+        .min()
+        .unwrap();
+    println!(
+        "slow consumer: r1's last reconcile ended {:?} after the cut, r2's first began {:?} after",
+        r1_last - cut,
+        r2_first - cut
+    );
+    assert!(
+        r1_last < r2_first,
+        "r1's last reconcile ended {:?} after the cut, r2's first began {:?} after",
+        r1_last - cut,
+        r2_first - cut
+    );
+    let (checked, _) = ledger.assert_never_two_at_once();
+    assert!(
+        checked >= 22,
+        "the ledger holds the runs it judged: {checked}"
+    );
+    r1.kill(&ledger);
+    r2.shut_down().await;
 }
 
 /// Rebalance with 32 shards, 1 → 3 → 2 replicas: after each change each replica holds within one

@@ -71,11 +71,9 @@
 //!
 //! # Stability
 //!
-//! The public API is what these docs show: the queue, the [`runner`] and the [`source`] stages.
-//! This crate also has a hidden module, `__private`, with the runner's per-lease engine, which
-//! `workqueue-kube`'s `Controller` drives from a task of its own: it is public only because that
-//! crate needs it, is not covered by semver, and `workqueue-kube` depends on an exact version of
-//! this crate for that reason.
+//! The public API is what these docs show: the queue, the [`runner`] (with its stream of results,
+//! on which `workqueue-kube`'s `Controller` stands) and the [`source`] stages. Nothing else is
+//! public.
 //!
 //! # Feeding the runner
 //!
@@ -161,14 +159,6 @@ mod clock;
 mod queue;
 pub mod runner;
 pub mod source;
-
-/// The runner's per-lease steps, for `workqueue-kube`'s `Controller`, which calls user code on
-/// a task of its own. **Not a stable API**: no semver promise covers anything in here, and it may
-/// change in any release; `workqueue-kube` depends on an exact version of this crate for it.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::runner::__private::*;
-}
 
 pub use clock::TokioClock;
 pub use queue::{Tokio, WorkQueue};

@@ -261,3 +261,58 @@ async fn a_busy_runner_does_not_starve_the_runtime() {
         "{report:?}"
     );
 }
+
+/// A reconcile that computes before its first `.await` holds only its own job: on a runtime of
+/// two threads, while its first poll runs (it waits, computing, until every other key has been
+/// reconciled, for at most 10 s), the other 50 keys are handed out and reconciled through the
+/// three other slots. Both with the runner awaited outside the runtime's threads (`block_on`, as
+/// under `#[tokio::main]`) and as a task on them.
+#[test]
+fn a_reconcile_computing_before_its_first_await_holds_only_itself() {
+    for spawned in [false, true] {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let queue: WorkQueue<u32> = WorkQueue::new();
+        queue.add_batch(0..=50);
+        queue.shut_down();
+        let others = Arc::new(AtomicU32::new(0));
+        let saw = Arc::new(AtomicU32::new(0));
+        let reconcile = {
+            let (others, saw) = (others.clone(), saw.clone());
+            move |key: u32, _ctx: Context| {
+                let (others, saw) = (others.clone(), saw.clone());
+                async move {
+                    if key == 0 {
+                        let computing = std::time::Instant::now();
+                        while others.load(SeqCst) < 50 && computing.elapsed() < secs(10) {
+                            std::hint::spin_loop();
+                        }
+                        saw.store(others.load(SeqCst), SeqCst);
+                    } else {
+                        others.fetch_add(1, SeqCst);
+                    }
+                    Ok::<_, ()>(Action::await_change())
+                }
+            }
+        };
+        let runner = Runner::new(queue, reconcile).workers(4);
+        let report = runtime.block_on(async move {
+            if spawned {
+                tokio::spawn(runner.run(CancellationToken::new()))
+                    .await
+                    .unwrap()
+            } else {
+                runner.run(CancellationToken::new()).await
+            }
+        });
+        assert_eq!(report.processed, 51, "spawned {spawned}");
+        assert_eq!(
+            saw.load(SeqCst),
+            50,
+            "spawned {spawned}: the others were reconciled while the first computed"
+        );
+    }
+}

@@ -40,12 +40,15 @@ async fn graceful_shutdown_with_work_in_flight() {
                 match key {
                     "quick" => {
                         sleep(secs(3)).await;
-                        assert!(!ctx.is_cancelled(), "cancelled within the shutdown grace");
+                        assert!(
+                            !ctx.token().is_cancelled(),
+                            "cancelled within the shutdown grace"
+                        );
                         events.push((key, "finished", events.elapsed()));
                         Ok(Action::await_change())
                     }
                     "coop" => {
-                        ctx.cancelled().await;
+                        ctx.token().cancelled().await;
                         events.push((key, "cancelled", events.elapsed()));
                         Err("cancelled")
                     }
@@ -135,7 +138,7 @@ async fn shutdown_returns_when_in_flight_work_finishes_within_the_grace() {
             log.record(key, &ctx);
             async move {
                 sleep(if key == "a" { secs(3) } else { secs(4) }).await;
-                assert!(!ctx.is_cancelled());
+                assert!(!ctx.token().is_cancelled());
                 Ok::<_, &'static str>(Action::await_change())
             }
         }

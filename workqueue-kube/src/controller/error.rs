@@ -2,6 +2,7 @@
 
 use kube::core::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::store::WriterDropped;
 
 /// An item of a controller's stream that is not a successful reconcile: kube-runtime's variants,
 /// so code that matches on them compiles unchanged.
@@ -22,18 +23,24 @@ pub enum Error<ReconcilerErr: 'static, QueueErr: 'static> {
     #[error("event queue error: {0}")]
     QueueError(#[source] QueueErr),
 
-    /// A reconcile failed without an error the error policy can see: it panicked or timed out.
-    /// Its key was retried with the rate limiter's backoff.
+    /// The runner failed: the store never became ready, a reconcile panicked (its key was
+    /// retried with the rate limiter's backoff), a `watches` mapper panicked, or the Leases
+    /// could not be used.
     #[error("runner error: {0}")]
     RunnerError(#[source] RunnerError),
 }
 
-/// A reconcile that failed without returning an error (kube-runtime's `RunnerError` is the
-/// readiness of its store; here the store's readiness is waited for, and these are what the
-/// runner adds).
+/// What went wrong in the controller's runner rather than in a reconcile: kube-runtime's
+/// `Readiness`, and what the runner adds (a reconcile's or a mapper's panic, the Lease
+/// configuration).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunnerError {
+    /// The store's writer was dropped before the store became ready (its first list): no
+    /// reconcile could ever start, and the stream ends after this item (kube-runtime's
+    /// `RunnerError::Readiness`).
+    #[error("readiness gate failed to become ready: {0}")]
+    Readiness(#[source] WriterDropped),
     /// The reconcile panicked; its key is retried with backoff, and the controller goes on.
     #[error("reconciler for object {object} panicked: {message}")]
     ReconcilerPanicked {
@@ -41,13 +48,6 @@ pub enum RunnerError {
         object: Box<ObjectRef<DynamicObject>>,
         /// The panic's message.
         message: String,
-    },
-    /// The reconcile outlived the controller's reconcile timeout; its future was dropped and its
-    /// key is retried with backoff.
-    #[error("reconciler for object {object} timed out")]
-    ReconcilerTimedOut {
-        /// The object.
-        object: Box<ObjectRef<DynamicObject>>,
     },
     /// A `watches` mapper (of [`Controller::watches`](super::Controller::watches) or its stream
     /// variants) panicked on this related object: the keys it would have returned were not

@@ -43,16 +43,20 @@
 //!
 //! # From kube-runtime
 //!
-//! A kube-runtime 5 program moves over by changing its `use` lines: `Controller`, `Config`,
-//! `Action`, `Error` and the `finalizer` helper come from this crate, everything else (the
-//! `Api`s, `watcher`, reflectors, predicates) stays kube's. What then stays the same, what is
-//! deliberately different, and what is missing, each checked against kube-runtime 5.0's source:
+//! As in kube-runtime, [`Controller::run`] is built on [`applier`], itself built on a runner
+//! (here `workqueue-tokio`'s public `Runner::results`). A kube-runtime 5 program moves over by
+//! changing its `use` lines: `Controller`, `Config`, `Action`, `Error` and the `finalizer`
+//! helper come from this crate, everything else (the `Api`s, `watcher`, reflectors,
+//! predicates) stays kube's. What then stays the same, and what is deliberately different, each
+//! checked against kube-runtime 5.0's source:
 //!
 //! | the same | kube-runtime 5 and here |
 //! |---|---|
 //! | builder | `new`, `new_with`, `owns`, `owns_with`, `watches`, `watches_with`, `reconcile_all_on`, `graceful_shutdown_on`, `shutdown_on_signal`, `with_config`, `trigger_backoff`, `store`, with kube's signatures |
 //! | stream builders | `for_stream`, `for_shared_stream`, `owns_stream`, `owns_shared_stream`, `watches_stream`, `watches_shared_stream` (each with its `_with`), `reconcile_on`, with kube's signatures; stable here, behind kube's `unstable-runtime-*` features there |
-//! | `run(reconciler, error_policy, context)` | a stream of `Result<(ObjectRef<K>, Action), Error<E, watcher::Error>>`, idle until polled; `reconciler` and `error_policy` need not be `Send` or `Sync`; the reconcile's future is `Send + 'static` |
+//! | `run(reconciler, error_policy, context)` | a stream of `Result<(ObjectRef<K>, Action), Error<E, watcher::Error>>`, idle until polled; `reconciler`, `error_policy` and the context need not be `Send` or `Sync` (kube's bounds: none on the context); the reconcile's future is `Send + 'static` |
+//! | [`applier`]`(reconciler, error_policy, context, store, queue, config)` | kube's signature: the layer beneath `Controller::run` (built on it here too), its queue a stream of [`ReconcileRequest`]s or `ObjectRef`s |
+//! | a store whose writer is dropped before it is ready | [`RunnerError::Readiness`], then the stream ends |
 //! | [`Error`] | `ObjectNotFound`, `ReconcilerFailed`, `QueueError`, `RunnerError`, with kube's messages |
 //! | `Action::requeue(d)` (`d` > 0), `Action::await_change()` | after a success: reconcile again after `d`, or on the next change |
 //! | error policy `requeue(d)`, `await_change()` | retry after `d`; no retry |
@@ -69,21 +73,18 @@
 //! | `Action`'s `Debug` (log lines) | `Action { requeue_after: Some(300s) }` | `requeue(300s)`, `await_change()`, `backoff()` |
 //! | a reconcile that panics | the panic reaches the task polling the stream | [`RunnerError::ReconcilerPanicked`]; the key is retried with backoff, the controller goes on |
 //! | a `watches` mapper that panics | the panic reaches the task polling the stream | [`RunnerError::MapperPanicked`]; that object's keys are not queued, the watch goes on |
-//! | [`RunnerError`] | `runner::Error<WriterDropped>` (`Readiness`) | this crate's variants: a `match` on kube's does not compile |
-//! | while the main watch relists | reconciles go on against the previous list | none starts until the new list is in the store (an object it lacks must not be reconciled); a relist that keeps failing holds every reconcile, requeues included, for as long as it fails |
+//! | [`RunnerError`] | `runner::Error<WriterDropped>` (`Readiness`) | this crate's variants (`Readiness` among them): a `match` on kube's does not compile |
+//! | `applier`'s reconciler future | any (`Unpin`): the applier polls it on its own task | `Send + 'static`: it runs on the runtime's threads; the queue's metrics are labelled `controller="applier"` |
+//! | while the main watch relists | reconciles go on against the previous list | none starts while a list is being received (an object the new list lacks must not be reconciled); between failed lists (an outage, a denied `list`) they go on from the last complete list, as in kube-runtime |
 //! | order | by due time | controller-runtime's priorities (an initial list and unchanged relisted objects after real changes; the keys of streams given to `for_stream` and the like at the default priority) and aging (due for 60 s: served first) |
 //! | trigger backoff | any watch's error holds every trigger; any key resets it | only a failing watch waits, and keys of a working one do not reset it while another fails; retries go out one per delay |
 //! | `debounce(d)` | delays every request by `d`, requeues included | delays the triggers' keys only; requeues are not delayed |
 //! | graceful shutdown | running reconciles finish, however long they take | they finish within [`Config::shutdown_grace`] (30 s), then are dropped |
-//! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what is due, then ends (delayed requeues and debounced triggers are dropped) |
-//! | where a reconcile runs | each is spawned as a task | its future is polled once on the task polling the stream, and goes on as a task if it waits |
+//! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what the triggers queued (debounced ones when their debounce ends), drops requeues and retries, then ends |
+//! | where a reconcile runs | each is spawned as a task | a few tasks of the controller's give each future its first poll; one that has to wait goes on as a task of its own (one that returns at once needs none); one that computes before its first `.await` holds only its own object |
 //! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...) and controller-runtime's metrics |
 //!
-//! | missing | kube-runtime 5 | here |
-//! |---|---|---|
-//! | `applier` | the closure-driven layer beneath `Controller` | none |
-//! | a store writer dropped before the store is ready | `RunnerError::Readiness`, and the stream ends | the controller waits for ever |
-//! | a context that is neither `Send` nor `Sync` | accepted | `run` requires `Ctx: Send + Sync + 'static` |
+//! Nothing of kube-runtime 5's `controller` module is missing.
 //!
 //! # What a result does to the queue
 //!
@@ -103,9 +104,13 @@
 //! # Guarantees
 //!
 //! - No reconcile starts before the main resource's first list is in the store; triggers from
-//!   owned or watched objects wait too. While the main watch relists (after a broken watch), no
-//!   reconcile starts either: the store holds the previous list until the new one is complete,
-//!   and an object the new list lacks must not be reconciled.
+//!   owned or watched objects wait too. A store whose writer is dropped before that ends the
+//!   stream with [`RunnerError::Readiness`]. While the main watch receives a relist (after a
+//!   broken watch), no reconcile starts either: the store holds the previous list until the new
+//!   one is complete, and an object the new list lacks must not be reconciled. A list that fails
+//!   leaves the store as it was (the last complete list and the changes since), and reconciles go
+//!   on from it until the next attempt, as in kube-runtime, so that a relist that keeps failing
+//!   (an outage, a denied `list`) does not hold them for as long as it fails.
 //! - An object is reconciled only if it is in the store: a key due for an object that is not is
 //!   reported as [`Error::ObjectNotFound`] and forgotten. Deletion is handled by finalizers
 //!   ([`finalizer()`](crate::finalizer::finalizer())).
@@ -122,9 +127,9 @@
 //! - controller-runtime's metrics (`controller_runtime_reconcile_*`, `workqueue_*`) labelled with
 //!   the kind (`controller="configmap"`), and a `reconcile` span per reconcile.
 
+mod applier;
 mod backoff;
 mod config;
-mod dispatch;
 mod error;
 mod relations;
 mod shards;
@@ -135,8 +140,8 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use futures_util::future::{BoxFuture, FutureExt, TryFuture, ready};
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::future::{BoxFuture, FutureExt, TryFuture};
+use futures_util::stream::{Stream, StreamExt};
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Client;
 use kube::Resource;
@@ -145,9 +150,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
-use workqueue_tokio::__private::Source;
-use workqueue_tokio::{AddOptions, WorkQueue};
+use workqueue_tokio::AddOptions;
 
+pub use applier::applier;
 pub use config::Config;
 pub use error::{Error, RunnerError};
 pub use kube::runtime::controller::{
@@ -155,10 +160,11 @@ pub use kube::runtime::controller::{
 };
 pub use workqueue_tokio::runner::Action;
 
-use crate::lease::{LeaseClock, LeaseConfig, ShardLeases};
+use crate::lease::{LeaseClock, LeaseConfig};
+use applier::Parts;
 use backoff::TriggerBackoff;
-use dispatch::{Dispatch, Leases, Setup};
-use triggers::{Readiness, Reports, Trigger};
+use shards::Leases;
+use triggers::{Reports, Trigger};
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -181,7 +187,8 @@ where
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
-    gate: watch::Receiver<Readiness>,
+    /// Whether the store may be read (see `triggers::main`).
+    gate: watch::Receiver<bool>,
     tasks: Vec<BoxFuture<'static, ()>>,
     graceful: Vec<BoxFuture<'static, ()>>,
     forceful: Vec<BoxFuture<'static, ()>>,
@@ -219,7 +226,7 @@ where
         let client = main_api.clone().into_client();
         let writer = reflector::store::Writer::<K>::new(dyntype.clone());
         let reader = writer.as_reader();
-        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let (gate_tx, gate) = watch::channel(false);
         // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
         let events = reflector::reflector(writer, watcher(main_api, wc));
         let main = triggers::main(events, gate_tx, dyntype.clone());
@@ -232,7 +239,7 @@ where
         main: impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>> + Send + 'static,
         reader: Store<K>,
         dyntype: K::DynamicType,
-        gate: watch::Receiver<Readiness>,
+        gate: watch::Receiver<bool>,
         tasks: Vec<BoxFuture<'static, ()>>,
         client: Option<Client>,
     ) -> Self {
@@ -338,12 +345,13 @@ where
         reader: Store<K>,
         dyntype: K::DynamicType,
     ) -> Self {
-        let (gate_tx, gate) = watch::channel(Readiness::NotReady);
+        let (gate_tx, gate) = watch::channel(false);
         let ready = {
             let reader = reader.clone();
             async move {
+                // A dropped writer drops `gate_tx` unopened: the stream reports it.
                 if reader.wait_until_ready().await.is_ok() {
-                    gate_tx.send_replace(Readiness::Ready);
+                    gate_tx.send_replace(true);
                 }
             }
         };
@@ -386,9 +394,12 @@ where
     /// A replica takes a key only while it holds the key's shard (an owned object's key is its
     /// owner's, so a family stays together); a shard it takes has its objects enqueued (behind
     /// real changes); a shard it loses (its deadline passed without a renewal) or hands over
-    /// has its queued keys dropped and its reconciles stopped (cancelled, then aborted) before
-    /// another replica can take it. A graceful shutdown hands its shards over after its
-    /// reconciles finished, so that other replicas hold them at once. An invalid `config` is
+    /// has its queued keys dropped and its running reconciles aborted (their futures dropped: a
+    /// reconcile here has no cancellation to watch) before another replica can take it. A task
+    /// of the controller's own does this, so it happens on time whatever the application does
+    /// with the stream (a consumer that is slow, or waits on something else). A graceful
+    /// shutdown hands its shards over after its reconciles finished, so that other replicas hold
+    /// them at once. An invalid `config` is
     /// reported as the stream's first item ([`RunnerError::Leases`]), which then ends.
     ///
     /// ```no_run
@@ -475,17 +486,23 @@ where
     }
 
     /// Runs the controller: a stream with one item per reconcile (the object and the action
-    /// taken, or why there was none), which does nothing until it is polled.
+    /// taken, or why there was none), which does nothing until it is polled. Built on
+    /// [`applier`], as kube-runtime's is.
     ///
-    /// `reconciler` and `error_policy` are called on the task that polls the stream, so they
-    /// need not be `Send` or `Sync`. A reconcile's future is polled once there; if it has to
-    /// wait (an API call), it goes on as a task of its own (hence `Send + 'static`), so that
-    /// reconciles run in parallel on the runtime's threads, as kube-runtime spawns them. One
-    /// with nothing to wait for (a reconcile that finds its object as it should be) ends at that
-    /// first poll, without the cost of a task; keep long computations out of a reconcile's
-    /// first steps, as out of the closure itself. The stream ends after a shutdown ([`Controller::graceful_shutdown_on`],
-    /// [`Controller::shutdown_on_signal`]), or once every trigger has ended and the objects due
-    /// were reconciled. Must be polled inside a tokio runtime.
+    /// `reconciler` and `error_policy` are called on the task that polls the stream, with
+    /// `context`, so none of them need be `Send` or `Sync` (a context holding a `Cell` is fine).
+    /// Each reconcile's future runs in parallel on the runtime's threads, as kube-runtime spawns
+    /// them (hence `Send + 'static`): a few tasks of the controller's give each future its first
+    /// poll, and one that has to wait (an API call) goes on as a task of its own. A reconcile that
+    /// returns at its first poll (one that finds its object as it should be) needs no task, and
+    /// one that computes before its first `.await` holds only its own object.
+    ///
+    /// The stream ends after a graceful shutdown ([`Controller::graceful_shutdown_on`],
+    /// [`Controller::shutdown_on_signal`]) once running reconciles finished (within
+    /// [`Config::shutdown_grace`]); at once on a forced one (their futures are dropped); or once
+    /// every trigger has ended and the objects the triggers queued (debounced ones too) were
+    /// reconciled (requeues are dropped then). A store whose writer is dropped before it is ready
+    /// ends it with [`RunnerError::Readiness`]. Must be polled inside a tokio runtime.
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -496,135 +513,30 @@ where
         K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
-        Ctx: Send + Sync + 'static,
     {
-        let config = &self.config;
         let name = K::kind(&self.dyntype).to_lowercase();
-        let mut queue = WorkQueue::builder().name(name);
-        if let Some(wait) = config.max_ready_wait {
-            queue = queue.max_ready_wait(wait);
-        }
-        if config.fair_namespaces {
-            queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
-        }
-        if let Some(outage) = config.outage {
-            queue = queue.outage_detection(outage);
-        }
-        let queue = queue.build();
-        let (errors_tx, errors) = mpsc::unbounded_channel();
-        let (leases, lease_error) = match self
-            .leases
-            .map(|(c, clock)| start_leases(self.client, c, clock))
-        {
-            Some(Ok(leases)) => (Some(leases), None),
-            Some(Err(error)) => (None, Some(error)),
-            None => (None, None),
+        let leases = match self.leases {
+            Some((config, clock)) => Leases::new(self.client, config, clock).map(Some),
+            None => Ok(None),
         };
-        let accepts = leases
-            .as_ref()
-            .map(|l| shards::source_filter::<K>(l.events.assignment.clone()));
-        let debounce = config.debounce;
-        let sources = self
-            .triggers
-            .into_iter()
-            .map(|(name, trigger)| {
-                let errors_tx = errors_tx.clone();
-                let mut accepts = accepts.clone();
-                let keys = trigger.filter_map(move |item| {
-                    ready(match item {
-                        // Keys of shards this replica does not hold are not queued.
-                        Ok((key, _)) if accepts.as_mut().is_some_and(|a| !a(&key)) => None,
-                        Ok((key, opts)) => Some((key, debounced(opts, debounce))),
-                        Err(error) => {
-                            let _ = errors_tx.send(error);
-                            None
-                        }
-                    })
-                });
-                Source::new(&name, keys)
-            })
-            .collect();
-        let setup = Setup {
-            queue,
-            sources,
-            concurrency: config.concurrency,
-            per_key_backoff: config.per_key_backoff,
-            shutdown_grace: config.shutdown_grace,
+        let parts = Parts {
+            name,
+            triggers: self.triggers,
+            store: self.reader,
             gate: self.gate,
             tasks: self.tasks,
-            errors,
+            config: self.config,
+            leases,
             graceful: self.graceful,
             forceful: self.forceful,
-            leases,
+            dyntype: Some(self.dyntype),
         };
-        let dispatch = Dispatch::new(
-            setup,
-            self.reader,
-            self.dyntype,
-            reconciler,
-            error_policy,
-            context,
-        );
-        let failed = lease_error.map(|e| Err(Error::RunnerError(e)));
-        match failed {
-            Some(error) => stream::iter([error]).left_stream(),
-            None => {
-                let items = stream::unfold(dispatch, |mut dispatch| async move {
-                    let item = dispatch.next().await?;
-                    Some((item, dispatch))
-                });
-                // The triggers' reports (a mapper's panic), merged in.
-                triggers::with_reports(items, self.reports.1).right_stream()
-            }
-        }
+        // The triggers' reports (a mapper's panic), merged in.
+        triggers::with_reports(
+            applier::run(parts, reconciler, error_policy, context),
+            self.reports.1,
+        )
     }
-}
-
-/// The Lease protocol of a controller, on `client`, or why it cannot run.
-fn start_leases(
-    client: Option<Client>,
-    config: LeaseConfig,
-    clock: Option<Arc<dyn LeaseClock>>,
-) -> Result<Leases, RunnerError> {
-    let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
-    // Within the time the protocol leaves between a loss and another replica's take, less the
-    // clock-rate slack it assumes.
-    let margin = config.lease_duration.saturating_sub(config.renew_deadline) / 2;
-    let (protocol, events) = ShardLeases::new(client, config).map_err(RunnerError::Leases)?;
-    let protocol = match clock {
-        Some(clock) => protocol.with_clock(SharedClock(clock)),
-        None => protocol,
-    };
-    Ok(Leases {
-        protocol,
-        events,
-        margin,
-    })
-}
-
-/// An `Arc` of a clock, as a clock.
-#[derive(Debug)]
-struct SharedClock(Arc<dyn LeaseClock>);
-
-impl LeaseClock for SharedClock {
-    fn now(&self) -> crate::lease::LocalInstant {
-        self.0.now()
-    }
-    fn tokio_instant(&self, local: crate::lease::LocalInstant) -> tokio::time::Instant {
-        self.0.tokio_instant(local)
-    }
-    fn wall(&self) -> k8s_openapi::jiff::Timestamp {
-        self.0.wall()
-    }
-}
-
-/// How a trigger is added with `debounce`: after it, as a debounce (each later trigger moves the
-/// reconcile to its own time plus `debounce`).
-fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
-    if debounce.is_zero() {
-        return opts;
-    }
-    opts.after(debounce).debounced(true)
 }
 
 /// Completes on SIGINT or SIGTERM.

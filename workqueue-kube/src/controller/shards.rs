@@ -1,96 +1,231 @@
 //! A controller's side of the Lease protocol ([`crate::lease`]): which keys it may take, what it
 //! does when it takes a shard, and how it stops a shard's work when it loses or gives it up.
 //!
-//! Invariants (the protocol's contract, kept here):
-//! - a key is taken only while its shard is accepted ([`Assignment::accepts`]: held, not being
-//!   handed over, and before its `valid_until`), at the sources and again at dispatch;
-//! - once a shard's `valid_until` passes without a renewal, or a hand-over of it begins, its
-//!   queued keys are dropped, its in-flight reconciles are asked to stop (their contexts are
-//!   cancelled) and are aborted at the latest `margin` after `valid_until` (a lost shard) or
-//!   shortly before the hand-over's deadline; a hand-over is acknowledged only once nothing of
-//!   the shard runs;
-//! - a lease of a shard that is no longer held is finished without a re-add: the shard's keys
-//!   are another replica's now.
+//! The rule for keys is the assignment's ([`owns`]): a key belongs here while its shard is held,
+//! not being handed over, and before its `valid_until`. The runner applies it at the sources, when
+//! it leases a key, and when a reconcile ends (a key of a shard no longer held is finished
+//! without a re-add: another replica runs it now).
+//!
+//! The rest is the [`Watchdog`], a task of its own, so that nothing it does waits for the
+//! application to poll the controller's stream:
+//! - a shard taken has its objects enqueued (behind real changes: another replica may have
+//!   dropped their events);
+//! - a shard lost (its `valid_until` passed without a renewal, or the protocol says so) or handed
+//!   over has its queued keys dropped, and its reconciles still running are aborted (their
+//!   futures dropped: a `Controller`'s reconcile has no token to watch) at the latest `margin`
+//!   after `valid_until` (a lost shard: the time the protocol leaves before another replica may
+//!   take it), or shortly before the hand-over's deadline;
+//! - a hand-over is acknowledged only once nothing of the shard runs;
+//! - a protocol that ends on a lost Lease (`OnLoss::Stop`) shuts the controller down.
 
 use std::collections::HashMap;
-#[cfg(feature = "metrics")]
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::reflector::ObjectRef;
-use tokio::sync::{mpsc, watch};
-use tokio::task::{AbortHandle, Id};
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use kube::Client;
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use workqueue_tokio::runner::Aborts;
+use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
-use crate::lease::{Assignment, HandOver, ShardChange, shard_of};
+use super::error::RunnerError;
+use crate::lease::{
+    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardChange, ShardLeases, shard_of,
+};
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
 /// the acknowledgement reaches the protocol in time.
 const ACK_MARGIN: Duration = Duration::from_millis(500);
 
+/// A controller's Lease protocol, ready to start.
+pub(crate) struct Leases {
+    protocol: ShardLeases,
+    assignment: watch::Receiver<Assignment>,
+    hand_overs: mpsc::UnboundedReceiver<HandOver>,
+    /// How long a lost shard's reconciles may run after its `valid_until`.
+    margin: Duration,
+}
+
+impl Leases {
+    /// The Lease protocol of a controller, on `client`, or why it cannot run.
+    pub(crate) fn new(
+        client: Option<Client>,
+        config: LeaseConfig,
+        clock: Option<Arc<dyn LeaseClock>>,
+    ) -> Result<Self, RunnerError> {
+        let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
+        // Within the time the protocol leaves between a loss and another replica's take, less
+        // the clock-rate slack it assumes.
+        let margin = config.lease_duration.saturating_sub(config.renew_deadline) / 2;
+        let (protocol, events) = ShardLeases::new(client, config).map_err(RunnerError::Leases)?;
+        let protocol = match clock {
+            Some(clock) => protocol.with_clock(SharedClock(clock)),
+            None => protocol,
+        };
+        Ok(Leases {
+            protocol,
+            assignment: events.assignment,
+            hand_overs: events.hand_overs,
+            margin,
+        })
+    }
+
+    /// The rule for the runner: whether a key's shard is held now.
+    pub(crate) fn owns<K: Resource>(
+        &self,
+    ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
+        let assignment = self.assignment.clone();
+        move |key| owns(&assignment.borrow(), key)
+    }
+
+    /// The watchdog over this protocol (which it starts), for a controller whose reconciles
+    /// `aborts` stops, whose keys `queue` holds and whose objects `store` holds. `shutdown` is
+    /// the controller's graceful shutdown: the protocol hands every shard over once it is
+    /// cancelled, and cancels it itself when it ends on a lost Lease.
+    pub(crate) fn watchdog<K>(
+        self,
+        aborts: Aborts<ObjectRef<K>>,
+        queue: WorkQueue<ObjectRef<K>>,
+        store: Store<K>,
+        dyntype: K::DynamicType,
+        shutdown: CancellationToken,
+    ) -> Watchdog<K>
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+    {
+        let protocol = tokio::spawn(self.protocol.run(shutdown.clone().cancelled_owned()));
+        let metrics = ShardMetrics::new(queue.name().unwrap_or("unnamed"));
+        let seen = self.assignment.borrow().clone();
+        metrics.emit(&seen);
+        Watchdog {
+            assignment: self.assignment,
+            seen,
+            hand_overs: Some(self.hand_overs),
+            stopping: HashMap::new(),
+            settling: FuturesUnordered::new(),
+            margin: self.margin,
+            aborts,
+            queue,
+            store,
+            dyntype,
+            metrics,
+            protocol: Some(protocol),
+            shutdown,
+        }
+    }
+}
+
+/// Whether `key`'s shard is held and valid now, by `assignment`.
+fn owns<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
+    let shard = shard_of(
+        key.namespace.as_deref(),
+        &key.name,
+        assignment.shard_count().max(1),
+    );
+    assignment.accepts(shard, Instant::now())
+}
+
 /// A shard whose work is stopping.
 #[derive(Debug)]
 struct Stopping {
-    /// When its reconciles still running are aborted.
-    abort_at: Instant,
+    /// When its reconciles still running are aborted (`None`: they were).
+    abort_at: Option<Instant>,
     /// The hand-over to acknowledge once nothing of the shard runs (none for a lost shard).
     hand_over: Option<HandOver>,
 }
 
-/// The dispatcher's view of the shards.
-#[derive(Debug)]
-pub(crate) struct Shards {
+/// What the protocol told the watchdog.
+enum Event {
+    Changed,
+    HandOver(HandOver),
+    HandOversClosed,
+    Deadline,
+    /// Nothing of this shard runs any more.
+    Settled(u32),
+    ProtocolEnded(Option<Ended>),
+    /// The controller's run is over.
+    Finish,
+}
+
+/// The task that keeps a controller's work within the shards it holds (see the module docs).
+pub(crate) struct Watchdog<K: Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash,
+{
     assignment: watch::Receiver<Assignment>,
     /// The assignment as last handled (for its changes).
     seen: Assignment,
     hand_overs: Option<mpsc::UnboundedReceiver<HandOver>>,
-    /// In-flight reconciles: their shard and their task. (A `Controller`'s reconcile sees no
-    /// cancellation token: stopping one is aborting it.)
-    tasks: HashMap<Id, (u32, AbortHandle)>,
     stopping: HashMap<u32, Stopping>,
-    /// Shards whose keys are to be dropped from the queue (they stopped since the last call of
-    /// [`Shards::take_dropped`]).
-    to_drop: Vec<u32>,
-    /// How long after a lost shard's `valid_until` its reconciles may run: within the time the
-    /// protocol leaves before another replica can take it.
+    /// For each hand-over waiting for its shard's reconciles: completes with the shard when none
+    /// runs.
+    settling: FuturesUnordered<BoxFuture<'static, u32>>,
     margin: Duration,
+    aborts: Aborts<ObjectRef<K>>,
+    queue: WorkQueue<ObjectRef<K>>,
+    store: Store<K>,
+    dyntype: K::DynamicType,
+    metrics: ShardMetrics,
+    protocol: Option<JoinHandle<Ended>>,
+    shutdown: CancellationToken,
 }
 
-/// What the protocol told the dispatcher.
-#[derive(Debug)]
-pub(crate) enum ShardEvent {
-    Changed,
-    HandOver(HandOver),
-    HandOversClosed,
-}
+impl<K> Watchdog<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+{
+    /// Runs until `finish` completes (the controller's run is over), then acknowledges every
+    /// hand-over until the protocol ends (it releases the Leases acknowledged: a fast failover).
+    /// Dropping it (a forced stop) aborts the protocol: the Leases lapse.
+    pub(crate) async fn run(mut self, finish: oneshot::Receiver<()>) {
+        let mut finish = std::pin::pin!(finish);
+        loop {
+            match self.next_event(finish.as_mut()).await {
+                Event::Changed => self.on_assignment(),
+                Event::HandOver(hand_over) => self.on_hand_over(hand_over),
+                Event::HandOversClosed => self.hand_overs = None,
+                Event::Deadline => self.on_time(),
+                Event::Settled(shard) => self.on_settled(shard),
+                Event::ProtocolEnded(ended) => self.on_protocol_ended(ended),
+                Event::Finish => break,
+            }
+        }
+        self.acknowledge_until_the_protocol_ends().await;
+    }
 
-/// What the dispatcher must do after an assignment change.
-#[derive(Debug, Default)]
-pub(crate) struct Changes {
-    /// Shards just taken: enqueue their objects.
-    pub(crate) acquired: Vec<u32>,
-}
-
-impl Shards {
-    pub(crate) fn new(
-        assignment: watch::Receiver<Assignment>,
-        hand_overs: mpsc::UnboundedReceiver<HandOver>,
-        margin: Duration,
-    ) -> Self {
-        let seen = assignment.borrow().clone();
-        Shards {
+    async fn next_event(&mut self, finish: std::pin::Pin<&mut oneshot::Receiver<()>>) -> Event {
+        let deadline = self.next_deadline();
+        let Watchdog {
             assignment,
-            seen,
-            hand_overs: Some(hand_overs),
-            tasks: HashMap::new(),
-            stopping: HashMap::new(),
-            to_drop: Vec::new(),
-            margin,
+            hand_overs,
+            settling,
+            protocol,
+            ..
+        } = self;
+        tokio::select! {
+            biased;
+            _ = finish => Event::Finish,
+            () = changed(assignment) => Event::Changed,
+            hand_over = recv(hand_overs) => match hand_over {
+                Some(hand_over) => Event::HandOver(hand_over),
+                None => Event::HandOversClosed,
+            },
+            Some(shard) = settling.next(), if !settling.is_empty() => Event::Settled(shard),
+            () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+            ended = joined(protocol) => Event::ProtocolEnded(ended),
         }
     }
 
     /// The shard of `key`.
-    pub(crate) fn shard<K: kube::Resource>(&self, key: &ObjectRef<K>) -> u32 {
+    fn shard_of(&self, key: &ObjectRef<K>) -> u32 {
         shard_of(
             key.namespace.as_deref(),
             &key.name,
@@ -98,240 +233,252 @@ impl Shards {
         )
     }
 
-    /// Whether a key of `shard` may be taken now.
-    pub(crate) fn accepts(&self, shard: u32) -> bool {
-        !self.stopping.contains_key(&shard)
-            && self.assignment.borrow().accepts(shard, Instant::now())
+    /// A predicate on the keys of `shard`.
+    fn keys_of(&self, shard: u32) -> impl Fn(&ObjectRef<K>) -> bool + Send + 'static + use<K> {
+        let count = self.seen.shard_count().max(1);
+        move |key: &ObjectRef<K>| shard_of(key.namespace.as_deref(), &key.name, count) == shard
     }
 
-    /// Records a reconcile of `shard` started as the task `id`.
-    pub(crate) fn started(&mut self, id: Id, shard: u32, task: AbortHandle) {
-        self.tasks.insert(id, (shard, task));
-    }
-
-    /// Who owns which keys, for the reconciles' tasks.
-    pub(crate) fn owner(&self) -> Owner {
-        Owner(self.assignment.clone())
-    }
-
-    /// A task ended (finished or aborted): acknowledges its shard's hand-over if it was the last.
-    pub(crate) fn ended(&mut self, id: Id) {
-        if let Some((shard, _)) = self.tasks.remove(&id) {
-            self.settle(shard);
-        }
-    }
-
-    /// Acknowledges `shard`'s hand-over once none of its reconciles runs.
-    fn settle(&mut self, shard: u32) {
-        if self.tasks.values().any(|(s, _)| *s == shard) {
-            return;
-        }
-        if let Some(stopping) = self.stopping.remove(&shard)
-            && let Some(hand_over) = stopping.hand_over
-        {
-            tracing::info!(shard, "shard drained; hand-over acknowledged");
-            hand_over.acknowledge();
-        }
-    }
-
-    /// Stops `shard`'s work: no key of it is taken any more; its reconciles still running are
-    /// aborted at `abort_at`.
-    fn stop(&mut self, shard: u32, abort_at: Instant, hand_over: Option<HandOver>) {
-        if !self.stopping.contains_key(&shard) {
-            self.to_drop.push(shard);
-        }
-        let stopping = self.stopping.entry(shard).or_insert(Stopping {
-            abort_at,
-            hand_over: None,
-        });
-        stopping.abort_at = stopping.abort_at.min(abort_at);
-        if hand_over.is_some() {
-            stopping.hand_over = hand_over;
-        }
-        self.settle(shard);
-    }
-
-    /// Handles a changed assignment: what was taken (to enqueue) and what ended (to stop).
-    pub(crate) fn on_change(&mut self) -> Changes {
+    /// The assignment changed: enqueues the objects of each shard taken, stops each shard that
+    /// ended, and updates the metrics.
+    fn on_assignment(&mut self) {
         let now = self.assignment.borrow_and_update().clone();
-        let mut changes = Changes::default();
+        let mut acquired = Vec::new();
         for change in now.changes_since(&self.seen) {
             match change {
                 ShardChange::Acquired { shard, .. } => {
-                    // A new holding: whatever was stopping of an earlier one has been aborted
-                    // or is aborted now (it cannot be acknowledged any more).
-                    if self.stopping.contains_key(&shard) {
-                        self.abort(shard);
-                        self.stopping.remove(&shard);
+                    // A new holding: whatever still runs of an earlier one is aborted now (it
+                    // cannot be acknowledged any more).
+                    if self.stopping.remove(&shard).is_some() {
+                        let aborted = self.aborts.abort(self.keys_of(shard));
+                        if aborted > 0 {
+                            tracing::warn!(
+                                shard,
+                                aborted,
+                                "reconciles of an earlier holding of a shard taken again were aborted"
+                            );
+                        }
                     }
-                    changes.acquired.push(shard);
+                    acquired.push(shard);
                 }
                 ShardChange::Ended { shard } => {
-                    let abort_at = Instant::now();
-                    self.stop(shard, abort_at, None);
+                    tracing::warn!(shard, "shard lost: its reconciles are aborted");
+                    self.stop(shard, Instant::now(), None);
                 }
                 ShardChange::GivingUp { .. } => {}
             }
         }
         self.seen = now;
-        changes
+        if !acquired.is_empty() {
+            self.enqueue(&acquired);
+        }
+        self.metrics.emit(&self.seen);
+        // A shard stopped above may be due for its abort now.
+        self.on_time();
     }
 
-    /// Begins a hand-over: the shard's work stops, and it is acknowledged once none runs.
-    pub(crate) fn hand_over(&mut self, hand_over: HandOver) {
+    /// Enqueues the objects of the shards just taken, behind real changes.
+    fn enqueue(&self, shards: &[u32]) {
+        let keys: Vec<ObjectRef<K>> = self
+            .store
+            .state()
+            .iter()
+            .map(|object| ObjectRef::from_obj_with(&**object, self.dyntype.clone()))
+            .filter(|key| shards.contains(&self.shard_of(key)))
+            .collect();
+        tracing::info!(shards = ?shards, objects = keys.len(), "shards taken");
+        self.queue
+            .add_batch_with(keys, AddOptions::new().priority(LOW_PRIORITY));
+    }
+
+    /// A hand-over began: the shard's work stops; it is acknowledged once none runs, and what
+    /// still runs shortly before the deadline is aborted.
+    fn on_hand_over(&mut self, hand_over: HandOver) {
         let shard = hand_over.shard();
         let abort_at = hand_over
             .deadline()
             .checked_sub(ACK_MARGIN)
             .unwrap_or_else(Instant::now);
         self.stop(shard, abort_at, Some(hand_over));
+        let aborts = self.aborts.clone();
+        let keys = self.keys_of(shard);
+        self.settling.push(Box::pin(async move {
+            aborts.stopped(keys).await;
+            shard
+        }));
+        self.on_time();
     }
 
-    /// The shards whose keys the queue must drop: those that stopped since the last call.
-    pub(crate) fn take_dropped(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.to_drop)
+    /// Stops `shard`'s work: its queued keys are dropped (the runner takes none of them any
+    /// more: they no longer belong here), its reconciles still running are aborted at
+    /// `abort_at`.
+    fn stop(&mut self, shard: u32, abort_at: Instant, hand_over: Option<HandOver>) {
+        let stopping = self.stopping.entry(shard).or_insert(Stopping {
+            abort_at: Some(abort_at),
+            hand_over: None,
+        });
+        stopping.abort_at = stopping.abort_at.map(|at| at.min(abort_at));
+        if hand_over.is_some() {
+            stopping.hand_over = hand_over;
+        }
+        let keys = self.keys_of(shard);
+        let dropped = self.queue.retain(|key| !keys(key));
+        tracing::info!(shard, keys = dropped, "keys of a shard given up dropped");
     }
 
-    /// The shards whose work must stop now: lost by time (their `valid_until` passed; the
-    /// protocol publishes it later), or stopping past their abort time.
-    pub(crate) fn on_time(&mut self) {
+    /// Stops each held shard whose `valid_until` passed (lost by time: the protocol publishes it
+    /// later), and aborts the reconciles of each stopping shard past its abort time.
+    fn on_time(&mut self) {
         let now = Instant::now();
-        let assignment = self.assignment.borrow().clone();
-        let mut shards: Vec<u32> = self.tasks.values().map(|(s, _)| *s).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        for shard in shards {
-            if self.stopping.contains_key(&shard) {
-                continue;
-            }
-            let valid_until = assignment.state(shard).holding().map(|h| h.valid_until);
-            if valid_until.is_none_or(|v| v <= now) {
-                let abort_at = valid_until.unwrap_or(now) + self.margin;
-                tracing::warn!(shard, "shard lost: its reconciles are stopped");
-                self.stop(shard, abort_at, None);
-            }
+        let lost: Vec<(u32, Instant)> = self
+            .seen
+            .held()
+            .filter(|(shard, _)| !self.stopping.contains_key(shard))
+            .filter(|(_, holding)| holding.valid_until <= now)
+            .map(|(shard, holding)| (shard, holding.valid_until))
+            .collect();
+        for (shard, valid_until) in lost {
+            tracing::warn!(
+                shard,
+                "shard lost (not renewed in time): its reconciles are aborted"
+            );
+            self.stop(shard, valid_until + self.margin, None);
         }
         let due: Vec<u32> = self
             .stopping
             .iter()
-            .filter(|(_, s)| s.abort_at <= now)
+            .filter(|(_, s)| s.abort_at.is_some_and(|at| at <= now))
             .map(|(shard, _)| *shard)
             .collect();
         for shard in due {
-            self.abort(shard);
-        }
-    }
-
-    /// Aborts the reconciles of `shard` still running.
-    fn abort(&mut self, shard: u32) {
-        for (s, task) in self.tasks.values() {
-            if *s == shard {
-                task.abort();
+            let aborted = self.aborts.abort(self.keys_of(shard));
+            if aborted > 0 {
+                tracing::warn!(
+                    shard,
+                    aborted,
+                    "reconciles of a shard given up were aborted"
+                );
+            }
+            if let Some(stopping) = self.stopping.get_mut(&shard) {
+                stopping.abort_at = None;
             }
         }
+        // A lost shard whose reconciles were aborted has nothing left to wait for.
+        self.stopping
+            .retain(|_, s| s.abort_at.is_some() || s.hand_over.is_some());
     }
 
-    /// When [`Shards::on_time`] must run next: the earliest `valid_until` of a shard with work in
-    /// flight, or abort time of a stopping shard.
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let assignment = self.assignment.borrow();
+    /// Nothing of `shard` runs any more: its hand-over is acknowledged.
+    fn on_settled(&mut self, shard: u32) {
+        let Some(stopping) = self.stopping.get_mut(&shard) else {
+            return;
+        };
+        if let Some(hand_over) = stopping.hand_over.take() {
+            tracing::info!(shard, "shard drained; hand-over acknowledged");
+            hand_over.acknowledge();
+        }
+        self.stopping.remove(&shard);
+    }
+
+    /// The protocol ended by itself: with `OnLoss::Stop`, on a lost shard; the controller stops
+    /// too, so that the process can exit.
+    fn on_protocol_ended(&mut self, ended: Option<Ended>) {
+        if let Some(Ended::Lost { shard }) = ended {
+            tracing::warn!(shard, "a Lease was lost: the controller shuts down");
+            self.shutdown.cancel();
+        }
+    }
+
+    /// The next deadline: the earliest `valid_until` of a shard held, or abort time of a
+    /// stopping shard.
+    fn next_deadline(&self) -> Option<Instant> {
         let valid = self
-            .tasks
-            .values()
-            .filter(|(s, _)| !self.stopping.contains_key(s))
-            .filter_map(|(s, _)| assignment.state(*s).holding().map(|h| h.valid_until));
-        let aborts = self
-            .stopping
-            .iter()
-            .filter(|(s, _)| self.tasks.values().any(|(t, _)| t == *s))
-            .map(|(_, st)| st.abort_at);
+            .seen
+            .held()
+            .filter(|(shard, _)| !self.stopping.contains_key(shard))
+            .map(|(_, holding)| holding.valid_until);
+        let aborts = self.stopping.values().filter_map(|s| s.abort_at);
         valid.chain(aborts).min()
     }
 
-    /// The protocol's next news: a changed assignment or a hand-over request (never, once the
-    /// protocol is gone).
-    pub(crate) async fn next_event(&mut self) -> ShardEvent {
-        let changed = async {
-            if self.assignment.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        let hand_over = async {
-            match &mut self.hand_overs {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = changed => ShardEvent::Changed,
-            hand_over = hand_over => match hand_over {
-                Some(hand_over) => ShardEvent::HandOver(hand_over),
-                None => ShardEvent::HandOversClosed,
-            },
-        }
-    }
-
-    /// The protocol dropped its side of the hand-overs.
-    pub(crate) fn hand_overs_closed(&mut self) {
-        self.hand_overs = None;
-    }
-
-    /// Acknowledges every hand-over still waiting, and those that come until the protocol ends
-    /// (nothing runs any more: the controller is stopping).
-    pub(crate) fn acknowledge_everything(&mut self) {
+    /// Nothing runs any more: every hand-over is acknowledged, and those that come until the
+    /// protocol ends, so that it releases the Leases for a fast failover.
+    async fn acknowledge_until_the_protocol_ends(&mut self) {
         for (_, stopping) in self.stopping.drain() {
             if let Some(hand_over) = stopping.hand_over {
                 hand_over.acknowledge();
             }
         }
-        if let Some(rx) = &mut self.hand_overs {
-            while let Ok(hand_over) = rx.try_recv() {
-                hand_over.acknowledge();
-            }
+        let (Some(protocol), Some(hand_overs)) = (self.protocol.take(), self.hand_overs.take())
+        else {
+            return;
+        };
+        let acknowledge = crate::lease::acknowledge_all(hand_overs);
+        tokio::select! {
+            _ = protocol => {}
+            () = acknowledge => {}
         }
     }
+}
 
-    /// The receiver of hand-overs, for the wait at the end of a run.
-    pub(crate) fn take_hand_overs(&mut self) -> Option<mpsc::UnboundedReceiver<HandOver>> {
-        self.hand_overs.take()
-    }
-
-    /// The assignment now (for the metrics).
-    pub(crate) fn assignment(&self) -> Assignment {
-        self.assignment.borrow().clone()
+/// A dropped watchdog (a forced stop, a dropped stream) is a dead replica: its Lease protocol
+/// stops too (its Leases lapse; nothing is released).
+impl<K: Resource + 'static> Drop for Watchdog<K>
+where
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    fn drop(&mut self) {
+        if let Some(protocol) = self.protocol.take() {
+            protocol.abort();
+        }
     }
 }
 
-/// Which keys this replica owns now (a reconcile's task asks it as it finishes).
-#[derive(Debug, Clone)]
-pub(crate) struct Owner(watch::Receiver<Assignment>);
-
-impl Owner {
-    /// Whether `key`'s shard is held and valid now (a lease of a shard given up or lost is
-    /// finished without a re-add).
-    pub(crate) fn owns<K: kube::Resource>(&self, key: &ObjectRef<K>) -> bool {
-        let assignment = self.0.borrow();
-        let shard = shard_of(
-            key.namespace.as_deref(),
-            &key.name,
-            assignment.shard_count().max(1),
-        );
-        assignment.accepts(shard, Instant::now())
+/// Completes when the assignment changes; never once the protocol is gone.
+async fn changed(assignment: &mut watch::Receiver<Assignment>) {
+    if assignment.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
-/// The filter at the sources: keeps the keys whose shard this replica accepts now.
-pub(crate) fn source_filter<K: kube::Resource>(
-    assignment: watch::Receiver<Assignment>,
-) -> impl FnMut(&ObjectRef<K>) -> bool + Clone + Send + 'static {
-    move |key| {
-        let assignment = assignment.borrow();
-        let shard = shard_of(
-            key.namespace.as_deref(),
-            &key.name,
-            assignment.shard_count().max(1),
-        );
-        assignment.accepts(shard, Instant::now())
+async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn joined(protocol: &mut Option<JoinHandle<Ended>>) -> Option<Ended> {
+    match protocol {
+        Some(handle) => {
+            let ended = handle.await.ok();
+            *protocol = None;
+            ended
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An `Arc` of a clock, as a clock.
+#[derive(Debug)]
+struct SharedClock(Arc<dyn LeaseClock>);
+
+impl LeaseClock for SharedClock {
+    fn now(&self) -> crate::lease::LocalInstant {
+        self.0.now()
+    }
+    fn tokio_instant(&self, local: crate::lease::LocalInstant) -> tokio::time::Instant {
+        self.0.tokio_instant(local)
+    }
+    fn wall(&self) -> k8s_openapi::jiff::Timestamp {
+        self.0.wall()
     }
 }
 

@@ -20,26 +20,22 @@ use crate::sources::{Change, Prioritized, owner_keys, owners as prioritized_owne
 /// A stream of keys and how to add them, or a watch's error.
 pub(crate) type Trigger<K> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), watcher::Error>>;
 
-/// Whether the main store may be read: a reconcile reads its object there, so none starts while
-/// the store is not ready (before the first list is complete) or is being relisted (it then
-/// still holds the old list, which may have objects the new one lacks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Readiness {
-    /// Before the first list completed.
-    NotReady,
-    /// The store holds the last complete list and the changes since.
-    Ready,
-    /// A relist is under way: the store holds the previous list until it completes.
-    Relisting,
-}
-
 /// The main resource's triggers: every object the watch lists or applies (not a deletion: a
 /// deleted object is not reconciled, its clean-up is a finalizer's), with controller-runtime's
-/// priorities. The watch's events reach this stage after the reflector applied them to the
-/// store, so a list's `InitDone` opens the gate only once the store holds that list.
+/// priorities.
+///
+/// It also keeps `gate`, whether the store may be read: a reconcile reads its object there, so
+/// none starts before the first list is complete, nor while a relist is being received (the
+/// store then still holds the previous list, which may have objects the new one lacks). A list
+/// that fails leaves the store as it was, holding the last complete list and the changes since:
+/// after it, and while the watch waits to try again, the store may be read as kube-runtime and
+/// client-go read theirs, so that a relist that keeps failing (an outage, a denied `list`) does
+/// not hold every reconcile for as long as it fails. The watch's events reach this stage after
+/// the reflector applied them to the store, so a list's `InitDone` opens the gate only once the
+/// store holds that list.
 pub(crate) fn main<K, S>(
     events: S,
-    gate: watch::Sender<Readiness>,
+    gate: watch::Sender<bool>,
     dyntype: K::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
 where
@@ -47,14 +43,17 @@ where
     K::DynamicType: Clone,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
+    let mut listed = false;
     let events = events.inspect(move |event| match event {
-        Ok(watcher::Event::Init) => gate.send_modify(|r| {
-            if *r == Readiness::Ready {
-                *r = Readiness::Relisting;
-            }
-        }),
+        Ok(watcher::Event::Init) => {
+            gate.send_replace(false);
+        }
         Ok(watcher::Event::InitDone) => {
-            gate.send_replace(Readiness::Ready);
+            listed = true;
+            gate.send_replace(true);
+        }
+        Err(_) if listed => {
+            gate.send_replace(true);
         }
         _ => {}
     });

@@ -137,9 +137,11 @@
 //! task. The controller takes a key of shard `s` only while [`Assignment::accepts`]`(s, now)`:
 //! held, not being handed over, and before its [`valid_until`](Holding::valid_until), the
 //! deadline. A shard whose [`epoch`](Holding::epoch) is new was just taken: enqueue its objects.
-//! For a [`HandOver`] the controller stops taking the shard's keys, lets its work finish or
-//! aborts it by the request's [`deadline`](HandOver::deadline), and acknowledges; the shard is
-//! given away only then, and kept (held, its keys not taken) while no acknowledgement comes.
+//! A lost shard's running reconciles are aborted by a task of the controller's own, whatever
+//! polls its stream. For a [`HandOver`] the controller stops taking the shard's keys, lets its
+//! work finish or aborts it by the request's [`deadline`](HandOver::deadline), and
+//! acknowledges; the shard is given away only then, and kept (held, its keys not taken) while
+//! no acknowledgement comes.
 //!
 //! # Cost
 //!

@@ -164,9 +164,55 @@ impl<E: std::error::Error + 'static> std::error::Error for Failure<E> {
     }
 }
 
+/// What a runner's stream ([`Runner::results`](super::Runner::results)) yields besides
+/// successful reconciles: a failed reconcile (after the error policy's action was applied), or
+/// the end of a run whose store never became readable.
+///
+/// ```
+/// use workqueue_tokio::runner::{Error, Failure};
+///
+/// let failed: Error<&str, std::io::Error> = Error::Failed("default/web", Failure::Timeout);
+/// assert_eq!(failed.to_string(), "reconcile of default/web failed: reconcile timed out");
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error<T, E> {
+    /// The reconcile of this key failed; the error policy's action was applied to it.
+    Failed(T, Failure<E>),
+    /// The readiness gate ([`Runner::readiness`](super::Runner::readiness)) was closed for good
+    /// (its sender dropped) before it opened: no reconcile can ever start. The stream ends after
+    /// it, once running reconciles finished.
+    Readiness,
+}
+
+impl<T: fmt::Display, E: fmt::Display> fmt::Display for Error<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Failed(key, failure) => write!(f, "reconcile of {key} failed: {failure}"),
+            Error::Readiness => {
+                f.write_str("the readiness gate was dropped before it opened: nothing can run")
+            }
+        }
+    }
+}
+
+/// The [`source`](std::error::Error::source) of a failure is the [`Failure`].
+impl<T, E> std::error::Error for Error<T, E>
+where
+    T: fmt::Debug + fmt::Display,
+    E: std::error::Error + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Failed(_, failure) => Some(failure),
+            Error::Readiness => None,
+        }
+    }
+}
+
 /// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
-pub enum Reconciled<E> {
+pub(crate) enum Reconciled<E> {
     /// The reconcile succeeded with this action.
     Ok(Action),
     /// A failure, and the error policy's action for it.
@@ -182,7 +228,7 @@ impl<E> Reconciled<E> {
     /// `per_key_backoff`, a failure's `requeue(d)` waits the rate limiter's delay and at least
     /// `d`. What the outcome tells the outage detector is the engine's to add (it needs the failure
     /// counts and the user's classifier).
-    pub fn outcome(&self, per_key_backoff: bool) -> Outcome {
+    pub(crate) fn outcome(&self, per_key_backoff: bool) -> Outcome {
         let (outcome, priority) = match self {
             Reconciled::Ok(action) => {
                 let outcome = match action.next {

@@ -1,9 +1,10 @@
 //! What a reconcile and the error policy receive besides the key.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, OnceLock};
 
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::CancellationToken;
 
 /// The context of one reconcile: the runner's shared data, its cancellation, its priority and
 /// two counts of earlier failures. The error policy gets the same context for the failure it
@@ -39,9 +40,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// # let _ = policy;
 /// ```
 ///
-/// The context is cancelled when the reconcile times out, or when the runner shuts down and the
-/// grace period for in-flight work has passed. A reconcile should stop promptly then; work it
-/// spawned is not stopped by the runner, so it must not outlive the context.
+/// Its [`token`](Context::token) is cancelled when the reconcile times out, or when the runner
+/// shuts down and the grace period for in-flight work has passed. A reconcile should stop
+/// promptly then; work it spawned is not stopped by the runner, so it must not outlive the
+/// token. (An [aborted](super::Aborts) reconcile is dropped without being asked first.)
 ///
 /// Why a key was queued (a source, a requeue, a retry) is not here on purpose: it is in the
 /// reconcile's tracing span (`reasons`) and metrics. A reconcile that branched on it would be
@@ -49,16 +51,63 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// `ReconcileReason` from reconcilers for the same reason.
 pub struct Context<C = ()> {
     data: Arc<C>,
-    cancel: CancellationToken,
+    cancel: Arc<Cancel>,
     rate_limited_retries: u32,
     failures_in_a_row: u32,
     priority: i32,
 }
 
+/// A reconcile's cancellation, shared by its context's clones and the runner: cancelled when the
+/// run's contexts are (at shutdown, after the grace) or when this reconcile times out. Its token
+/// is made only when the reconcile asks for it: most reconciles never do, and a token linked to
+/// the run's costs two locks of the run's token (made and dropped).
+///
+/// Invariant: once `own` is set, the token (made before or after) is cancelled: `cancel_own` sets
+/// `own` then cancels the token if it exists; `token` makes it, then cancels it if `own` is set
+/// (both sides fence, so at least one of them sees the other's write).
+pub(crate) struct Cancel {
+    run: Arc<CancellationToken>,
+    own: AtomicBool,
+    token: OnceLock<CancellationToken>,
+}
+
+impl Cancel {
+    pub(crate) fn new(run: Arc<CancellationToken>) -> Arc<Self> {
+        Arc::new(Cancel {
+            run,
+            own: AtomicBool::new(false),
+            token: OnceLock::new(),
+        })
+    }
+
+    /// Cancels this reconcile alone (its timeout).
+    pub(crate) fn cancel_own(&self) {
+        self.own.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
+    }
+
+    /// Whether cancelled, without making the token.
+    fn is_cancelled(&self) -> bool {
+        self.own.load(Ordering::SeqCst) || self.run.is_cancelled()
+    }
+
+    fn token(&self) -> &CancellationToken {
+        let token = self.token.get_or_init(|| self.run.child_token());
+        fence(Ordering::SeqCst);
+        if self.own.load(Ordering::SeqCst) {
+            token.cancel();
+        }
+        token
+    }
+}
+
 impl<C> Context<C> {
     pub(crate) fn new(
         data: Arc<C>,
-        cancel: CancellationToken,
+        cancel: Arc<Cancel>,
         rate_limited_retries: u32,
         failures_in_a_row: u32,
         priority: i32,
@@ -96,18 +145,28 @@ impl<C> Context<C> {
         self.priority
     }
 
-    /// Whether the reconcile has been asked to stop.
-    pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
-    }
-
-    /// Completes when the reconcile is asked to stop.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.cancel.cancelled()
-    }
-
-    /// The cancellation token, to hand to work the reconcile spawns.
+    /// The reconcile's cancellation: cancelled when the reconcile times out, or when the runner
+    /// shuts down and the grace for in-flight work has passed. Await `token().cancelled()` to
+    /// stop promptly, check `token().is_cancelled()`, or hand it (or a child) to work the
+    /// reconcile spawns.
+    ///
+    /// ```
+    /// use workqueue_tokio::runner::{Action, Context};
+    ///
+    /// async fn reconcile(_key: String, ctx: Context) -> Result<Action, std::io::Error> {
+    ///     tokio::select! {
+    ///         () = ctx.token().cancelled() => Err(std::io::Error::other("stopped")),
+    ///         () = tokio::time::sleep(std::time::Duration::from_secs(1)) => Ok(Action::await_change()),
+    ///     }
+    /// }
+    /// # let _ = reconcile;
+    /// ```
     pub fn token(&self) -> &CancellationToken {
+        self.cancel.token()
+    }
+
+    /// The shared cancellation (for the runner's timeout).
+    pub(crate) fn cancel(&self) -> &Cancel {
         &self.cancel
     }
 }
@@ -117,7 +176,7 @@ impl<C> Clone for Context<C> {
     fn clone(&self) -> Self {
         Context {
             data: Arc::clone(&self.data),
-            cancel: self.cancel.clone(),
+            cancel: Arc::clone(&self.cancel),
             rate_limited_retries: self.rate_limited_retries,
             failures_in_a_row: self.failures_in_a_row,
             priority: self.priority,

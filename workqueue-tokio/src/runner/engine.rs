@@ -1,109 +1,189 @@
-//! What the runner does for one lease, step by step, whoever calls the reconcile: the runner's
-//! workers, or a front end that calls user code on a task of its own (`workqueue-kube`'s
-//! `Controller`, through this crate's unstable seam).
-//!
-//! A lease goes through [`Engine::begin`] (the counts, the reasons, the span and the context),
-//! [`Engine::drive`] (the reconcile's future under the runner's limits: timeout, cancel grace,
-//! hard stop, panics caught), [`Engine::judge`] (the error policy on a failure, the failure
-//! event, the metrics) and [`Engine::finish`] (the report's counters, the outage signal, the
-//! failure counts and reasons, and the lease's outcome by the one mapping,
-//! [`Reconciled::outcome`]). None of the four lets a panic of user code out.
+//! What the runner does for one lease, step by step: [`Engine::begin`] (on the dispatcher: the
+//! counts, the reasons, the span and the context), [`Engine::job`] (the reconcile's future under
+//! the runner's limits: timeout, cancel grace, hard stop, an abort; then the verdict and the
+//! finish of a success, on a poller or a task of its own), [`Engine::judge`] (on the dispatcher:
+//! the error policy on a failure, the failure event, the metrics) and [`Engine::finish`] (the
+//! report's counters, the outage signal, the failure counts and reasons, and the lease's outcome
+//! by the one mapping, [`Reconciled::outcome`]). None of them lets a panic of user code out.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::hash::{BuildHasher, Hash};
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use workqueue_core::ratelimit::Signal;
 use workqueue_core::state::OutageEvent;
-use workqueue_core::{Lease, Outcome};
+use workqueue_core::{AddOptions, Lease, Outcome};
 
+use super::aborts::{Registered, Registry};
 use super::action::Reconciled;
 use super::catch::catch;
+use super::context::Cancel;
 use super::failures::FailureCounts;
-use super::feed::{Feeder, Source};
+use super::jobs::{Ends, Job};
 use super::metrics::{self, RunnerMetrics};
 use super::reasons::{self, Reasons};
-use super::report::{Counters, Report};
-use super::workers::sleep_or_never;
+use super::report::Counters;
 use super::{Action, Context, Failure};
 use crate::WorkQueue;
 
 /// Whether a failure may be a shared outage (see `Runner::outage_classifier`).
 pub(crate) type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
 
-/// How an engine runs reconciles: the runner's settings that apply to every lease.
+/// Whether a key belongs to this runner (see `Runner::belongs`).
+pub(crate) type Belongs<T> = dyn Fn(&T) -> bool + Send + Sync;
+
+/// The runner's settings that apply to every lease.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// The time limit of one reconcile (`None`: none).
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// How long a reconcile whose context was cancelled may take before its future is dropped.
-    pub cancel_grace: Duration,
+    pub(crate) cancel_grace: Duration,
     /// The level of the failure event (`None`: no event).
-    pub failure_log: Option<tracing::Level>,
+    pub(crate) failure_log: Option<tracing::Level>,
     /// Whether a failure's `Action::requeue(d)` waits the rate limiter's delay, at least `d`.
-    pub per_key_backoff: bool,
-    /// Whether the front end stops reconciles by aborting their tasks, and its reconciles see
-    /// no [`Context`]: then a context is not linked to [`Engine::abort`] (a linked token costs a
-    /// lock on the runner's token at each reconcile's start and end), and [`Engine::drive`] does
-    /// not watch [`Engine::hard_stop`].
-    pub stopped_by_abort: bool,
+    pub(crate) per_key_backoff: bool,
 }
 
-/// Everything the per-lease steps share. Built by [`Engine::start`], which also starts the
-/// source readers; shared by every task that handles leases.
-pub struct Engine<T, E, C, S> {
+/// How a job ended, for the dispatcher.
+pub(crate) enum End<T, E, C> {
+    /// The lease was finished in the job (a success, an interrupted reconcile); what the stream
+    /// yields for it, if anything.
+    Finished(Option<(T, Action)>),
+    /// A failure, for the error policy (user code: on the dispatcher).
+    Failed(Box<Failed<T, E, C>>),
+}
+
+/// A failed reconcile on its way to the error policy.
+pub(crate) struct Failed<T, E, C> {
+    pub(crate) lease: Lease<T>,
+    pub(crate) begun: Begun<C>,
+    pub(crate) failure: Failure<E>,
+}
+
+/// Everything the per-lease steps share.
+pub(crate) struct Engine<T, E, C, S> {
     queue: WorkQueue<T, S>,
-    context: Arc<C>,
+    data: Arc<C>,
     limits: Limits,
-    /// Cancelled when intake stops (the shutdown token).
+    /// Cancelled when intake stops (the shutdown token): no reconcile starts after it.
     intake: CancellationToken,
-    /// Cancelled to ask running reconciles to stop (their contexts are its children).
-    abort: CancellationToken,
+    /// Set as soon as `intake` is cancelled (by a task that waits for it), so that the hot path
+    /// reads an atomic instead of locking the token.
+    intake_closed: Arc<AtomicBool>,
+    /// Cancelled to ask running reconciles to stop (every context's token is its child).
+    abort: Arc<CancellationToken>,
     /// Cancelled to drop running reconciles.
     hard_stop: CancellationToken,
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     failures: FailureCounts<T>,
-    reasons: Arc<Reasons<T>>,
-    metrics: RunnerMetrics,
+    pub(crate) reasons: Arc<Reasons<T>>,
+    pub(crate) metrics: RunnerMetrics,
     /// The controller's name in the reconcile span (the queue's, or `"unnamed"`).
     controller: Arc<str>,
     /// Whether outage detection is on (signals are computed only then).
     outage: bool,
     classifier: Option<Box<Classifier<E>>>,
-    feeder: Arc<Feeder<T, S>>,
+    belongs: Option<Arc<Belongs<T>>>,
+    registry: Arc<Registry<T>>,
+    /// Set once the stream's sources have ended: re-adds are dropped.
+    draining: AtomicBool,
+    /// Whether the stream yields items (a `Runner::results` stream; `run` yields none).
+    items: bool,
+    pub(crate) ends: Arc<Ends<End<T, E, C>>>,
+}
+
+/// What builds an [`Engine`].
+pub(crate) struct Parts<T, E, C, S> {
+    pub(crate) queue: WorkQueue<T, S>,
+    pub(crate) data: Arc<C>,
+    pub(crate) limits: Limits,
+    pub(crate) intake: CancellationToken,
+    pub(crate) classifier: Option<Box<Classifier<E>>>,
+    pub(crate) belongs: Option<Arc<Belongs<T>>>,
+    pub(crate) registry: Arc<Registry<T>>,
+    pub(crate) items: bool,
+    pub(crate) source_names: Arc<[Arc<str>]>,
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
 #[derive(Debug)]
-pub struct Begun<C> {
+pub(crate) struct Begun<C> {
     /// The reconcile's context (and the error policy's).
-    pub ctx: Context<C>,
-    /// The reconcile's span: instrument the reconcile's future with it.
-    pub span: tracing::Span,
+    pub(crate) ctx: Context<C>,
+    /// The reconcile's span.
+    pub(crate) span: tracing::Span,
     /// A panic of user code before the reconcile (the key's `Clone` or `Display`, the limiter, a
     /// recorder): the reconcile must not run, and the lease fails with it.
-    pub early: Option<String>,
+    pub(crate) early: Option<String>,
     started: tokio::time::Instant,
 }
 
 /// How one reconcile ended, before the policy is asked.
 #[derive(Debug)]
-pub enum Ran<E> {
+pub(crate) enum Ran<E> {
     /// The reconcile returned.
     Returned(Result<Action, E>),
     /// The reconcile (or the code that started it) panicked with this message.
     Panicked(String),
     /// The reconcile outlived the timeout.
     TimedOut,
-    /// The reconcile was dropped at shutdown.
+    /// The reconcile was dropped (a hard stop at shutdown, or an abort).
     Interrupted,
+}
+
+impl<T, E, C, S> Engine<T, E, C, S> {
+    /// The queue.
+    pub(crate) fn queue(&self) -> &WorkQueue<T, S> {
+        &self.queue
+    }
+
+    /// Cancelled when intake stops.
+    pub(crate) fn intake(&self) -> &CancellationToken {
+        &self.intake
+    }
+
+    /// Asks running reconciles to stop (cancels their contexts).
+    pub(crate) fn abort(&self) {
+        self.abort.cancel();
+    }
+
+    /// Drops running reconciles (their jobs end as interrupted).
+    pub(crate) fn hard_stop(&self) {
+        self.hard_stop.cancel();
+    }
+
+    /// Whether intake stopped (the shutdown token was cancelled).
+    pub(crate) fn intake_closed(&self) -> bool {
+        self.intake_closed.load(Ordering::Acquire)
+    }
+
+    /// Marks intake stopped (the dispatcher saw the shutdown).
+    pub(crate) fn close_intake(&self) {
+        self.intake_closed.store(true, Ordering::Release);
+    }
+
+    /// Marks intake stopped once the shutdown token is cancelled.
+    pub(crate) fn intake_watcher(&self) -> impl Future<Output = ()> + Send + 'static {
+        let (token, closed) = (self.intake.clone(), self.intake_closed.clone());
+        async move {
+            token.cancelled().await;
+            closed.store(true, Ordering::Release);
+        }
+    }
+
+    /// The belongs rule, if any (for the sources).
+    pub(crate) fn belongs_rule(&self) -> Option<Arc<Belongs<T>>> {
+        self.belongs.clone()
+    }
 }
 
 impl<T, E, C, S> Engine<T, E, C, S>
@@ -113,37 +193,20 @@ where
     E: fmt::Debug + Send + 'static,
     C: Send + Sync + 'static,
 {
-    /// An engine over `queue` that starts reading `sources` at once; `workers` is what the
-    /// metrics report as the concurrency. Intake stops when `shutdown` is cancelled.
-    pub fn start(
-        queue: WorkQueue<T, S>,
-        context: Arc<C>,
-        limits: Limits,
-        classifier: Option<Box<Classifier<E>>>,
-        sources: Vec<Source<T>>,
-        workers: usize,
-        shutdown: CancellationToken,
-    ) -> (Arc<Self>, JoinSet<()>) {
-        let names: Arc<[Arc<str>]> = sources.iter().map(|s| s.name.clone()).collect();
-        let metrics = RunnerMetrics::new(queue.name(), &names);
+    pub(crate) fn new(parts: Parts<T, E, C, S>) -> Self {
+        let Parts {
+            queue,
+            data,
+            limits,
+            intake,
+            classifier,
+            belongs,
+            registry,
+            items,
+            source_names,
+        } = parts;
+        let metrics = RunnerMetrics::new(queue.name(), &source_names);
         let controller = Arc::from(queue.name().unwrap_or(metrics::UNNAMED));
-        if let Err(message) = catch(|| metrics.start(workers)) {
-            tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
-        }
-        let counters = Arc::new(Counters::default());
-        let reasons = Arc::new(Reasons::new(names));
-        let feeder = Arc::new(Feeder {
-            queue: queue.clone(),
-            reasons: reasons.clone(),
-            counters: counters.clone(),
-            intake: shutdown.clone(),
-            stop: CancellationToken::new(),
-        });
-        // Dropping the set (with the run's future) aborts the readers.
-        let mut feeders = JoinSet::new();
-        for (index, source) in sources.into_iter().enumerate() {
-            feeders.spawn(feeder.clone().feed(index, source));
-        }
         // One tracing hook for every runner: a queue run again is not told twice.
         static LOG: std::sync::OnceLock<workqueue_core::__private::OutageHook> =
             std::sync::OnceLock::new();
@@ -152,79 +215,61 @@ where
             let log = LOG.get_or_init(|| Arc::new(log_outage_event)).clone();
             queue.core.add_outage_hook(log);
         }
-        let engine = Engine {
+        Engine {
             queue,
-            context,
+            data,
             limits,
-            intake: shutdown,
-            abort: CancellationToken::new(),
+            intake_closed: Arc::new(AtomicBool::new(intake.is_cancelled())),
+            intake,
+            abort: Arc::new(CancellationToken::new()),
             hard_stop: CancellationToken::new(),
-            counters,
+            counters: Arc::new(Counters::default()),
             failures: FailureCounts::new(),
-            reasons,
+            reasons: Arc::new(Reasons::new(source_names)),
             metrics,
             controller,
-            // The runner's signals are finer than the outcome's (a rate-limited requeue after a
-            // success is a success; the runner counts failures in a row).
             outage,
             classifier,
-            feeder,
-        };
-        (Arc::new(engine), feeders)
+            belongs,
+            registry,
+            draining: AtomicBool::new(false),
+            items,
+            ends: Arc::new(Ends::new()),
+        }
     }
 
-    /// The queue.
-    pub fn queue(&self) -> &WorkQueue<T, S> {
-        &self.queue
+    /// The stream's sources ended: from now on re-adds are dropped, and so are the keys that
+    /// wait only for one (a requeue, a retry); what the sources (or direct adds) queued stays.
+    pub(crate) fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+        let dropped = catch(|| self.queue.retain(|key| !self.reasons.readds_only(key)));
+        if let Err(message) = dropped {
+            tracing::error!(panic = %message, "dropping the requeues of a drained run panicked");
+        }
     }
 
-    /// Cancelled when intake stops: take no new lease then.
-    pub fn intake(&self) -> &CancellationToken {
-        &self.intake
-    }
-
-    /// Asks running reconciles to stop (cancels their contexts).
-    pub fn abort(&self) {
-        self.abort.cancel();
-    }
-
-    /// Drops running reconciles ([`Engine::drive`] returns [`Ran::Interrupted`]).
-    pub fn hard_stop(&self) {
-        self.hard_stop.cancel();
+    /// Whether `key` belongs to this runner (always, without a rule). A rule that panics says
+    /// no (the panic is logged): a key this replica may not own is not run.
+    pub(crate) fn belongs(&self, key: &T) -> bool {
+        self.belongs
+            .as_ref()
+            .is_none_or(|rule| belongs(&**rule, key))
     }
 
     /// Counts a panic of the queue's `get` (no lease was taken).
-    pub fn get_panicked(&self, message: &str) {
+    pub(crate) fn get_panicked(&self, message: &str) {
         Counters::bump(&self.counters.get_panics);
         tracing::error!(
             panic = %message,
             "the queue's get panicked (a key's Clone or a metrics recorder); \
-             the worker pauses, then goes on"
+             the runner pauses its intake, then goes on"
         );
     }
 
-    /// Stops the source readers and waits for them, then reports. `worker_panics`: the tasks
-    /// that died of a panic the engine did not catch.
-    pub async fn end(&self, mut feeders: JoinSet<()>, worker_panics: u64) -> Report {
-        self.feeder.stop.cancel();
-        while let Some(joined) = feeders.join_next().await {
-            if let Err(e) = joined {
-                // The readers catch their sources' panics; this is defence in depth.
-                tracing::error!(error = %e, "a source reader failed");
-            }
-        }
-        let outage = (
-            self.queue.parked_len(),
-            self.queue.parked_dropped_at_shutdown(),
-            self.queue.core.outage_openings(),
-        );
-        self.counters
-            .report(self.queue.len(), worker_panics, outage)
-    }
-
-    /// Finishes a lease that is not reconciled at all (its object is gone): the limiter and
-    /// the runner forget the key, and its pending reasons are dropped. Counted nowhere.
-    pub fn discard(&self, lease: Lease<T>) {
+    /// Finishes a lease that is not reconciled at all (its key does not belong here): the
+    /// limiter and the runner forget the key, and its pending reasons are dropped. Counted
+    /// nowhere.
+    pub(crate) fn discard(&self, lease: Lease<T>) {
         let key = lease.key();
         let _ = catch(|| self.reasons.take(key));
         let _ = catch(|| {
@@ -234,11 +279,29 @@ where
         finish_lease(lease, Outcome::forget());
     }
 
+    /// Gives a lease that was never reconciled back to the queue as it was (held while the
+    /// store could not be read, or not started because intake stopped): re-added at its
+    /// priority, its backoff untouched. Its reasons stay for its next lease.
+    pub(crate) fn put_back(&self, lease: Lease<T>) {
+        let priority = lease.priority();
+        let readd = catch(|| {
+            // Added while leased: the queue runs it again once this lease is done.
+            self.queue
+                .add_with(lease.key().clone(), AddOptions::new().priority(priority))
+        });
+        if let Err(message) = readd {
+            tracing::error!(panic = %message, "putting a key back panicked; it is retried");
+            finish_lease(lease, Outcome::retry());
+            return;
+        }
+        finish_lease(lease, Outcome::done());
+    }
+
     /// The first step of a lease: its counts, reasons, span and context. A panic of user code
     /// here (the key's `Hash`, `Eq`, `Display`, the limiter, a recorder) is kept in
     /// [`Begun::early`]; the rest is still filled in (the policy needs the counts, the logs want
     /// the span).
-    pub fn begin(&self, lease: &Lease<T>) -> Begun<C> {
+    pub(crate) fn begin(&self, lease: &Lease<T>) -> Begun<C> {
         let key = lease.key();
         let started = tokio::time::Instant::now();
         let mut early = None;
@@ -271,21 +334,15 @@ where
                 failures_in_a_row,
                 priority,
                 reasons = %reasons,
-                shard = tracing::field::Empty,
             )
         })
         .unwrap_or_else(|message| {
             caught(message);
             tracing::Span::none()
         });
-        let token = if self.limits.stopped_by_abort {
-            CancellationToken::new()
-        } else {
-            self.abort.child_token()
-        };
         let ctx = Context::new(
-            self.context.clone(),
-            token,
+            self.data.clone(),
+            Cancel::new(self.abort.clone()),
             rate_limited_retries,
             failures_in_a_row,
             priority,
@@ -298,34 +355,112 @@ where
         }
     }
 
-    /// Starts a reconcile (`start` returns its future; a panic there is [`Ran::Panicked`]) and
-    /// runs it under the runner's limits: a panic is [`Ran::Panicked`]; past the timeout its
-    /// context is cancelled and, after the cancel grace, it is dropped ([`Ran::TimedOut`]); a hard
-    /// stop drops it ([`Ran::Interrupted`]). The reconcile counts as active in the metrics while
-    /// it runs; a recorder that panics there fails it (before it starts, it does not start).
-    pub async fn drive<F>(&self, start: impl FnOnce() -> F, ctx: &Context<C>) -> Ran<E>
-    where
-        F: Future<Output = Result<Action, E>>,
-    {
-        let active = match catch(|| ActiveWorker::new(&self.metrics)) {
-            Ok(active) => active,
-            Err(message) => return Ran::Panicked(message),
-        };
-        let ran = match catch(start) {
-            Ok(fut) => self.run_reconcile(fut, ctx).await,
-            Err(message) => Ran::Panicked(message),
-        };
-        match catch(|| active.end()) {
-            Ok(()) => ran,
-            Err(message) => Ran::Panicked(message),
+    /// Registers a reconcile about to start with the [`Aborts`](super::Aborts), if any.
+    pub(crate) fn register(&self, key: &T) -> Option<Registered<T>> {
+        self.registry.register(|| key.clone())
+    }
+
+    /// Counts a reconcile as active, before its function is called. A recorder that panics here
+    /// fails the key before its reconcile starts.
+    pub(crate) fn activate(&self) -> Result<(), String> {
+        catch(|| self.metrics.active(1.0))
+    }
+
+    /// Undoes [`Engine::activate`] for a reconcile that did not start.
+    pub(crate) fn deactivate(&self) {
+        if let Err(message) = catch(|| self.metrics.active(-1.0)) {
+            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
     }
 
-    async fn run_reconcile<F>(&self, fut: F, ctx: &Context<C>) -> Ran<E>
+    /// The rest of a lease whose reconcile's future is `fut` (counted active by
+    /// [`Engine::activate`]), as one job: unless intake stopped before its first poll (then the
+    /// lease is put back), the reconcile under the runner's limits, the verdict of a success or
+    /// an interruption and its finish; a failure goes back to the dispatcher for the error
+    /// policy. Sends exactly one [`End`], and ends the reconcile's activity, even if dropped.
+    pub(crate) fn job<F>(
+        self: &Arc<Self>,
+        lease: Lease<T>,
+        begun: Begun<C>,
+        fut: F,
+        ticket: Option<Registered<T>>,
+    ) -> Job
+    where
+        F: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let active = Active {
+            engine: self.clone(),
+            counted: AtomicBool::new(true),
+        };
+        Box::pin(async move {
+            let engine = &*active.engine;
+            let mut end = EndGuard {
+                ends: &engine.ends,
+                waited: false,
+                sent: false,
+            };
+            if engine.intake_closed() {
+                drop((fut, ticket));
+                engine.put_back(lease);
+                return;
+            }
+            let ran = {
+                let waited = &mut end.waited;
+                let span = begun.span.clone();
+                let mut drive = pin!(
+                    engine
+                        .run_reconcile(fut, &begun.ctx, ticket.as_ref())
+                        .instrument(span)
+                );
+                poll_fn(|cx| {
+                    let polled = drive.as_mut().poll(cx);
+                    *waited |= polled.is_pending();
+                    polled
+                })
+                .await
+            };
+            // The reconcile's future is gone: `Aborts::stopped` may see it ended.
+            drop(ticket);
+            let ran = match active.end() {
+                Ok(()) => ran,
+                Err(message) => Ran::Panicked(message),
+            };
+            let verdict = match ran {
+                Ran::Returned(Ok(action)) => Reconciled::Ok(action),
+                Ran::Interrupted => Reconciled::Interrupted,
+                Ran::Returned(Err(e)) => return end.failed(lease, begun, Failure::Error(e)),
+                Ran::Panicked(message) => {
+                    return end.failed(lease, begun, Failure::Panic(message));
+                }
+                Ran::TimedOut => return end.failed(lease, begun, Failure::Timeout),
+            };
+            if let Err(message) = engine.observe(&begun, &verdict) {
+                return end.failed(lease, begun, Failure::Panic(message));
+            }
+            let key = engine.finish(lease, &begun, &verdict);
+            let item = match (key, verdict) {
+                (Some(key), Reconciled::Ok(action)) => Some((key, action)),
+                _ => None,
+            };
+            end.send(End::Finished(item));
+        })
+    }
+
+    /// Runs a reconcile's future under the runner's limits: a panic is [`Ran::Panicked`]; past
+    /// the timeout its context is cancelled and, after the cancel grace, it is dropped
+    /// ([`Ran::TimedOut`]); a hard stop or an abort drops it ([`Ran::Interrupted`]).
+    async fn run_reconcile<F>(
+        &self,
+        fut: F,
+        ctx: &Context<C>,
+        ticket: Option<&Registered<T>>,
+    ) -> Ran<E>
     where
         F: Future<Output = Result<Action, E>>,
     {
-        let token = ctx.token();
+        if ticket.is_some_and(Registered::is_aborted) {
+            return Ran::Interrupted;
+        }
         let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
         let returned = |r: std::thread::Result<Result<Action, E>>| match r {
             Ok(r) => Ran::Returned(r),
@@ -337,19 +472,19 @@ where
                 None => std::future::pending().await,
             }
         };
-        let hard_stop = async {
-            if self.limits.stopped_by_abort {
-                std::future::pending().await
-            } else {
-                self.hard_stop.cancelled().await
+        let aborted = async {
+            match ticket {
+                Some(ticket) => ticket.aborted().await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {
             biased;
+            () = aborted => Ran::Interrupted,
             r = &mut fut => returned(r),
-            () = hard_stop => Ran::Interrupted,
+            () = self.hard_stop.cancelled() => Ran::Interrupted,
             () = limit => {
-                token.cancel();
+                ctx.cancel().cancel_own();
                 tokio::select! {
                     biased;
                     _ = &mut fut => {}
@@ -361,15 +496,15 @@ where
         }
     }
 
-    /// The verdict on a lease: a failure goes to `policy` (user code: its panic becomes the
+    /// The verdict on a failure, on the dispatcher: `policy` (user code: its panic becomes the
     /// key's failure, about which it is asked once more; a second panic backs off), then the
     /// failure event and the metrics. Never panics: a recorder or a logger that panics after the
     /// policy answered makes this ask the policy about that panic, and the later answer counts.
-    pub fn judge(
+    pub(crate) fn judge(
         &self,
         key: &T,
         begun: &Begun<C>,
-        ran: Ran<E>,
+        failure: Failure<E>,
         mut policy: impl FnMut(&T, &Failure<E>, &Context<C>) -> Action,
     ) -> Reconciled<E> {
         let ctx = &begun.ctx;
@@ -383,63 +518,73 @@ where
             let action = catch(|| policy(key, &failure, ctx)).unwrap_or(Action::backoff());
             Reconciled::Failed(failure, action)
         };
-        let verdict = match ran {
-            Ran::Returned(Ok(action)) => Reconciled::Ok(action),
-            Ran::Interrupted => Reconciled::Interrupted,
-            Ran::Returned(Err(e)) => decide(Failure::Error(e)),
-            Ran::Panicked(message) => decide(Failure::Panic(message)),
-            Ran::TimedOut => decide(Failure::Timeout),
-        };
-        let elapsed = begun.started.elapsed();
-        let observed = catch(|| {
-            begun
-                .span
-                .in_scope(|| log_failure(self.limits.failure_log, &verdict));
-            self.metrics.reconciled(&verdict, elapsed);
-        });
-        let Err(message) = observed else {
+        let verdict = decide(failure);
+        let Err(message) = self.observe(begun, &verdict) else {
             return verdict;
         };
         let verdict = decide(Failure::Panic(message));
-        let _ = catch(|| {
-            begun
-                .span
-                .in_scope(|| log_failure(self.limits.failure_log, &verdict))
-        });
-        if let Err(message) = catch(|| self.metrics.reconciled(&verdict, elapsed)) {
+        if let Err(message) = self.observe(begun, &verdict) {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
         verdict
     }
 
+    /// The failure event and the metrics of a verdict; a recorder or logger that panics is
+    /// `Err` (the caller fails the key with it).
+    fn observe(&self, begun: &Begun<C>, verdict: &Reconciled<E>) -> Result<(), String> {
+        let elapsed = begun.started.elapsed();
+        catch(|| {
+            if self.limits.failure_log.is_some() && matches!(verdict, Reconciled::Failed(..)) {
+                begun
+                    .span
+                    .in_scope(|| log_failure(self.limits.failure_log, verdict));
+            }
+            self.metrics.reconciled(verdict, elapsed);
+        })
+    }
+
     /// The last step of a lease: counts the verdict in the report, tells the outage detector,
     /// records the failure counts and the reason of the re-add, and finishes the lease by the
-    /// one mapping ([`Reconciled::outcome`]). Never panics.
-    pub fn finish(&self, lease: Lease<T>, begun: &Begun<C>, verdict: &Reconciled<E>) {
+    /// one mapping ([`Reconciled::outcome`]). A key that no longer belongs here is finished
+    /// without a re-add, whatever the verdict asks (its new owner runs it), and so is every key
+    /// once the stream's sources ended. Returns the key (a clone) when the stream yields items.
+    /// Never panics.
+    pub(crate) fn finish(
+        &self,
+        lease: Lease<T>,
+        begun: &Begun<C>,
+        verdict: &Reconciled<E>,
+    ) -> Option<T> {
         self.counters.count(verdict);
+        let key = lease.key();
+        let item = if self.items {
+            catch(|| key.clone()).ok()
+        } else {
+            None
+        };
+        if !self.belongs(key) {
+            let _ = catch(|| {
+                self.failures
+                    .record(key, &Reconciled::<E>::Ok(Action::await_change()))
+            });
+            finish_lease(lease, Outcome::forget());
+            return item;
+        }
         let signal = self
             .outage
             .then(|| self.signal(verdict, begun.ctx.failures_in_a_row()));
-        let outcome = verdict.outcome(self.limits.per_key_backoff);
-        self.record(lease.key(), verdict);
+        let outcome = if self.draining.load(Ordering::Relaxed) {
+            Outcome::done()
+        } else {
+            self.record(key, verdict);
+            verdict.outcome(self.limits.per_key_backoff)
+        };
         let outcome = match signal {
             Some(signal) => outcome.with_signal(signal),
             None => outcome,
         };
         finish_lease(lease, outcome);
-    }
-
-    /// [`Engine::finish`] for a lease whose key this replica no longer owns (its shard went to
-    /// another replica): counted and recorded, but finished without any re-add, whatever the
-    /// verdict asks (the new owner runs the key).
-    pub fn finish_elsewhere(&self, lease: Lease<T>, verdict: &Reconciled<E>) {
-        self.counters.count(verdict);
-        let key = lease.key();
-        let _ = catch(|| {
-            self.failures
-                .record(key, &Reconciled::<E>::Ok(Action::await_change()))
-        });
-        finish_lease(lease, Outcome::forget());
+        item
     }
 
     /// What a verdict tells the outage detector: a success, a first failure (the key had no
@@ -483,31 +628,75 @@ where
     }
 }
 
-/// Counts a reconcile as active from `new` to `end`, or to its drop (a reconcile dropped at
-/// shutdown, or a panic on the way).
-struct ActiveWorker<'a>(Option<&'a RunnerMetrics>);
+/// Whether `key` belongs here by `rule`. A rule that panics says no (the panic is logged): a key
+/// this replica may not own is not run.
+pub(crate) fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
+    catch(|| rule(key)).unwrap_or_else(|message| {
+        let _ = catch(
+            || tracing::error!(panic = %message, "the belongs rule panicked; the key is not taken"),
+        );
+        false
+    })
+}
 
-impl<'a> ActiveWorker<'a> {
-    fn new(metrics: &'a RunnerMetrics) -> Self {
-        metrics.active(1.0);
-        ActiveWorker(Some(metrics))
+/// Sends a job's [`End`]: `Finished(None)` if the job is dropped before it sent one (a hard
+/// stop of the runtime, a job never polled), so that the dispatcher's count of running
+/// reconciles is always right.
+struct EndGuard<'a, T, E, C> {
+    ends: &'a Ends<End<T, E, C>>,
+    /// Whether the job had to wait (it then runs as a task: its end wakes the dispatcher at once).
+    waited: bool,
+    sent: bool,
+}
+
+impl<T, E, C> EndGuard<'_, T, E, C> {
+    fn send(&mut self, end: End<T, E, C>) {
+        self.sent = true;
+        self.ends.send(end, self.waited);
     }
 
-    /// The reconcile is over. A recorder that panics here panics to the caller (who fails the
-    /// key); the drop then tries once more, so the gauge stays right. A recorder that panics in
-    /// `new` counted nothing, and nothing is undone.
-    fn end(mut self) {
-        if let Some(metrics) = self.0 {
-            metrics.active(-1.0);
-            self.0 = None;
+    fn failed(&mut self, lease: Lease<T>, begun: Begun<C>, failure: Failure<E>) {
+        self.send(End::Failed(Box::new(Failed {
+            lease,
+            begun,
+            failure,
+        })));
+    }
+}
+
+impl<T, E, C> Drop for EndGuard<'_, T, E, C> {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.ends.send(End::Finished(None), true);
         }
     }
 }
 
-impl Drop for ActiveWorker<'_> {
+/// A reconcile counted as active (from [`Engine::activate`]) until `end`, or its drop (a job
+/// dropped at shutdown, or never polled); owns the job's handle on the engine.
+struct Active<T, E, C, S> {
+    engine: Arc<Engine<T, E, C, S>>,
+    /// Whether the reconcile still counts as active.
+    counted: AtomicBool,
+}
+
+impl<T, E, C, S> Active<T, E, C, S> {
+    /// The reconcile is over. A recorder that panics here is `Err` (the caller fails the key);
+    /// the drop then tries once more, so the gauge stays right.
+    fn end(&self) -> Result<(), String> {
+        if !self.counted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        catch(|| self.engine.metrics.active(-1.0))?;
+        self.counted.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl<T, E, C, S> Drop for Active<T, E, C, S> {
     fn drop(&mut self) {
-        if let Some(metrics) = self.0.take()
-            && let Err(message) = catch(|| metrics.active(-1.0))
+        if *self.counted.get_mut()
+            && let Err(message) = catch(|| self.engine.metrics.active(-1.0))
         {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
@@ -517,12 +706,22 @@ impl Drop for ActiveWorker<'_> {
 /// Finishes a lease with `outcome`. The queue finishes the key even when the rate limiter
 /// panics, then re-raises the panic; it is caught here so that the caller survives, as it does a
 /// panicking reconcile.
-fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
+pub(crate) fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
     if let Err(message) = catch(|| lease.finish(outcome)) {
         tracing::error!(
             panic = %message,
             "the rate limiter panicked while finishing a key"
         );
+    }
+}
+
+/// Completes `d` from now, or never when that instant cannot be represented: a limit that far
+/// away is no limit. (tokio's `sleep` and `timeout` would end about 30 years from now instead;
+/// `Instant + Duration` would panic.) Every configurable runner limit goes through here.
+pub(crate) async fn sleep_or_never(d: Duration) {
+    match tokio::time::Instant::now().checked_add(d) {
+        Some(end) => tokio::time::sleep_until(end).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -592,7 +791,7 @@ impl ReconcileId {
     fn next() -> Self {
         use std::hash::BuildHasher;
         use std::sync::OnceLock;
-        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::atomic::AtomicU32;
         static PREFIX: OnceLock<u32> = OnceLock::new();
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let prefix = *PREFIX.get_or_init(|| std::hash::RandomState::new().hash_one(0u8) as u32);

@@ -11,6 +11,7 @@ use futures_util::stream::{BoxStream, Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::catch;
+use super::engine::{Belongs, belongs};
 use super::reasons::{Reasons, source_bit};
 use super::report::Counters;
 use crate::source::{BATCH, SourceItem};
@@ -20,14 +21,14 @@ use crate::{AddOptions, WorkQueue};
 type Item<T> = Result<(T, AddOptions), String>;
 
 /// A named stream of keys given to [`Runner::source`](super::Runner::source).
-pub struct Source<T> {
+pub(crate) struct Source<T> {
     pub(crate) name: Arc<str>,
     stream: BoxStream<'static, Item<T>>,
 }
 
 impl<T: Send + 'static> Source<T> {
     /// A source named `name` (in logs, reasons and metrics) reading `stream`.
-    pub fn new<St>(name: &str, stream: St) -> Self
+    pub(crate) fn new<St>(name: &str, stream: St) -> Self
     where
         St: Stream + Send + 'static,
         St::Item: SourceItem<T>,
@@ -96,6 +97,8 @@ pub(crate) struct Feeder<T, S> {
     pub(crate) intake: CancellationToken,
     /// Cancelled when the run ends for any reason.
     pub(crate) stop: CancellationToken,
+    /// The runner's belongs rule: a key that does not belong is not queued.
+    pub(crate) belongs: Option<Arc<Belongs<T>>>,
 }
 
 impl<T, S> Feeder<T, S>
@@ -145,6 +148,8 @@ where
         let mut keys = Vec::with_capacity(batch.len());
         for item in batch.drain(..) {
             match item {
+                // A key of another owner is not queued (the rule catches its own panics).
+                Ok((key, _)) if self.belongs.as_ref().is_some_and(|r| !belongs(&**r, &key)) => {}
                 Ok(key) => keys.push(key),
                 Err(error) => {
                     Counters::bump(&self.counters.source_errors);

@@ -1,6 +1,10 @@
-//! The controller runner: workers that lease keys, reconcile them and finish their leases.
+//! The controller runner: leases due keys, reconciles them (at most `N` at once) and finishes
+//! their leases.
 //!
-//! `N` workers loop: `get` → `reconcile(key, ctx)` → finish the lease. What a reconcile returns
+//! A [`Runner`] runs as a worker pool ([`Runner::run`], which returns a [`Report`]) or as a
+//! stream of results ([`Runner::results`]: kube-runtime's `applier` shape, the layer
+//! `workqueue-kube`'s `Controller` stands on). Both are the same machinery: for each due key,
+//! `reconcile(key, ctx)` → run its future → finish the lease. What a reconcile returns
 //! ([`Action`]), or what the error policy answers for a failure (an [`Action`] too), becomes the
 //! lease's outcome by one mapping:
 //!
@@ -41,7 +45,6 @@
 //! | `failures_in_a_row` | [`Context::failures_in_a_row`] |
 //! | `priority` | the priority the key was handed out at |
 //! | `reasons` | why the key was queued, merged across de-duplicated adds: `source:NAME`, `requeue`, `retry`, `direct` |
-//! | `shard` | the key's shard, for a `workqueue-kube` `Controller` on Leases (empty otherwise) |
 //!
 //! A failed reconcile logs one event in that span, at the level [`Runner::failure_log`] sets
 //! (`ERROR` by default, or none): `reconcile failed` (with the `error`), `reconcile panicked`
@@ -49,9 +52,26 @@
 //! runner's own troubles (a panicking recorder or source, a worker that died) are `ERROR` events
 //! outside it.
 //!
-//! Shutdown (the token given to [`Runner::run`]): intake stops at once; in-flight reconciles may
-//! finish within the shutdown grace; then their contexts are cancelled; after the cancel grace
-//! their futures are dropped and their keys retried. `run` then returns a [`Report`].
+//! Shutdown (the token given to [`Runner::run`] or [`Runner::results`]): intake stops at once
+//! (no reconcile starts after it); in-flight reconciles may finish within the shutdown grace;
+//! then their contexts are cancelled; after the cancel grace their futures are dropped and their
+//! keys retried. `run` then returns a [`Report`] (the stream ends).
+//!
+//! # Where reconciles run
+//!
+//! The reconcile function and the error policy are called on the task that runs the runner (the
+//! one that awaits `run` or polls `results`), so they need not be `Send` or `Sync`. Each
+//! reconcile's future (`Send + 'static`) is given its first poll by one of a few poller tasks
+//! (one per runtime thread): most reconciles of a level-triggered controller find their object
+//! as it should be and return there, with no task of their own; one that has to wait (an API
+//! call) goes on as a task of its own, so that reconciles run in parallel on the runtime's
+//! threads. A reconcile that computes before its first `.await` holds only its poller: within a
+//! millisecond another poller takes the keys behind it, and new keys keep being handed out.
+//!
+//! Hooks for a caller that runs several replicas or waits for a cache:
+//! [`Runner::readiness`] (hold reconciles until a gate opens), [`Runner::belongs`] (the one rule
+//! for which keys this replica works on), [`Runner::abort_handle`] (drop running reconciles by
+//! key from any task), [`Runner::per_key_backoff`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -77,18 +97,19 @@
 //! # }
 //! ```
 
+mod aborts;
 mod action;
 mod catch;
 mod context;
-pub(crate) mod engine;
+mod dispatch;
+mod engine;
 mod failures;
 mod feed;
+mod jobs;
 pub mod metrics;
 mod reasons;
 mod reconcile;
 mod report;
-mod worker;
-mod workers;
 
 use std::fmt;
 use std::future::Future;
@@ -96,48 +117,55 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::stream::Stream;
+use futures_util::stream::{self, Stream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use workqueue_core::state::DefaultHashBuilder;
 
-pub use action::{Action, Failure};
+pub use aborts::Aborts;
+pub use action::{Action, Error, Failure};
 pub use context::Context;
 pub use reconcile::Reconcile;
 pub use report::Report;
 
 pub(crate) use catch::catch;
 
-/// See the crate's `__private`.
-pub(crate) mod __private {
-    pub use super::action::Reconciled;
-    pub use super::catch::catch;
-    pub use super::engine::{Begun, Engine, Limits, Ran};
-    pub use super::feed::Source;
-}
-
 use crate::WorkQueue;
 use crate::source::SourceItem;
-use engine::{Classifier, Engine, Limits};
+use aborts::Registry;
+use dispatch::{Dispatcher, Settings, Setup};
+use engine::{Belongs, Classifier, Engine, Limits, Parts};
 use feed::Source;
-use worker::Worker;
-use workers::Workers;
 
-/// The error policy: what to do with a key whose reconcile failed.
-type Policy<T, E, C> = dyn Fn(&T, &Failure<E>, &Context<C>) -> Action + Send + Sync;
+/// The default error policy: [`Action::backoff()`] for every failure.
+type DefaultPolicy<T, E, C> = fn(&T, &Failure<E>, &Context<C>) -> Action;
 
-/// Runs a reconcile function over a queue's keys with `N` workers.
+fn back_off<T, E, C>(_: &T, _: &Failure<E>, _: &Context<C>) -> Action {
+    Action::backoff()
+}
+
+/// Runs a reconcile function over a queue's keys, at most `N` at once.
 ///
 /// Built with [`Runner::new`] (or [`Runner::with_context`], for data every reconcile shares) and
-/// configured with its builder methods; [`Runner::run`] runs it until the queue shuts down (and
-/// is drained) or the shutdown token is cancelled.
+/// configured with its builder methods, it runs in one of two ways:
+/// - [`Runner::run`]: until the queue shuts down (and is drained) or the shutdown token is
+///   cancelled, and returns a [`Report`];
+/// - [`Runner::results`]: as a stream with one item per reconcile (kube-runtime's `applier`
+///   shape), for a caller that acts on each result.
 ///
 /// `R` is the reconcile function, `C` the shared data every reconcile and the error policy reach
-/// through their [`Context`] (`()` without it), `S` the queue's hasher.
-#[must_use = "a runner does nothing until `run` is awaited"]
-pub struct Runner<T, R: Reconcile<T, C>, C = (), S = DefaultHashBuilder> {
+/// through their [`Context`] (`()` without it), `S` the queue's hasher, `P` the error policy.
+#[must_use = "a runner does nothing until `run` is awaited or `results` is polled"]
+pub struct Runner<
+    T,
+    R: Reconcile<T, C>,
+    C = (),
+    S = DefaultHashBuilder,
+    P = DefaultPolicy<T, <R as Reconcile<T, C>>::Error, C>,
+> {
     queue: WorkQueue<T, S>,
     reconcile: R,
-    policy: Box<Policy<T, R::Error, C>>,
+    policy: P,
     context: Arc<C>,
     sources: Vec<Source<T>>,
     workers: usize,
@@ -146,6 +174,10 @@ pub struct Runner<T, R: Reconcile<T, C>, C = (), S = DefaultHashBuilder> {
     shutdown_grace: Duration,
     failure_log: Option<tracing::Level>,
     classifier: Option<Box<Classifier<R::Error>>>,
+    per_key_backoff: bool,
+    gate: Option<watch::Receiver<bool>>,
+    belongs: Option<Arc<Belongs<T>>>,
+    registry: Arc<Registry<T>>,
 }
 
 impl<T, R, S> Runner<T, R, (), S>
@@ -170,7 +202,7 @@ where
     /// ```
     pub fn new<Fut, E>(queue: WorkQueue<T, S>, reconcile: R) -> Self
     where
-        R: Fn(T, Context) -> Fut,
+        R: FnMut(T, Context) -> Fut,
         Fut: Future<Output = Result<Action, E>>,
     {
         Runner::build(queue, Arc::new(()), reconcile)
@@ -217,7 +249,7 @@ where
     /// ```
     pub fn with_context<Fut, E>(queue: WorkQueue<T, S>, data: Arc<C>, reconcile: R) -> Self
     where
-        R: Fn(T, Context<C>) -> Fut,
+        R: FnMut(T, Context<C>) -> Fut,
         Fut: Future<Output = Result<Action, E>>,
     {
         Runner::build(queue, data, reconcile)
@@ -229,7 +261,7 @@ where
         Runner {
             queue,
             reconcile,
-            policy: Box::new(|_: &T, _: &Failure<R::Error>, _: &Context<C>| Action::backoff()),
+            policy: back_off::<T, R::Error, C>,
             context: data,
             sources: Vec::new(),
             workers: 1,
@@ -238,10 +270,20 @@ where
             shutdown_grace: Duration::from_secs(30),
             failure_log: Some(tracing::Level::ERROR),
             classifier: None,
+            per_key_backoff: false,
+            gate: None,
+            belongs: None,
+            registry: Arc::new(Registry::new()),
         }
     }
+}
 
-    /// The number of workers (reconciles running at once). At least one: 0 is taken as 1.
+impl<T, R, C, S, P> Runner<T, R, C, S, P>
+where
+    R: Reconcile<T, C>,
+{
+    /// The number of workers: how many reconciles may run at once. At least one: 0 is taken as
+    /// 1; `usize::MAX` is no limit.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
         self
@@ -250,7 +292,8 @@ where
     /// What happens to a key whose reconcile failed: `policy(key, failure, ctx)` returns the
     /// [`Action`] (see its table for what each means after a failure). The closure's argument
     /// types are inferred from the reconcile. Default: [`Action::backoff()`] for every failure,
-    /// as in controller-runtime.
+    /// as in controller-runtime. It is called on the task that runs the runner (it need not be
+    /// `Send` or `Sync`).
     ///
     /// The [`Context`] carries the counts to bound retries with: [`Context::failures_in_a_row`]
     /// sees every failure, whatever the policy answered.
@@ -286,12 +329,27 @@ where
     ///     // The reconcile's error is `std::fmt::Error`, not `std::io::Error`.
     ///     .error_policy(|_key, _failure: &Failure<std::io::Error>, _ctx| Action::backoff());
     /// ```
-    pub fn error_policy<F>(mut self, policy: F) -> Self
+    pub fn error_policy<F>(self, policy: F) -> Runner<T, R, C, S, F>
     where
-        F: Fn(&T, &Failure<R::Error>, &Context<C>) -> Action + Send + Sync + 'static,
+        F: FnMut(&T, &Failure<R::Error>, &Context<C>) -> Action,
     {
-        self.policy = Box::new(policy);
-        self
+        Runner {
+            queue: self.queue,
+            reconcile: self.reconcile,
+            policy,
+            context: self.context,
+            sources: self.sources,
+            workers: self.workers,
+            timeout: self.timeout,
+            cancel_grace: self.cancel_grace,
+            shutdown_grace: self.shutdown_grace,
+            failure_log: self.failure_log,
+            classifier: self.classifier,
+            per_key_backoff: self.per_key_backoff,
+            gate: self.gate,
+            belongs: self.belongs,
+            registry: self.registry,
+        }
     }
 
     /// Classifies failures for the outage detector of the queue
@@ -375,9 +433,81 @@ where
         self.shutdown_grace = grace;
         self
     }
+
+    /// Per-key backoff for failures: when the error policy answers `Action::requeue(d)`, the key
+    /// waits the rate limiter's delay for it, and at least `d` (without it, exactly `d`). Off by
+    /// default. A success's `requeue(d)` is a poll and always waits exactly `d`.
+    pub fn per_key_backoff(mut self, enabled: bool) -> Self {
+        self.per_key_backoff = enabled;
+        self
+    }
+
+    /// Holds reconciles while `gate` reads `false`: no key is taken then (keys still queue up),
+    /// and a key taken just as the gate closed is held until it opens again. A controller keeps
+    /// it `false` until its cache holds a complete list of the objects, and while it relists.
+    ///
+    /// A gate whose sender is dropped while it reads `false` can never open: the stream yields
+    /// [`Error::Readiness`] and ends once running reconciles finished (`run` logs it and
+    /// returns). A gate dropped while `true` stays open.
+    ///
+    /// ```
+    /// use futures_util::StreamExt;
+    /// use tokio::sync::watch;
+    /// use workqueue_tokio::{CancellationToken, WorkQueue};
+    /// use workqueue_tokio::runner::{Action, Error, Runner};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// queue.add("default/web".to_string());
+    /// let (ready, gate) = watch::channel(false);
+    /// let reconcile = |_key: String, _ctx| async { Ok::<_, std::io::Error>(Action::await_change()) };
+    /// let mut results = Box::pin(Runner::new(queue, reconcile).readiness(gate).results(CancellationToken::new()));
+    /// drop(ready); // the cache's writer went away before it was ready
+    /// assert!(matches!(results.next().await, Some(Err(Error::Readiness))));
+    /// assert!(results.next().await.is_none());
+    /// # }
+    /// ```
+    pub fn readiness(mut self, gate: watch::Receiver<bool>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The one rule for which keys this runner works on: a replica that owns part of the keys
+    /// (the shards it holds a Lease for, say) says here whether a key is its own now. The rule
+    /// is applied at every step:
+    /// - at the sources: a key that does not belong is not queued;
+    /// - when a key is leased: it is not reconciled; its lease is finished, its backoff
+    ///   forgotten;
+    /// - when a reconcile ends: a key that no longer belongs is finished without a re-add,
+    ///   whatever the reconcile or the error policy asked (its new owner runs it).
+    ///
+    /// The rule is called on the runner's tasks and the sources' (hence `Send + Sync`); it must
+    /// be quick (it runs for every key). A rule that panics says no (the panic is logged).
+    ///
+    /// ```
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let reconcile = |_key: String, _ctx| async { Ok::<_, std::io::Error>(Action::await_change()) };
+    /// // This replica works on the keys of namespace "a".
+    /// let runner = Runner::new(queue, reconcile).belongs(|key: &String| key.starts_with("a/"));
+    /// # drop(runner);
+    /// ```
+    pub fn belongs(mut self, rule: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
+        self.belongs = Some(Arc::new(rule));
+        self
+    }
+
+    /// A handle to abort running reconciles by key, from any task (see [`Aborts`]). The runner
+    /// keeps track of its running reconciles only once it has handed out a handle.
+    pub fn abort_handle(&self) -> Aborts<T> {
+        Aborts::new(self.registry.clone())
+    }
 }
 
-impl<T, R, C, S> Runner<T, R, C, S>
+impl<T, R, C, S, P> Runner<T, R, C, S, P>
 where
     T: Send + 'static,
     R: Reconcile<T, C>,
@@ -449,76 +579,144 @@ where
     }
 }
 
-impl<T, R, C, S> Runner<T, R, C, S>
+impl<T, R, C, S, P> Runner<T, R, C, S, P>
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
     C: Send + Sync + 'static,
     R: Reconcile<T, C>,
+    P: FnMut(&T, &Failure<R::Error>, &Context<C>) -> Action,
 {
-    /// Runs the workers until the queue is shut down and drained, or `shutdown` is cancelled, and
-    /// returns what they did.
+    /// Runs until the queue is shut down and drained, or `shutdown` is cancelled, and returns
+    /// what the run did.
     ///
     /// It returns:
-    /// - after the queue was shut down, once every worker found it empty (`get` returned `None`),
-    ///   whatever its sources are doing;
+    /// - after the queue was shut down, once it is empty (`get` returned `None`) and the
+    ///   reconciles in flight finished, whatever its sources are doing;
     /// - after `shutdown` was cancelled, once the reconciles in flight finished: within the
     ///   shutdown grace, else within the cancel grace after their contexts were cancelled, else
-    ///   when their futures were dropped ([`Report::interrupted`]).
+    ///   when their futures were dropped ([`Report::interrupted`]);
+    /// - after a [readiness gate](Runner::readiness) was dropped before it opened (logged), once
+    ///   the reconciles in flight finished.
     ///
     /// It does not return for any other reason: a panic in the code the runner calls (the
     /// reconcile, the error policy, the rate limiter, the key's `Clone` or `Debug`, a metrics
     /// recorder) fails the key it was handling ([`Failure::Panic`]) or, inside the queue's `get`,
-    /// is counted in [`Report::get_panics`]; the worker goes on. A worker that still ends with a
-    /// panic is replaced unless intake has stopped, and counted in [`Report::worker_panics`].
+    /// is counted in [`Report::get_panics`]; the run goes on. A runner task that still ends with
+    /// a panic is replaced unless the run is ending, and counted in [`Report::worker_panics`].
     ///
     /// A source that ends or fails never ends the run (see [`source`](Runner::source)).
     ///
-    /// Must run inside a tokio runtime (workers and source readers are tasks). Dropping the
-    /// future aborts the workers and the source readers; leases finish as dropped leases do.
+    /// Must run inside a tokio runtime (reconciles, pollers and source readers are tasks).
+    /// Dropping the future drops the running reconciles at their next poll and aborts the source
+    /// readers; leases finish as dropped or interrupted leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
+        let mut dispatcher = self.into_dispatcher(shutdown, false);
+        while dispatcher.next().await.is_some() {}
+        dispatcher.report()
+    }
+
+    /// Runs as a stream with one item per reconcile, kube-runtime's `applier` shape: the key and
+    /// the [`Action`] of a success, or an [`Error`] (a failure, after the error policy's action
+    /// was applied). Nothing runs until the stream is polled; the reconcile function and the
+    /// error policy are called on the task that polls it.
+    ///
+    /// The stream ends:
+    /// - once every [source](Runner::source) has ended (if there was one) and what was queued is
+    ///   done: the keys due, and those waiting for a delayed add (a debounce), are reconciled;
+    ///   requeues and retries are dropped, both those already waiting and those asked for after
+    ///   (kube-runtime's applier drops everything not yet started when its input ends);
+    /// - as [`run`](Runner::run) returns: the queue shut down and drained, `shutdown` cancelled,
+    ///   or the [readiness gate](Runner::readiness) dropped before it opened (after its
+    ///   [`Error::Readiness`] item).
+    ///
+    /// A reconcile dropped at shutdown or [aborted](Aborts) yields no item; one whose key no
+    /// longer [belongs](Runner::belongs) yields its result (its key is not re-added). Items
+    /// wait for the stream to be polled, but reconciles do not: they run and finish on their own
+    /// tasks, so a slow consumer delays only the error policy's decisions (made as it polls)
+    /// and the start of new reconciles.
+    ///
+    /// ```
+    /// use futures_util::StreamExt;
+    /// use futures_util::stream;
+    /// use workqueue_tokio::{CancellationToken, WorkQueue};
+    /// use workqueue_tokio::runner::{Action, Error, Runner};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let queue: WorkQueue<&'static str> = WorkQueue::new();
+    /// let keys = stream::iter(["web", "db"]);
+    /// // Not `Send`: called on this task only.
+    /// let seen = std::rc::Rc::new(std::cell::Cell::new(0));
+    /// let reconcile = {
+    ///     let seen = seen.clone();
+    ///     move |key: &'static str, _ctx| {
+    ///         seen.set(seen.get() + 1);
+    ///         async move { if key == "db" { Err("down") } else { Ok(Action::await_change()) } }
+    ///     }
+    /// };
+    /// let results: Vec<_> = Runner::new(queue, reconcile)
+    ///     .workers(4)
+    ///     .error_policy(|_key, _failure, _ctx| Action::await_change())
+    ///     .source("objects", keys)
+    ///     .results(CancellationToken::new())
+    ///     .collect()
+    ///     .await;
+    /// assert_eq!(seen.get(), 2);
+    /// assert!(results.iter().any(|r| matches!(r, Ok(("web", _)))));
+    /// assert!(results.iter().any(|r| matches!(r, Err(Error::Failed("db", _)))));
+    /// # }
+    /// ```
+    pub fn results(
+        self,
+        shutdown: CancellationToken,
+    ) -> impl Stream<Item = Result<(T, Action), Error<T, R::Error>>> {
+        let dispatcher = self.into_dispatcher(shutdown, true);
+        stream::unfold(dispatcher, |mut dispatcher| async move {
+            let item = dispatcher.next().await?;
+            Some((item, dispatcher))
+        })
+    }
+
+    /// The dispatcher of a run; `items`: whether it yields items (and ends with its sources).
+    fn into_dispatcher(
+        self,
+        shutdown: CancellationToken,
+        items: bool,
+    ) -> Dispatcher<T, R, C, S, P> {
+        let source_names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
         let limits = Limits {
             timeout: self.timeout,
             cancel_grace: self.cancel_grace,
             failure_log: self.failure_log,
-            per_key_backoff: false,
-            stopped_by_abort: false,
+            per_key_backoff: self.per_key_backoff,
         };
-        let (engine, feeders) = Engine::start(
-            self.queue,
-            self.context,
+        let engine = Engine::new(Parts {
+            queue: self.queue,
+            data: self.context,
             limits,
-            self.classifier,
-            self.sources,
-            self.workers,
-            shutdown,
-        );
-        let worker = Arc::new(Worker {
-            engine: engine.clone(),
-            reconcile: self.reconcile,
-            policy: self.policy,
+            intake: shutdown,
+            classifier: self.classifier,
+            belongs: self.belongs,
+            registry: self.registry,
+            items,
+            source_names,
         });
-        let intake = engine.intake().clone();
-        let mut workers =
-            Workers::start(self.workers, intake.clone(), move || worker.clone().run());
-        tokio::select! {
-            biased;
-            () = intake.cancelled() => {
-                if !workers.join_within(self.shutdown_grace).await {
-                    engine.abort();
-                    if !workers.join_within(self.cancel_grace).await {
-                        engine.hard_stop();
-                        workers.join_all().await;
-                    }
-                }
-            }
-            () = workers.join_all() => {}
-        }
-        engine.end(feeders, workers.panics).await
+        let setup = Setup {
+            sources: self.sources,
+            gate: self.gate,
+        };
+        let settings = Settings {
+            limit: self.workers,
+            shutdown_grace: self.shutdown_grace,
+            cancel_grace: self.cancel_grace,
+            ends_with_sources: items,
+        };
+        Dispatcher::new(engine, self.reconcile, self.policy, setup, settings)
     }
 }
 
-impl<T, R: Reconcile<T, C>, C, S> fmt::Debug for Runner<T, R, C, S> {
+impl<T, R: Reconcile<T, C>, C, S, P> fmt::Debug for Runner<T, R, C, S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("sources", &self.sources)
@@ -526,6 +724,9 @@ impl<T, R: Reconcile<T, C>, C, S> fmt::Debug for Runner<T, R, C, S> {
             .field("timeout", &self.timeout)
             .field("cancel_grace", &self.cancel_grace)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("per_key_backoff", &self.per_key_backoff)
+            .field("readiness", &self.gate.is_some())
+            .field("belongs", &self.belongs.is_some())
             .field("outage_classifier", &self.classifier.is_some())
             .finish_non_exhaustive()
     }

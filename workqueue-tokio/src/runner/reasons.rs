@@ -91,6 +91,18 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
         }
     }
 
+    /// Whether `key` waits only for re-adds the runner made (a requeue, a retry): no source and
+    /// no direct add queued it since it was last handed out.
+    pub(crate) fn readds_only(&self, key: &T) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending
+            .get(key)
+            .is_some_and(|&bits| bits != 0 && bits & !(REQUEUE | RETRY) == 0)
+    }
+
     /// The reasons of a key whose `take` panicked (its `Hash` or `Eq`).
     pub(crate) fn unknown(&self) -> ReasonSet {
         ReasonSet {

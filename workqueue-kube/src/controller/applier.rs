@@ -1,0 +1,491 @@
+//! kube-runtime's `applier`, and the one path every controller runs through: the layer between
+//! [`Controller`](super::Controller)'s builder and `workqueue-tokio`'s runner.
+//!
+//! [`applier`] and `Controller::run` both build [`Parts`] and call [`run`]: it makes the queue
+//! from the [`Config`], turns the triggers into the runner's sources (their errors go to the
+//! stream, their keys are debounced), holds reconciles on the store's readiness gate, and maps
+//! the runner's results onto kube-runtime's items. The user's reconciler and error policy, and
+//! the context given to them, stay on the task that polls the stream.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::future::{self, BoxFuture, Either, FutureExt, TryFuture, TryFutureExt};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStream, TryStreamExt};
+use kube::Resource;
+use kube::runtime::controller::ReconcileRequest;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use workqueue_tokio::runner::{self, Failure, Runner};
+use workqueue_tokio::{AddOptions, WorkQueue};
+
+use super::Action;
+use super::config::Config;
+use super::error::{Error, RunnerError};
+use super::shards::Leases;
+
+/// A stream of keys and how to add them, or an error of the stream they come from.
+pub(crate) type Keys<K, QE> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), QE>>;
+
+/// Apply a reconciler to a stream of objects to reconcile: kube-runtime's `applier`, on the work
+/// queue. `store` holds the objects (usually filled by a reflector), `queue` names the ones to
+/// reconcile ([`ReconcileRequest`]s, or `ObjectRef`s), and the stream yields one item per
+/// reconcile, as [`Controller::run`](super::Controller::run)'s does (that is built on this).
+///
+/// No reconcile starts before `store` is ready; if its writer is dropped before, the stream
+/// yields [`RunnerError::Readiness`] and ends. The stream ends once `queue` has ended and the
+/// objects due were reconciled (requeues asked for after that are dropped, as in kube-runtime).
+/// An error of `queue` is yielded as [`Error::QueueError`]; the applier goes on.
+///
+/// The reconciler and the error policy are called on the task that polls the stream, so they
+/// need not be `Send`; the reconciler's futures run in parallel on the runtime's threads
+/// (kube-runtime's `Controller::run` spawns them too), hence `Send + 'static`.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use futures_util::{StreamExt, TryStreamExt};
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{Api, Client};
+/// use kube::runtime::{WatchStreamExt, reflector, watcher};
+/// use workqueue_kube::controller::{Action, Config, applier};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("reconcile failed")]
+/// struct Error;
+///
+/// # async fn run(client: Client) {
+/// let (store, writer) = reflector::store::<ConfigMap>();
+/// let objects = reflector(writer, watcher(Api::<ConfigMap>::all(client), watcher::Config::default()))
+///     .default_backoff()
+///     .applied_objects()
+///     .map_ok(|cm| reflector::ObjectRef::from_obj(&cm));
+/// applier(
+///     |_cm: Arc<ConfigMap>, _ctx: Arc<()>| async { Ok::<_, Error>(Action::requeue(Duration::from_secs(300))) },
+///     |_cm, _error, _ctx| Action::requeue(Duration::from_secs(5)),
+///     Arc::new(()),
+///     store,
+///     objects,
+///     Config::default(),
+/// )
+/// .for_each(|result| async move { println!("{result:?}") })
+/// .await;
+/// # }
+/// ```
+// kube-runtime's signature, written out as it is there.
+#[allow(clippy::type_complexity)]
+pub fn applier<K, QueueStream, ReconcilerFut, Ctx>(
+    reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+    error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+    context: Arc<Ctx>,
+    store: Store<K>,
+    queue: QueueStream,
+    config: Config,
+) -> impl Stream<Item = Result<(ObjectRef<K>, Action), Error<ReconcilerFut::Error, QueueStream::Error>>>
+where
+    K: Clone + Resource + Send + Sync + 'static,
+    K::DynamicType: fmt::Debug + Eq + Hash + Clone + Unpin + Send + Sync + 'static,
+    ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+    ReconcilerFut::Error: std::error::Error + Send + 'static,
+    QueueStream: TryStream + Send + 'static,
+    QueueStream::Ok: Into<ReconcileRequest<K>>,
+    QueueStream::Error: std::error::Error + Send + 'static,
+{
+    let (ready, gate) = watch::channel(false);
+    let readiness = {
+        let store = store.clone();
+        async move {
+            // A dropped writer drops `ready` unopened: the runner reports it.
+            if store.wait_until_ready().await.is_ok() {
+                ready.send_replace(true);
+            }
+        }
+    };
+    let keys = queue
+        .map_ok(|request| (request.into().obj_ref, AddOptions::new()))
+        .boxed();
+    let parts = Parts {
+        name: "applier".into(),
+        triggers: vec![("queue".into(), keys)],
+        store,
+        gate,
+        tasks: vec![readiness.boxed()],
+        config,
+        leases: Ok(None),
+        graceful: Vec::new(),
+        forceful: Vec::new(),
+        dyntype: None,
+    };
+    run(parts, reconciler, error_policy, context)
+}
+
+/// What a controller runs: its queue's name, triggers, store and gate, its options, and how it
+/// shuts down.
+pub(crate) struct Parts<K: Resource + 'static, QE>
+where
+    K::DynamicType: Eq + Hash,
+{
+    /// The queue's name (in metrics and spans).
+    pub(crate) name: String,
+    pub(crate) triggers: Vec<(String, Keys<K, QE>)>,
+    pub(crate) store: Store<K>,
+    /// Whether `store` may be read now (see `triggers::main`).
+    pub(crate) gate: watch::Receiver<bool>,
+    /// Tasks that keep the gate (waiting for a store made elsewhere to be ready).
+    pub(crate) tasks: Vec<BoxFuture<'static, ()>>,
+    pub(crate) config: Config,
+    /// The Lease protocol, if any; why it cannot run, if it cannot.
+    pub(crate) leases: Result<Option<Leases>, RunnerError>,
+    pub(crate) graceful: Vec<BoxFuture<'static, ()>>,
+    pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
+    /// The dynamic type, for the Lease watchdog (which lists the store's objects).
+    pub(crate) dyntype: Option<K::DynamicType>,
+}
+
+/// A reconcile's error, with the object it failed on (for the error policy).
+struct Failed<E, K>(E, Arc<K>);
+
+impl<E: fmt::Debug, K> fmt::Debug for Failed<E, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The keys whose reconcile found no object in the store, until the stream reports them: the
+/// runner saw a successful no-op (so that the key is forgotten and counted as controller-runtime
+/// counts a reconcile of a deleted object), the stream yields `ObjectNotFound`.
+struct Missing<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash,
+{
+    any: AtomicBool,
+    keys: Mutex<HashSet<ObjectRef<K>>>,
+}
+
+impl<K: Resource> Missing<K>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn insert(&self, key: ObjectRef<K>) {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.insert(key);
+        self.any.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `key` was missing (and forgets it).
+    fn take(&self, key: &ObjectRef<K>) -> bool {
+        if !self.any.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = keys.remove(key);
+        self.any.store(!keys.is_empty(), Ordering::Relaxed);
+        found
+    }
+}
+
+/// One item of a controller's stream.
+type Item<K, E, QE> = Result<(ObjectRef<K>, Action), Error<E, QE>>;
+
+/// One item of the runner's stream under a controller.
+type RunnerItem<K, E> = Result<(ObjectRef<K>, Action), runner::Error<ObjectRef<K>, Failed<E, K>>>;
+
+/// Runs a controller: the queue, the runner over it, the Lease watchdog, and the stream of items.
+pub(crate) fn run<K, QE, ReconcilerFut, Ctx>(
+    parts: Parts<K, QE>,
+    mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+    error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+    context: Arc<Ctx>,
+) -> impl Stream<Item = Item<K, ReconcilerFut::Error, QE>>
+where
+    K: Clone + Resource + Send + Sync + 'static,
+    K::DynamicType: fmt::Debug + Eq + Hash + Clone + Send + Sync + 'static,
+    ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+    ReconcilerFut::Error: std::error::Error + Send + 'static,
+    QE: Send + 'static,
+{
+    let Parts {
+        name,
+        triggers,
+        store,
+        gate,
+        tasks,
+        config,
+        leases,
+        graceful,
+        forceful,
+        dyntype,
+    } = parts;
+    let leases = match leases {
+        Ok(leases) => leases,
+        Err(error) => {
+            return stream::iter([Err(Error::RunnerError(error))]).left_stream();
+        }
+    };
+    let queue = queue(&name, &config);
+    let missing = Arc::new(Missing {
+        any: AtomicBool::new(false),
+        keys: Mutex::new(HashSet::new()),
+    });
+    // The user's reconciler, called on the task that polls the stream, for the object in the
+    // store; a key without one is a no-op, reported as `ObjectNotFound`.
+    let reconcile = {
+        let (store, missing, context) = (store.clone(), missing.clone(), context.clone());
+        move |key: ObjectRef<K>, _: runner::Context| match store.get(&key) {
+            Some(object) => {
+                let on_error = object.clone();
+                let fut = TryFutureExt::into_future(reconciler(object, context.clone()));
+                Either::Left(fut.map(move |result| result.map_err(|e| Failed(e, on_error))))
+            }
+            None => {
+                missing.insert(key);
+                Either::Right(future::ready(Ok(Action::await_change())))
+            }
+        }
+    };
+    let policy = {
+        let context = context.clone();
+        move |_: &ObjectRef<K>,
+              failure: &Failure<Failed<ReconcilerFut::Error, K>>,
+              _: &runner::Context| {
+            match failure {
+                Failure::Error(Failed(error, object)) => {
+                    error_policy(object.clone(), error, context.clone())
+                }
+                // A panic: retried after the rate limiter's delay.
+                _ => Action::backoff(),
+            }
+        }
+    };
+    let (errors_tx, errors) = mpsc::unbounded_channel();
+    let workers = match config.concurrency {
+        0 => usize::MAX,
+        n => usize::from(n),
+    };
+    let runner = Runner::new(queue.clone(), reconcile)
+        .workers(workers)
+        .shutdown_grace(config.shutdown_grace)
+        // A controller's reconcile sees no cancellation: stopping one is dropping it.
+        .cancel_grace(std::time::Duration::ZERO)
+        // The stream reports every failure; the caller logs them (as kube-runtime's do).
+        .failure_log(None)
+        .per_key_backoff(config.per_key_backoff)
+        .readiness(gate);
+    // The one rule for which keys this replica takes: its shards'.
+    let mut runner = match &leases {
+        Some(leases) => runner.belongs(leases.owns()),
+        None => runner,
+    }
+    .error_policy(policy);
+    for (name, trigger) in triggers {
+        let errors_tx = errors_tx.clone();
+        let debounce = config.debounce;
+        let keys = trigger.filter_map(move |item| {
+            future::ready(match item {
+                Ok((key, opts)) => Some((key, debounced(opts, debounce))),
+                Err(error) => {
+                    let _ = errors_tx.send(error);
+                    None
+                }
+            })
+        });
+        runner = runner.source(&name, keys);
+    }
+    drop(errors_tx);
+    let shutdown = CancellationToken::new();
+    let watchdog = leases.map(|leases| {
+        let dyntype = dyntype.expect("a controller on Leases has its dynamic type");
+        let aborts = runner.abort_handle();
+        leases.watchdog(
+            aborts,
+            queue.clone(),
+            store.clone(),
+            dyntype,
+            shutdown.clone(),
+        )
+    });
+    let results = runner.results(shutdown.clone());
+    let state = State {
+        results: Box::pin(results),
+        errors,
+        missing,
+        store,
+        start: Some(Start {
+            tasks,
+            graceful,
+            watchdog,
+        }),
+        background: JoinSet::new(),
+        watchdog: None,
+        shutdown,
+    };
+    let forced = if forceful.is_empty() {
+        future::pending().left_future()
+    } else {
+        future::select_all(forceful).map(|_| ()).right_future()
+    };
+    stream::unfold(state, |mut state| async move {
+        let item = state.next().await?;
+        Some((item, state))
+    })
+    .take_until(forced)
+    .right_stream()
+}
+
+/// The queue of a controller named `name`, with `config`'s options.
+fn queue<K>(name: &str, config: &Config) -> WorkQueue<ObjectRef<K>>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let mut queue = WorkQueue::builder().name(name);
+    if let Some(wait) = config.max_ready_wait {
+        queue = queue.max_ready_wait(wait);
+    }
+    if config.fair_namespaces {
+        queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
+    }
+    if let Some(outage) = config.outage {
+        queue = queue.outage_detection(outage);
+    }
+    queue.build()
+}
+
+/// How a trigger is added with `debounce`: after it, as a debounce (each later trigger moves the
+/// reconcile to its own time plus `debounce`).
+fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
+    if debounce.is_zero() {
+        return opts;
+    }
+    opts.after(debounce).debounced(true)
+}
+
+/// What starts at the first poll.
+struct Start<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash,
+{
+    tasks: Vec<BoxFuture<'static, ()>>,
+    graceful: Vec<BoxFuture<'static, ()>>,
+    watchdog: Option<super::shards::Watchdog<K>>,
+}
+
+/// A controller's stream, between polls.
+struct State<K: Resource + 'static, R, QE>
+where
+    K::DynamicType: Eq + Hash,
+{
+    results: Pin<Box<R>>,
+    errors: mpsc::UnboundedReceiver<QE>,
+    missing: Arc<Missing<K>>,
+    store: Store<K>,
+    start: Option<Start<K>>,
+    /// The tasks that keep the gate, and the one that waits for a graceful shutdown.
+    background: JoinSet<()>,
+    /// The Lease watchdog's task, and how to tell it the run is over.
+    watchdog: Option<(oneshot::Sender<()>, AbortOnDrop)>,
+    shutdown: CancellationToken,
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<K, R, E, QE> State<K, R, QE>
+where
+    K: Clone + Resource + Send + Sync + 'static,
+    K::DynamicType: fmt::Debug + Eq + Hash + Clone + Send + Sync + 'static,
+    R: Stream<Item = RunnerItem<K, E>>,
+    E: std::error::Error + Send + 'static,
+    QE: 'static,
+{
+    /// The next item; `None` once the controller stopped.
+    async fn next(&mut self) -> Option<Item<K, E, QE>> {
+        self.start();
+        loop {
+            let result = tokio::select! {
+                biased;
+                Some(error) = self.errors.recv() => return Some(Err(Error::QueueError(error))),
+                result = self.results.next() => result,
+            };
+            let Some(result) = result else {
+                if let Ok(error) = self.errors.try_recv() {
+                    return Some(Err(Error::QueueError(error)));
+                }
+                self.finish().await;
+                return None;
+            };
+            if let Some(item) = self.item(result) {
+                return Some(item);
+            }
+        }
+    }
+
+    /// Starts the gate's tasks, the wait for a graceful shutdown, and the Lease watchdog.
+    fn start(&mut self) {
+        let Some(start) = self.start.take() else {
+            return;
+        };
+        for task in start.tasks {
+            self.background.spawn(task);
+        }
+        if !start.graceful.is_empty() {
+            let (graceful, shutdown) = (start.graceful, self.shutdown.clone());
+            self.background.spawn(async move {
+                future::select_all(graceful).await;
+                shutdown.cancel();
+            });
+        }
+        if let Some(watchdog) = start.watchdog {
+            let (finish, finished) = oneshot::channel();
+            let task = tokio::spawn(watchdog.run(finished));
+            self.watchdog = Some((finish, AbortOnDrop(task)));
+        }
+    }
+
+    /// The run is over (not forced): the background tasks stop, and the Lease watchdog
+    /// acknowledges what is left so that the protocol releases the Leases.
+    async fn finish(&mut self) {
+        self.background.abort_all();
+        if let Some((finish, mut task)) = self.watchdog.take() {
+            let _ = finish.send(());
+            let _ = (&mut task.0).await;
+        }
+    }
+
+    /// kube-runtime's item for a runner's result.
+    fn item(&self, result: RunnerItem<K, E>) -> Option<Item<K, E, QE>> {
+        let object = |key: ObjectRef<K>| Box::new(key.erase());
+        Some(match result {
+            Ok((key, _)) if self.missing.take(&key) => Err(Error::ObjectNotFound(object(key))),
+            Ok((key, action)) => Ok((key, action)),
+            Err(runner::Error::Failed(key, Failure::Error(Failed(error, _)))) => {
+                Err(Error::ReconcilerFailed(error, object(key)))
+            }
+            Err(runner::Error::Failed(key, Failure::Panic(message))) => {
+                Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
+                    object: object(key),
+                    message,
+                }))
+            }
+            Err(runner::Error::Readiness) => {
+                // The gate closes unopened only when the store's writer was dropped.
+                let dropped = self.store.wait_until_ready().now_or_never()?.err()?;
+                Err(Error::RunnerError(RunnerError::Readiness(dropped)))
+            }
+            // A controller sets no reconcile timeout.
+            Err(_) => return None,
+        })
+    }
+}

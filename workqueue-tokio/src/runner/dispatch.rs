@@ -1,0 +1,763 @@
+//! The dispatcher: the task that polls a runner's stream (or awaits `Runner::run`). It takes due
+//! keys from the queue while it may, calls the user's reconcile function (here, so that it need
+//! not be `Send`) and hands each future to the pollers as a job ([`super::jobs`]); it judges
+//! failures with the user's error policy (here too), and runs the one shutdown sequence.
+//!
+//! It is a loop over named steps: the ends that came back ([`Dispatcher::collect_ends`]), the
+//! keys it may take now ([`Dispatcher::take_ready`]), the items these made, whether the run is
+//! over ([`Dispatcher::is_over`]), and else a wait for the next [`Event`] and its handler.
+//!
+//! Invariants:
+//! - a key is taken only while intake is open (the shutdown token is not cancelled and the run
+//!   is not stopping), the readiness gate is open, and fewer than `limit` reconciles run or are
+//!   held; a lease taken while the gate closed meanwhile is held, and dispatched only if all of
+//!   that still holds when the gate opens (else it is put back);
+//! - `running` counts the jobs handed to the pollers whose [`End`] has not come back: every job
+//!   sends exactly one;
+//! - the run ends only once `running` is 0 and nothing is held.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::poll_fn;
+use std::hash::{BuildHasher, Hash};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use workqueue_core::Lease;
+
+use super::action::Reconciled;
+use super::catch::catch;
+use super::engine::{Begun, End, Engine};
+use super::feed::{Feeder, Source};
+use super::jobs::{self, Job, Jobs};
+use super::report::Report;
+use super::{Action, Context, Error, Failure, Reconcile};
+
+/// How long the dispatcher stops taking keys after the queue's `get` panicked (a key whose
+/// `Clone` always panics would otherwise make it spin).
+const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
+
+/// How many jobs a dispatcher outside the worker threads makes before it hands them over (the
+/// rest of a turn's go at its end): small enough that a poller on another thread starts while the
+/// next are made, large enough to take the hand-off's lock once for several.
+const HAND_OFF: usize = 4;
+
+/// One item of a runner's stream.
+pub(crate) type Item<T, E> = Result<(T, Action), Error<T, E>>;
+
+/// Where the dispatcher is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Taking keys as they come due.
+    Running,
+    /// Every source ended (a stream that ends with its sources): keys due or waiting are still
+    /// taken, re-adds are dropped, and the queue is shut down once it has nothing left.
+    Draining,
+    /// No key is taken any more; running reconciles finish (with a shutdown, within the
+    /// graces).
+    Stopping,
+}
+
+/// Where a shutdown is in its sequence: the reconciles running when it began may finish within
+/// the shutdown grace; then their contexts are cancelled, and after the cancel grace their
+/// futures are dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shutdown {
+    /// No shutdown (the run may still be stopping: its queue was shut down).
+    None,
+    /// Until the deadline: the shutdown grace, then the cancel grace.
+    Grace(Option<Instant>),
+    Cancelled(Option<Instant>),
+    /// Futures dropped: the jobs end as interrupted.
+    HardStopped,
+}
+
+/// What woke the dispatcher.
+enum Event<T> {
+    Ends,
+    Shutdown,
+    Gate(Result<(), watch::error::RecvError>),
+    Source(Option<Result<(), JoinError>>),
+    Poller(Option<Result<(), JoinError>>),
+    Lease(std::thread::Result<Option<Lease<T>>>),
+    Deadline,
+}
+
+/// What starts at the first poll.
+pub(crate) struct Setup<T> {
+    pub(crate) sources: Vec<Source<T>>,
+    pub(crate) gate: Option<watch::Receiver<bool>>,
+}
+
+pub(crate) struct Dispatcher<T, R, C, S, P>
+where
+    R: Reconcile<T, C>,
+{
+    engine: Arc<Engine<T, R::Error, C, S>>,
+    reconcile: R,
+    policy: P,
+    setup: Option<Setup<T>>,
+    jobs: Arc<Jobs>,
+    /// Jobs made in this turn, handed to the pollers in one batch.
+    batch: Vec<Job>,
+    pollers: JoinSet<()>,
+    feeders: JoinSet<()>,
+    feeder_stop: CancellationToken,
+    /// Whether some source is still read.
+    feeding: bool,
+    gate: Option<watch::Receiver<bool>>,
+    /// The gate's sender is gone: its value no longer changes.
+    gate_final: bool,
+    phase: Phase,
+    shutdown: Shutdown,
+    /// Whether the run ends once its sources have ended and the queue has nothing left.
+    ends_with_sources: bool,
+    running: usize,
+    /// Jobs made so far (compared with the pollers' first polls).
+    handed_out: u64,
+    limit: usize,
+    held: Vec<Lease<T>>,
+    inbox: VecDeque<End<T, R::Error, C>>,
+    /// Items for the stream, in the order they came.
+    items: VecDeque<Item<T, R::Error>>,
+    /// Until when intake pauses after a panicking `get`.
+    get_paused: Option<Instant>,
+    /// The queue was found shut down and empty while reconciles ran: `get` is not awaited again
+    /// until one ends (its finish may queue its key again: a key added while it ran).
+    queue_empty: bool,
+    shutdown_grace: Duration,
+    cancel_grace: Duration,
+    worker_panics: u64,
+    ended: bool,
+    /// Marks intake closed as soon as the shutdown token is cancelled.
+    intake_watcher: Option<AbortOnDrop>,
+    /// Whether the runtime has several worker threads.
+    multi_thread: bool,
+    /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
+    outside: bool,
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A dispatcher's settings.
+pub(crate) struct Settings {
+    pub(crate) limit: usize,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) cancel_grace: Duration,
+    pub(crate) ends_with_sources: bool,
+}
+
+impl<T, R, C, S, P> Dispatcher<T, R, C, S, P>
+where
+    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: Reconcile<T, C>,
+    P: FnMut(&T, &Failure<R::Error>, &Context<C>) -> Action,
+{
+    pub(crate) fn new(
+        engine: Engine<T, R::Error, C, S>,
+        reconcile: R,
+        policy: P,
+        setup: Setup<T>,
+        settings: Settings,
+    ) -> Self {
+        Dispatcher {
+            engine: Arc::new(engine),
+            reconcile,
+            policy,
+            setup: Some(setup),
+            jobs: Arc::new(Jobs::new()),
+            batch: Vec::new(),
+            pollers: JoinSet::new(),
+            feeders: JoinSet::new(),
+            feeder_stop: CancellationToken::new(),
+            feeding: false,
+            gate: None,
+            gate_final: false,
+            phase: Phase::Running,
+            shutdown: Shutdown::None,
+            ends_with_sources: settings.ends_with_sources,
+            running: 0,
+            handed_out: 0,
+            limit: settings.limit.max(1),
+            held: Vec::new(),
+            inbox: VecDeque::new(),
+            items: VecDeque::new(),
+            get_paused: None,
+            queue_empty: false,
+            shutdown_grace: settings.shutdown_grace,
+            cancel_grace: settings.cancel_grace,
+            worker_panics: 0,
+            ended: false,
+            intake_watcher: None,
+            multi_thread: false,
+            outside: false,
+        }
+    }
+
+    /// The next item; `None` once the run is over. In a run without items (`Runner::run`), it
+    /// returns `None` only then.
+    pub(crate) async fn next(&mut self) -> Option<Item<T, R::Error>> {
+        if self.ended {
+            return None;
+        }
+        self.start();
+        self.jobs.set_dispatching(true);
+        let item = self.next_item().await;
+        self.jobs.set_dispatching(false);
+        item
+    }
+
+    async fn next_item(&mut self) -> Option<Item<T, R::Error>> {
+        loop {
+            // The ends first (they free slots), then new work, and only then the items: the
+            // pollers get their next jobs before the consumer gets its results.
+            self.collect_ends();
+            self.take_ready();
+            if let Some(item) = self.items.pop_front() {
+                return Some(item);
+            }
+            if self.is_over() {
+                self.end().await;
+                return None;
+            }
+            let event = self.wait().await;
+            self.handle(event);
+        }
+    }
+
+    /// What the run did (once it is over).
+    pub(crate) fn report(&self) -> Report {
+        let queue = self.engine.queue();
+        let outage = (
+            queue.parked_len(),
+            queue.parked_dropped_at_shutdown(),
+            queue.core.outage_openings(),
+        );
+        self.engine
+            .counters
+            .report(queue.len(), self.worker_panics, outage)
+    }
+
+    /// Starts the sources and the pollers (at the first poll: nothing runs before).
+    fn start(&mut self) {
+        let Some(setup) = self.setup.take() else {
+            return;
+        };
+        let metrics_limit = if self.limit == usize::MAX {
+            0
+        } else {
+            self.limit
+        };
+        if let Err(message) = catch(|| self.engine.metrics.start(metrics_limit)) {
+            tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
+        }
+        let feeder = Arc::new(Feeder {
+            queue: self.engine.queue().clone(),
+            reasons: self.engine.reasons.clone(),
+            counters: self.engine.counters.clone(),
+            intake: self.engine.intake().clone(),
+            stop: self.feeder_stop.clone(),
+            belongs: self.engine.belongs_rule(),
+        });
+        for (index, source) in setup.sources.into_iter().enumerate() {
+            self.feeders.spawn(feeder.clone().feed(index, source));
+        }
+        self.feeding = !self.feeders.is_empty();
+        self.gate = setup.gate;
+        self.intake_watcher = Some(AbortOnDrop(tokio::spawn(self.engine.intake_watcher())));
+        // As many pollers as the runtime has threads: one at work in the common case, the
+        // others for when it stalls (see `jobs`).
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        let pollers = threads.clamp(1, self.limit);
+        self.multi_thread = matches!(
+            tokio::runtime::Handle::current().runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::MultiThread
+        );
+        // Outside the worker threads (`block_on`), pollers may wake the dispatcher as ends come,
+        // and it spins before it waits (see `jobs`).
+        self.outside = self.multi_thread && tokio::task::try_id().is_none();
+        self.engine.ends.set_eager(self.outside);
+        for _ in 0..pollers {
+            self.start_poller();
+        }
+        if pollers > 1 {
+            let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
+            jobs::watch(self.jobs.clone(), ends, tokio::runtime::Handle::current());
+        }
+    }
+
+    fn start_poller(&mut self) {
+        let busy = self.jobs.add_poller(self.multi_thread);
+        let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
+        let poller = jobs::poller(self.jobs.clone(), ends, self.multi_thread, busy);
+        self.pollers.spawn(poller);
+    }
+
+    // ---- the steps ------------------------------------------------------------------------------
+
+    /// Handles the ends that came back (failures go to the error policy); their items wait in
+    /// `items`.
+    fn collect_ends(&mut self) {
+        if !self.engine.ends.take(&mut self.inbox) {
+            return;
+        }
+        while let Some(end) = self.inbox.pop_front() {
+            self.running -= 1;
+            self.queue_empty = false;
+            let item = match end {
+                End::Finished(item) => item.map(Ok),
+                End::Failed(failed) => {
+                    let failed = *failed;
+                    self.judge(failed.lease, failed.begun, failed.failure)
+                }
+            };
+            self.items.extend(item);
+        }
+    }
+
+    /// Takes the keys it may now (held ones first), and hands their jobs to the pollers. A key
+    /// that failed before its reconcile could start leaves its item in `items`.
+    fn take_ready(&mut self) {
+        while self.may_take() {
+            let lease = match self.held.pop() {
+                Some(lease) => lease,
+                None => match catch(|| self.engine.queue().try_get()) {
+                    Ok(Some(lease)) => lease,
+                    Ok(None) => break,
+                    Err(message) => {
+                        self.get_panicked(&message);
+                        break;
+                    }
+                },
+            };
+            if let Some(item) = self.dispatch(lease) {
+                self.items.push_back(item);
+            }
+        }
+        self.jobs.push(&mut self.batch);
+    }
+
+    /// Whether the run is over: stopping, with nothing running or held. A run that ends with its
+    /// sources shuts its queue down once that has nothing left (the queue's end then stops it).
+    fn is_over(&mut self) -> bool {
+        if self.phase == Phase::Draining && self.running == 0 && self.held.is_empty() {
+            let counts = self.engine.queue().counts();
+            if counts.ready == 0 && counts.waiting == 0 && counts.processing == 0 {
+                self.engine.queue().shut_down();
+            }
+        }
+        self.phase == Phase::Stopping && self.running == 0 && self.held.is_empty()
+    }
+
+    /// Waits for the next event.
+    async fn wait(&mut self) -> Event<T> {
+        // Outside the worker threads, a poller's next end is usually microseconds away: spin
+        // for it rather than wait (see `jobs`).
+        if self.outside
+            && self.first_polls_pending()
+            && jobs::spin_until(|| self.engine.ends.any() || !self.first_polls_pending())
+            && self.engine.ends.any()
+        {
+            return Event::Ends;
+        }
+        let take = self.may_take_async();
+        let deadline = self.deadline();
+        // Waiting: a poller that runs out of jobs need not spin for more.
+        self.jobs.set_dispatching(false);
+        let watch_shutdown = matches!(self.shutdown, Shutdown::None);
+        let watch_gate = self.gate.is_some() && !self.gate_final;
+        let Dispatcher {
+            engine,
+            gate,
+            feeders,
+            feeding,
+            pollers,
+            ..
+        } = self;
+        let ends = &engine.ends;
+        let event = tokio::select! {
+            biased;
+            () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
+            () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
+            changed = changed(gate), if watch_gate => Event::Gate(changed),
+            joined = feeders.join_next(), if *feeding => Event::Source(joined),
+            joined = pollers.join_next(), if !pollers.is_empty() => Event::Poller(joined),
+            got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
+            () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+        };
+        self.jobs.set_dispatching(true);
+        event
+    }
+
+    /// Handles an event; an item it makes waits in `items`.
+    fn handle(&mut self, event: Event<T>) {
+        let item = match event {
+            Event::Ends => None,
+            Event::Shutdown => {
+                self.on_shutdown();
+                None
+            }
+            Event::Gate(changed) => self.on_gate(changed),
+            Event::Source(joined) => {
+                self.on_source(joined);
+                None
+            }
+            Event::Poller(joined) => {
+                self.on_poller(joined);
+                None
+            }
+            Event::Lease(got) => self.on_lease(got),
+            Event::Deadline => {
+                self.on_deadline();
+                None
+            }
+        };
+        self.items.extend(item);
+    }
+
+    // ---- the handlers ---------------------------------------------------------------------------
+
+    /// Starts a reconcile of `lease`'s key, unless the key no longer belongs here or intake
+    /// stopped. An item when it failed before it could start.
+    fn dispatch(&mut self, lease: Lease<T>) -> Option<Item<T, R::Error>> {
+        if !self.engine.belongs(lease.key()) {
+            self.engine.discard(lease);
+            return None;
+        }
+        if self.engine.intake_closed() {
+            // Shutdown began on another thread since `may_take`: no reconcile starts after it.
+            self.engine.put_back(lease);
+            return None;
+        }
+        let mut begun = self.engine.begin(&lease);
+        let started = match begun.early.take() {
+            Some(message) => Err(message),
+            None => self.engine.activate().and_then(|()| {
+                let (key, ctx, reconcile) = (lease.key(), &begun.ctx, &mut self.reconcile);
+                let started = begun
+                    .span
+                    .in_scope(|| catch(|| reconcile.reconcile(key.clone(), ctx.clone())));
+                if started.is_err() {
+                    self.engine.deactivate();
+                }
+                started
+            }),
+        };
+        match started {
+            Ok(fut) => {
+                let ticket = self.engine.register(lease.key());
+                self.batch.push(self.engine.job(lease, begun, fut, ticket));
+                self.running += 1;
+                self.handed_out += 1;
+                if self.outside && self.batch.len() >= HAND_OFF {
+                    // A poller on another thread starts on these while the next are made.
+                    self.jobs.push(&mut self.batch);
+                }
+                None
+            }
+            Err(message) => self.judge(lease, begun, Failure::Panic(message)),
+        }
+    }
+
+    /// Judges a failure with the error policy, finishes its lease, and says what the stream
+    /// yields.
+    fn judge(
+        &mut self,
+        lease: Lease<T>,
+        begun: Begun<C>,
+        failure: Failure<R::Error>,
+    ) -> Option<Item<T, R::Error>> {
+        let engine = &self.engine;
+        let verdict = engine.judge(lease.key(), &begun, failure, &mut self.policy);
+        let key = engine.finish(lease, &begun, &verdict)?;
+        match verdict {
+            Reconciled::Ok(action) => Some(Ok((key, action))),
+            Reconciled::Failed(failure, _) => Some(Err(Error::Failed(key, failure))),
+            Reconciled::Interrupted => None,
+        }
+    }
+
+    fn on_shutdown(&mut self) {
+        self.engine.close_intake();
+        self.begin_stopping();
+        self.shutdown = Shutdown::Grace(Instant::now().checked_add(self.shutdown_grace));
+    }
+
+    /// The gate changed, or its sender went. A gate closed for good before it opened ends the
+    /// run, with an error item.
+    fn on_gate(
+        &mut self,
+        changed: Result<(), watch::error::RecvError>,
+    ) -> Option<Item<T, R::Error>> {
+        if changed.is_ok() {
+            return None;
+        }
+        self.gate_final = true;
+        if self.gate_open() || self.phase == Phase::Stopping {
+            return None;
+        }
+        tracing::error!("the readiness gate's sender was dropped before it opened; the run ends");
+        self.begin_stopping();
+        Some(Err(Error::Readiness))
+    }
+
+    fn on_source(&mut self, joined: Option<Result<(), JoinError>>) {
+        match joined {
+            // The readers catch their sources' panics; this is defence in depth.
+            Some(Err(error)) => tracing::error!(%error, "a source reader failed"),
+            Some(Ok(())) => {}
+            None => {
+                self.feeding = false;
+                if self.ends_with_sources && self.phase == Phase::Running {
+                    self.phase = Phase::Draining;
+                    self.engine.drain();
+                }
+            }
+        }
+    }
+
+    fn on_poller(&mut self, joined: Option<Result<(), JoinError>>) {
+        // Pollers catch the panics of the jobs they poll; this is defence in depth.
+        if let Some(Err(error)) = joined {
+            self.worker_panics += 1;
+            self.jobs.remove_poller();
+            tracing::error!(%error, "a poller failed; starting another");
+            if !self.ended {
+                self.start_poller();
+            }
+        }
+    }
+
+    /// A key came due while the dispatcher waited: it starts now if it still may, is held while
+    /// the gate is closed, and is put back once the run is stopping.
+    fn on_lease(
+        &mut self,
+        got: std::thread::Result<Option<Lease<T>>>,
+    ) -> Option<Item<T, R::Error>> {
+        match got {
+            Ok(Some(lease)) if self.may_take() => {
+                let item = self.dispatch(lease);
+                self.jobs.push(&mut self.batch);
+                item
+            }
+            Ok(Some(lease)) if self.phase == Phase::Stopping || self.engine.intake_closed() => {
+                self.engine.put_back(lease);
+                None
+            }
+            Ok(Some(lease)) => {
+                self.held.push(lease);
+                None
+            }
+            Ok(None) if self.running > 0 => {
+                // Shut down and empty, but a reconcile that ends may queue its key again.
+                self.queue_empty = true;
+                None
+            }
+            Ok(None) => {
+                // The queue was shut down and is empty, and nothing runs: the run ends.
+                self.begin_stopping();
+                None
+            }
+            Err(payload) => {
+                self.get_panicked(&workqueue_core::__private::panic_message(&*payload));
+                None
+            }
+        }
+    }
+
+    /// A deadline passed: the end of a pause after a panicking `get`, or the next step of a
+    /// shutdown.
+    fn on_deadline(&mut self) {
+        let now = Instant::now();
+        if self.get_paused.is_some_and(|until| until <= now) {
+            self.get_paused = None;
+        }
+        match self.shutdown {
+            Shutdown::Grace(Some(at)) if at <= now => {
+                self.engine.abort();
+                self.shutdown = Shutdown::Cancelled(now.checked_add(self.cancel_grace));
+            }
+            Shutdown::Cancelled(Some(at)) if at <= now => {
+                if self.running > 0 {
+                    tracing::warn!(
+                        running = self.running,
+                        "reconciles still running after the shutdown and cancel graces are dropped"
+                    );
+                }
+                self.engine.hard_stop();
+                self.shutdown = Shutdown::HardStopped;
+            }
+            _ => {}
+        }
+    }
+
+    // ---- helpers --------------------------------------------------------------------------------
+
+    /// Whether jobs handed out have not had their first poll yet (their ends may be microseconds
+    /// away; those of reconciles that wait, as tasks, are not).
+    fn first_polls_pending(&self) -> bool {
+        self.jobs.progress() < self.handed_out
+    }
+
+    fn begin_stopping(&mut self) {
+        self.phase = Phase::Stopping;
+        for lease in std::mem::take(&mut self.held) {
+            self.engine.put_back(lease);
+        }
+    }
+
+    fn get_panicked(&mut self, message: &str) {
+        self.engine.get_panicked(message);
+        self.get_paused = Instant::now().checked_add(GET_PANIC_PAUSE);
+    }
+
+    fn gate_open(&self) -> bool {
+        self.gate.as_ref().is_none_or(|gate| *gate.borrow())
+    }
+
+    /// Whether a key may be taken now.
+    fn may_take(&self) -> bool {
+        self.may_take_async() && self.get_paused.is_none()
+    }
+
+    /// [`may_take`](Self::may_take) but for the pause after a panicking `get` (the wait has its
+    /// own deadline for it).
+    fn may_take_async(&self) -> bool {
+        self.phase != Phase::Stopping
+            && !self.queue_empty
+            && self.get_paused.is_none()
+            && self.running + self.held.len() < self.limit
+            && self.gate_open()
+            && !self.engine.intake_closed()
+    }
+
+    /// The next deadline: the end of a `get` pause, or the next step of a shutdown while
+    /// reconciles still run.
+    fn deadline(&self) -> Option<Instant> {
+        let step = match self.shutdown {
+            Shutdown::Grace(at) | Shutdown::Cancelled(at) if self.running > 0 => at,
+            _ => None,
+        };
+        match (self.get_paused, step) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Ends the run: stops the sources and the pollers, and waits for them.
+    async fn end(&mut self) {
+        self.ended = true;
+        self.intake_watcher = None;
+        self.feeder_stop.cancel();
+        while let Some(joined) = self.feeders.join_next().await {
+            if let Err(error) = joined {
+                tracing::error!(%error, "a source reader failed");
+            }
+        }
+        self.jobs.close();
+        while let Some(joined) = self.pollers.join_next().await {
+            if let Err(error) = joined {
+                self.worker_panics += 1;
+                tracing::error!(%error, "a poller failed during shutdown");
+            }
+        }
+    }
+}
+
+/// A dropped dispatcher (a stream dropped before it ended): running reconciles are dropped at
+/// their next poll, jobs not yet polled with the pollers; sources and pollers are aborted with
+/// their task sets. Their leases end as dropped or interrupted leases do.
+impl<T, R, C, S, P> Drop for Dispatcher<T, R, C, S, P>
+where
+    R: Reconcile<T, C>,
+{
+    fn drop(&mut self) {
+        self.engine.hard_stop();
+        self.jobs.close();
+    }
+}
+
+impl<T, R, C, S, P> fmt::Debug for Dispatcher<T, R, C, S, P>
+where
+    R: Reconcile<T, C>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("phase", &self.phase)
+            .field("running", &self.running)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn changed(gate: &mut Option<watch::Receiver<bool>>) -> Result<(), watch::error::RecvError> {
+    match gate {
+        Some(gate) => gate.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::WorkQueue;
+    use crate::runner::Runner;
+
+    /// The interleaving a multi-thread runtime allows: a key is leased as the gate closes (on
+    /// another thread), so its lease is held; then shutdown begins, then the gate opens. The held
+    /// lease is put back, and its reconcile never starts: nothing starts once shutdown began.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lease_never_starts_once_shutdown_began() {
+        let queue: WorkQueue<&'static str> = WorkQueue::new();
+        let (gate_tx, gate) = watch::channel(true);
+        let started = Arc::new(AtomicU32::new(0));
+        let reconcile = {
+            let started = started.clone();
+            move |_key: &'static str, _ctx: Context| {
+                started.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, ()>(Action::await_change()) }
+            }
+        };
+        let shutdown = CancellationToken::new();
+        let mut dispatcher = Runner::new(queue.clone(), reconcile)
+            .readiness(gate)
+            .into_dispatcher(shutdown.clone(), true);
+        dispatcher.start();
+        queue.add("a");
+        let lease = queue.try_get().expect("a is due");
+        gate_tx.send_replace(false);
+        dispatcher.handle(Event::Lease(Ok(Some(lease))));
+        assert_eq!(dispatcher.held.len(), 1, "leased as the gate closed: held");
+        shutdown.cancel();
+        dispatcher.handle(Event::Shutdown);
+        gate_tx.send_replace(true);
+        let next = tokio::time::timeout(Duration::from_secs(60), dispatcher.next()).await;
+        assert!(matches!(next, Ok(None)), "the run ends");
+        assert_eq!(started.load(Ordering::SeqCst), 0, "no reconcile started");
+        assert_eq!(queue.len(), 1, "the held key was put back");
+    }
+}
