@@ -164,6 +164,8 @@ mod driver;
 mod protocol;
 mod shard;
 mod state;
+#[cfg(test)]
+mod tests;
 mod wire;
 
 pub use assignment::{

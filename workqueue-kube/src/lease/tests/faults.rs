@@ -4,15 +4,13 @@
 //! party. Each checks, from every replica's published beliefs, that no two replicas ever
 //! believe they hold one shard at once, and that it judged the beliefs the scenario makes.
 
-mod lease_support;
-
+use crate::lease::{LeaseClock, LocalInstant, SkewedClock};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::lease::{LeaseClock, LocalInstant, SkewedClock};
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 
-use lease_support::*;
+use super::support::*;
 
 const LEASE: u64 = 15;
 const RETRY: u64 = 2;

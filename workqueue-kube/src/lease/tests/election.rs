@@ -3,13 +3,11 @@
 //! tokio's paused clock. Every test checks, from each replica's published beliefs, that the two
 //! never believe they hold the shard at the same instant.
 
-mod lease_support;
-
+use crate::lease::{Ended, OnLoss};
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::lease::{Ended, OnLoss};
 
-use lease_support::*;
+use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 const LEASE: u64 = 15;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use workqueue_kube::lease::{ConfigError, LeaseConfig, ShardLeases};
+use crate::lease::{ConfigError, LeaseConfig, ShardLeases};
 
 use workqueue_test_support::apiserver::ApiServer;
 

@@ -3,15 +3,13 @@
 //! minutes, rates within 1%), on tokio's paused clock. Every test checks, from each replica's
 //! published beliefs, that no two replicas ever believe they hold one shard at the same instant.
 
-mod lease_support;
-
 use std::collections::BTreeSet;
 
+use crate::lease::{Ended, ShardState};
 use http::Method;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::lease::{Ended, ShardState};
 
-use lease_support::*;
+use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 const SHARDS: u32 = 32;
@@ -472,7 +470,7 @@ async fn more_replicas_than_shards() {
 /// the taker sees `Acquired` only then.
 #[tokio::test(start_paused = true)]
 async fn a_hand_over_releases_only_after_the_acknowledgement() {
-    use workqueue_kube::lease::{HandOverReason, ShardChange, ShardLeases, ShardState};
+    use crate::lease::{HandOverReason, ShardChange, ShardLeases, ShardState};
 
     let server = ApiServer::new();
     let ledger = Ledger::new();
