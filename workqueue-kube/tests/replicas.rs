@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::controller::{Action, Config, Controller};
+use workqueue_kube::controller::{Action, Config, Controller, Error, RunnerError};
 use workqueue_kube::lease::LeaseConfig;
 
 use lease_support::{CONTROLLER, NAMESPACE, clock_of, millis, secs, until};
@@ -186,6 +186,44 @@ fn fair(server: &ApiServer, replicas: &[&str]) -> bool {
         && replicas
             .iter()
             .all(|r| (floor..=ceil).contains(&held.get(*r).copied().unwrap_or(0)))
+}
+
+/// An invalid Lease configuration is the stream's only item, its message saying what to change;
+/// nothing is reconciled and no Lease is written.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_lease_configuration_is_reported_and_nothing_runs() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    let mut config = sharded("r1");
+    config.renew_deadline = secs(20);
+    let items: Vec<_> = Controller::new(
+        Api::<ConfigMap>::all(server.client_named("r1")),
+        watcher::Config::default(),
+    )
+    .leases(config)
+    .run(
+        // A reconcile would be an item of its own.
+        |cm: Arc<ConfigMap>, _: Arc<()>| async move {
+            Err::<Action, _>(std::io::Error::other(format!(
+                "{} reconciled",
+                cm.name_any()
+            )))
+        },
+        |_, _: &std::io::Error, _| Action::await_change(),
+        Arc::new(()),
+    )
+    .collect()
+    .await;
+    let [Err(Error::RunnerError(RunnerError::Leases(error)))] = &items[..] else {
+        panic!("not one Leases error: {items:?}");
+    };
+    assert_eq!(
+        error.to_string(),
+        "the renew deadline (20s) must be shorter than the lease duration (15s): the difference \
+         is the margin in which a holder that lost its Lease stops its work before another \
+         replica may take it"
+    );
+    assert!(lease_support::leases(&server).is_empty());
 }
 
 /// Failover: the leader is killed in the middle of its reconciles (they poll every second); the

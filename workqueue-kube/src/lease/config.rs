@@ -117,41 +117,59 @@ impl LeaseConfig {
         dns_label("namespace", &self.namespace)?;
         subdomain_part("identity", &self.identity)?;
         if self.member_lease_name(&self.identity).len() > 253 {
-            return Err(ConfigError::Invalid {
+            return Err(ConfigError(ConfigErrorKind::Invalid {
                 what: "identity",
                 value: self.identity.clone(),
                 rule: "too long: the membership Lease's name `{name}-member-{identity}` must be at most 253 characters",
-            });
+            }));
         }
         if self.shards == 0 {
-            return Err(ConfigError::NoShards);
+            return Err(ConfigError(ConfigErrorKind::NoShards));
         }
         if self.lease_duration < Duration::from_secs(1) {
-            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
+            return Err(ConfigError(ConfigErrorKind::LeaseDurationTooShort(
+                self.lease_duration,
+            )));
         }
         if self.renew_deadline >= self.lease_duration {
-            return Err(ConfigError::RenewDeadline {
+            return Err(ConfigError(ConfigErrorKind::RenewDeadline {
                 renew_deadline: self.renew_deadline,
                 lease_duration: self.lease_duration,
-            });
+            }));
         }
         if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return Err(ConfigError::RetryPeriod {
+            return Err(ConfigError(ConfigErrorKind::RetryPeriod {
                 retry_period: self.retry_period,
                 renew_deadline: self.renew_deadline,
-            });
+            }));
         }
         if self.hand_over_timeout.is_zero() {
-            return Err(ConfigError::HandOverTimeout);
+            return Err(ConfigError(ConfigErrorKind::HandOverTimeout));
         }
         Ok(())
     }
 }
 
-/// A [`LeaseConfig`] the protocol cannot run with.
+/// A [`LeaseConfig`] the protocol cannot run with. Its message names the setting to change, its
+/// value and the rule it breaks; [`Controller::leases`](crate::controller::Controller::leases)
+/// reports it as [`RunnerError::Leases`](crate::controller::RunnerError::Leases).
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_kube::lease::LeaseConfig;
+///
+/// let mut config = LeaseConfig::new("widgets", "widgets-system", "widgets-7d9f-x2x4q");
+/// config.retry_period = Duration::from_secs(10);
+/// let error = config.validate().unwrap_err();
+/// assert!(error.to_string().starts_with("the retry period (10s) must be above zero and shorter"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
+#[error(transparent)]
+pub struct ConfigError(pub(crate) ConfigErrorKind);
+
+/// What is wrong with a [`LeaseConfig`]: crate-private, the message is what a user reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ConfigErrorKind {
     /// A name that Kubernetes would refuse in a Lease's name or label.
     #[error("the {what} {value:?} is not valid: {rule}")]
     Invalid {
@@ -200,10 +218,12 @@ pub enum ConfigError {
 /// A DNS label (RFC 1123): the controller name is a label value and a Lease name prefix, the
 /// namespace a namespace name.
 fn dns_label(what: &'static str, value: &str) -> Result<(), ConfigError> {
-    let invalid = |rule| ConfigError::Invalid {
-        what,
-        value: value.into(),
-        rule,
+    let invalid = |rule| {
+        ConfigError(ConfigErrorKind::Invalid {
+            what,
+            value: value.into(),
+            rule,
+        })
     };
     if value.is_empty() || value.len() > 63 {
         return Err(invalid("it must have 1 to 63 characters"));
@@ -224,10 +244,12 @@ fn dns_label(what: &'static str, value: &str) -> Result<(), ConfigError> {
 
 /// The end of a DNS subdomain (RFC 1123): the identity ends the membership Lease's name.
 fn subdomain_part(what: &'static str, value: &str) -> Result<(), ConfigError> {
-    let invalid = |rule| ConfigError::Invalid {
-        what,
-        value: value.into(),
-        rule,
+    let invalid = |rule| {
+        ConfigError(ConfigErrorKind::Invalid {
+            what,
+            value: value.into(),
+            rule,
+        })
     };
     if value.is_empty() {
         return Err(invalid("it must not be empty"));
@@ -288,12 +310,15 @@ mod tests {
         c.renew_deadline = Duration::from_secs(15);
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::RenewDeadline { .. })
+            Err(ConfigError(ConfigErrorKind::RenewDeadline { .. }))
         ));
         let mut c = config();
         c.retry_period = Duration::from_secs(10);
         let e = c.validate().unwrap_err();
-        assert!(matches!(e, ConfigError::RetryPeriod { .. }));
+        assert!(matches!(
+            e,
+            ConfigError(ConfigErrorKind::RetryPeriod { .. })
+        ));
         assert!(
             e.to_string().contains("shorter than the renew deadline"),
             "{e}"
@@ -302,14 +327,17 @@ mod tests {
         c.lease_duration = Duration::from_millis(500);
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::LeaseDurationTooShort(_))
+            Err(ConfigError(ConfigErrorKind::LeaseDurationTooShort(_)))
         ));
         let mut c = config();
         c.shards = 0;
-        assert_eq!(c.validate(), Err(ConfigError::NoShards));
+        assert_eq!(c.validate(), Err(ConfigError(ConfigErrorKind::NoShards)));
         let mut c = config();
         c.hand_over_timeout = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::HandOverTimeout));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError(ConfigErrorKind::HandOverTimeout))
+        );
     }
 
     #[test]
@@ -325,7 +353,10 @@ mod tests {
         ] {
             let c = LeaseConfig::new(name, namespace, identity);
             assert!(
-                matches!(c.validate(), Err(ConfigError::Invalid { .. })),
+                matches!(
+                    c.validate(),
+                    Err(ConfigError(ConfigErrorKind::Invalid { .. }))
+                ),
                 "{name} {namespace} {identity}"
             );
         }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::lease::config::ConfigErrorKind;
 use crate::lease::{ConfigError, LeaseConfig, ShardLeases};
 
 use workqueue_test_support::apiserver::ApiServer;
@@ -13,7 +14,10 @@ async fn an_invalid_configuration_is_refused() {
     let mut config = LeaseConfig::new("ctl", "default", "r1");
     config.renew_deadline = Duration::from_secs(20);
     let error = ShardLeases::new(server.client(), config).unwrap_err();
-    assert!(matches!(error, ConfigError::RenewDeadline { .. }));
+    assert!(matches!(
+        error,
+        ConfigError(ConfigErrorKind::RenewDeadline { .. })
+    ));
     assert_eq!(
         error.to_string(),
         "the renew deadline (20s) must be shorter than the lease duration (15s): the difference \
@@ -23,9 +27,9 @@ async fn an_invalid_configuration_is_refused() {
     let config = LeaseConfig::new("ctl", "default", "Pod_1");
     assert!(matches!(
         ShardLeases::new(server.client(), config),
-        Err(ConfigError::Invalid {
+        Err(ConfigError(ConfigErrorKind::Invalid {
             what: "identity",
             ..
-        })
+        }))
     ));
 }
