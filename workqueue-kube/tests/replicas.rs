@@ -165,8 +165,9 @@ fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(workqueue_kube::lease::LABEL_ROLE).cloned());
-        if role.as_deref() != Some(workqueue_kube::lease::ROLE_SHARD) {
+            .and_then(|l| l.get("workqueue-kube/lease-role").cloned());
+        // The label the module docs give for a shard's Lease.
+        if role.as_deref() != Some("shard") {
             continue;
         }
         if let Some(holder) = lease_support::holder_identity(&lease) {

@@ -374,7 +374,8 @@ where
             return;
         };
         if let Some(hand_over) = stopping.hand_over.take() {
-            tracing::info!(shard, "shard drained; hand-over acknowledged");
+            let reason = hand_over.reason();
+            tracing::info!(shard, ?reason, "shard drained; hand-over acknowledged");
             hand_over.acknowledge();
         }
         self.stopping.remove(&shard);

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::state::{LeaseName, Names};
+
 /// What a replica does after it lost a shard (its deadline passed without a renewal, or its
 /// membership was fenced, taken over or deleted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -10,9 +12,9 @@ pub enum OnLoss {
     /// shards again as its share asks.
     #[default]
     Rejoin,
-    /// Stop: hand over every shard it still holds, vacate its membership, and end
-    /// [`ShardLeases::run`](super::ShardLeases::run) with [`Ended::Lost`](super::Ended::Lost),
-    /// so that the application can exit (controller-runtime's behaviour on a lost leader Lease).
+    /// Stop: hand over every shard it still holds, vacate its membership, and end the protocol;
+    /// the controller then shuts down, so that the application can exit (controller-runtime's
+    /// behaviour on a lost leader Lease).
     Stop,
 }
 
@@ -29,8 +31,7 @@ pub enum OnLoss {
 #[non_exhaustive]
 pub struct LeaseConfig {
     /// The controller's name: the prefix of its Leases' names and the value of their
-    /// [`LABEL_CONTROLLER`](super::LABEL_CONTROLLER) label (a lowercase DNS label, at most
-    /// 63 characters).
+    /// `workqueue-kube/controller` label (a lowercase DNS label, at most 63 characters).
     pub name: String,
     /// The namespace of the Leases.
     pub namespace: String,
@@ -52,8 +53,8 @@ pub struct LeaseConfig {
     /// How often a replica renews its membership Lease (default 2 s), and retries a write not
     /// answered yet. A write may take until the belief it would extend ends.
     pub retry_period: Duration,
-    /// How long the controller has to drain a shard it hands over: the
-    /// [`HandOver::deadline`](super::HandOver::deadline) (default 10 s). A shard is given away
+    /// How long the controller has to drain a shard it hands over: the hand-over's deadline
+    /// (default 10 s). A shard is given away
     /// only once acknowledged; shutting down gives up waiting after this plus the renew
     /// deadline.
     pub hand_over_timeout: Duration,
@@ -94,14 +95,9 @@ impl LeaseConfig {
         }
     }
 
-    /// The name of shard `shard`'s Lease.
-    pub fn shard_lease_name(&self, shard: u32) -> String {
-        format!("{}-shard-{shard}", self.name)
-    }
-
     /// The name of the membership Lease of the replica `identity`.
-    pub fn member_lease_name(&self, identity: &str) -> String {
-        format!("{}-member-{identity}", self.name)
+    fn member_lease_name(&self, identity: &str) -> String {
+        Names::new(&self.name).name(&LeaseName::Member(identity.into()))
     }
 
     /// The `leaseDurationSeconds` written into the Leases: the lease duration rounded up.
@@ -111,7 +107,8 @@ impl LeaseConfig {
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
-    /// Checks the settings; [`ShardLeases::new`](super::ShardLeases::new) does too.
+    /// Checks the settings; [`Controller::leases`](crate::controller::Controller::leases) does
+    /// too (an invalid configuration is its stream's first item).
     pub fn validate(&self) -> Result<(), ConfigError> {
         dns_label("name", &self.name)?;
         dns_label("namespace", &self.namespace)?;
@@ -296,7 +293,10 @@ mod tests {
                 32
             )
         );
-        assert_eq!(c.shard_lease_name(3), "widgets-shard-3");
+        assert_eq!(
+            Names::new(&c.name).name(&LeaseName::Shard(3)),
+            "widgets-shard-3"
+        );
         assert_eq!(
             c.member_lease_name(&c.identity),
             "widgets-member-widgets-7d9f-abcde"

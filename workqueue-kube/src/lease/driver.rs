@@ -318,7 +318,6 @@ impl Driver {
         let (ack, acked) = oneshot::channel();
         let request = HandOver {
             shard,
-            epoch,
             deadline,
             reason: match reason {
                 Reason::Rebalance => HandOverReason::Rebalance,
@@ -326,7 +325,7 @@ impl Driver {
             },
             ack,
         };
-        tracing::info!(shard, ?reason, "handing over");
+        tracing::info!(shard, epoch, ?reason, "handing over");
         if self.hand_overs.send(request).is_err() {
             self.state.drained(shard, self.clock.now());
             return;

@@ -1,14 +1,27 @@
 //! Leader election and sharding on `coordination.k8s.io/v1` Leases: which shards of the keys
 //! this replica may work on, and until when.
 //!
+//! What a user sets is a [`LeaseConfig`] (the Leases' names, this replica's identity, the
+//! number of shards, the timing, and [`OnLoss`]), given to
+//! [`Controller::leases`](crate::controller::Controller::leases), which runs the protocol beside
+//! the controller and follows what it holds. [`LeaseClock`] is the clock a replica judges time
+//! by: tokio's ([`TokioClock`]) unless
+//! [`Controller::lease_clock`](crate::controller::Controller::lease_clock) gives another, such
+//! as a [`SkewedClock`] in tests where replicas share one process.
+//!
 //! # The protocol
 //!
 //! The keys are divided into a fixed number of shards ([`LeaseConfig::shards`]; a key's shard is
 //! [`shard_of`] its namespace and name). Leader election is the one-shard case.
 //!
 //! **The Leases.** Each replica has a membership Lease, `{name}-member-{identity}`; each shard a
-//! Lease, `{name}-shard-{i}`. All carry the labels [`LABEL_CONTROLLER`] (the controller's name)
-//! and [`LABEL_ROLE`] ([`ROLE_MEMBER`] or [`ROLE_SHARD`]). A Lease's holder is a *token*,
+//! Lease, `{name}-shard-{i}`. All carry the labels `workqueue-kube/controller` (the controller's
+//! name) and `workqueue-kube/lease-role` (`member` or `shard`): `kubectl get leases -l
+//! workqueue-kube/controller={name},workqueue-kube/lease-role=shard` lists the shards' Leases.
+//! Each also carries its writer's number of shards (the annotation `workqueue-kube/shards`): no
+//! shard is taken or moved while a replica that may be alive has another number (during a
+//! rollout that changes it, until the last replica of the old number is gone). A Lease's holder
+//! is a *token*,
 //! `{identity}_{instance}`: the identity the user gives ([`LeaseConfig::identity`], the pod's
 //! name) and an instance drawn at random by each process, and again each time it joins after
 //! losing its membership. An empty holder is a vacant Lease.
@@ -27,7 +40,7 @@
 //! within one of each other, by rendezvous hashing: every replica computes the same shares from
 //! the same members, and a join or a leave moves about `shards / members` shards. A member takes
 //! a free shard of its share (one write naming it) and hands over a shard of another's share:
-//! its controller drains the shard ([`HandOver`]), then the giver writes the taker's token into
+//! its controller drains the shard (a *hand-over*), then the giver writes the taker's token into
 //! the shard's Lease. With one shard, a live leader stays the leader: a joining replica never
 //! takes leadership from it. A member takes or is given shards only once its membership Lease
 //! says it may hold some (`workqueue-kube/held`, written by its first renewal after joining, a
@@ -122,8 +135,8 @@
 //! another replica's on the same shard. A reconcile that writes after a pause it did not
 //! notice (a stalled process) may still write after its shard moved: a write conditional on
 //! the resourceVersion it read is refused if the new holder wrote since; a patch, a
-//! server-side apply or a create is not. A reconcile can check [`Holding::valid_until`] before
-//! such writes.
+//! server-side apply or a create is not. A reconcile that must not write after its shard moved
+//! makes its writes conditional on the resourceVersion it read.
 //!
 //! **Hand-overs and caches.** The taker reconciles a taken shard's objects from its own cache,
 //! which may not yet show the giver's last writes. The protocol does not wait for it: a single
@@ -132,16 +145,14 @@
 //!
 //! # The controller's side
 //!
-//! [`ShardLeases::new`] returns the protocol and its [`ShardEvents`]: a `watch` of the
-//! [`Assignment`] and an `mpsc` of [`HandOver`] requests. [`ShardLeases::run`] is the protocol's
-//! task. The controller takes a key of shard `s` only while [`Assignment::accepts`]`(s, now)`:
-//! held, not being handed over, and before its [`valid_until`](Holding::valid_until), the
-//! deadline. A shard whose [`epoch`](Holding::epoch) is new was just taken: enqueue its objects.
-//! A lost shard's running reconciles are aborted by a task of the controller's own, whatever
-//! polls its stream. For a [`HandOver`] the controller stops taking the shard's keys, lets its
-//! work finish or aborts it by the request's [`deadline`](HandOver::deadline), and
-//! acknowledges; the shard is given away only then, and kept (held, its keys not taken) while
-//! no acknowledgement comes.
+//! [`Controller::leases`](crate::controller::Controller::leases) runs the protocol as a task and
+//! follows what this replica holds. It takes a key of a shard only while the shard is held, not
+//! being handed over, and before the deadline. A shard just taken (a new holding) has its
+//! objects enqueued. A lost shard's running reconciles are aborted by a task of the controller's
+//! own, whatever polls its stream. For a hand-over the controller stops taking the shard's keys,
+//! lets its work finish or aborts it by the hand-over's deadline
+//! ([`LeaseConfig::hand_over_timeout`]), and acknowledges; the shard is given away only then, and
+//! kept (held, its keys not taken) while no acknowledgement comes.
 //!
 //! # Cost
 //!
@@ -154,8 +165,11 @@
 //!
 //! The protocol's events (joined, acquired, handing over, gave away, lost, membership lost,
 //! collision, another configuration alive) are `tracing` events inside the span
-//! `lease_protocol` with the fields `controller` and `identity`; [`Assignment::stats`] counts
-//! them for metrics.
+//! `lease_protocol` with the fields `controller` and `identity`. With the `metrics` feature the
+//! controller reports the shards held ([`SHARDS_HELD`](crate::controller::SHARDS_HELD), and
+//! [`LEADER`](crate::controller::LEADER) with one shard), the hand-overs
+//! ([`HAND_OVERS_TOTAL`](crate::controller::HAND_OVERS_TOTAL)) and the identity collisions
+//! (`workqueue_kube_lease_identity_collisions_total`), each labelled `controller`.
 
 mod assignment;
 mod clock;
@@ -168,25 +182,22 @@ mod state;
 mod tests;
 mod wire;
 
-pub use assignment::{
-    Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardChange, ShardEvents,
-    ShardState, acknowledge_all,
-};
+pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
-pub use protocol::{Ended, ShardLeases};
+pub(crate) use protocol::{Ended, ShardLeases};
 pub use shard::shard_of;
 
 /// The label on every Lease of the protocol whose value is the controller's name.
-pub const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
+pub(crate) const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
 /// The label on every Lease of the protocol that says what it guards: [`ROLE_SHARD`] or
 /// [`ROLE_MEMBER`].
-pub const LABEL_ROLE: &str = "workqueue-kube/lease-role";
+pub(crate) const LABEL_ROLE: &str = "workqueue-kube/lease-role";
 /// [`LABEL_ROLE`] of a shard's Lease.
-pub const ROLE_SHARD: &str = "shard";
+pub(crate) const ROLE_SHARD: &str = "shard";
 /// [`LABEL_ROLE`] of a replica's membership Lease.
-pub const ROLE_MEMBER: &str = "member";
+pub(crate) const ROLE_MEMBER: &str = "member";
 /// The annotation on every Lease of the protocol with its writer's number of shards: no shard is
 /// taken or moved while a replica that may be alive has another number (during a rollout that
 /// changes it, until the last replica of the old number is gone).
-pub const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";
+pub(crate) const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";

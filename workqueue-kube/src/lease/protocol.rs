@@ -16,7 +16,7 @@ use super::driver::Driver;
 /// Why [`ShardLeases::run`] ended. Either way nothing is held any more: every shard was handed
 /// over, or its belief ended by time; the membership Lease was vacated, or expires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// The shutdown future completed.
     Shutdown,
     /// A shard (or the membership) was lost and the configuration says
@@ -29,27 +29,10 @@ pub enum Ended {
 
 /// One replica's side of the Lease protocol: keeps its membership, holds its share of the
 /// shards and tells the controller what it holds (see the [module documentation](crate::lease)).
-///
-/// ```no_run
-/// # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
-/// use workqueue_kube::lease::{LeaseConfig, ShardLeases, acknowledge_all};
-///
-/// let config = LeaseConfig::new("widgets", "widgets-system", "widgets-7d9f-x2x4q");
-/// let (leases, events) = ShardLeases::new(client, config)?;
-/// tokio::spawn(acknowledge_all(events.hand_overs)); // a controller with nothing to drain
-/// let mut assignment = events.assignment;
-/// tokio::spawn(async move {
-///     while assignment.changed().await.is_ok() {
-///         let held: Vec<u32> = assignment.borrow().held().map(|(shard, _)| shard).collect();
-///         println!("holding {held:?}");
-///     }
-/// });
-/// leases.run(async { tokio::signal::ctrl_c().await.unwrap() }).await;
-/// # Ok(())
-/// # }
-/// ```
+/// `Controller::leases` makes one from a [`LeaseConfig`], spawns [`ShardLeases::run`] and
+/// follows the [`ShardEvents`] (`controller::shards`).
 #[derive(Debug)]
-pub struct ShardLeases {
+pub(crate) struct ShardLeases {
     config: Arc<LeaseConfig>,
     api: Api<Lease>,
     clock: Arc<dyn LeaseClock>,
@@ -60,7 +43,7 @@ pub struct ShardLeases {
 impl ShardLeases {
     /// The protocol for one replica, on `client`, with tokio's clock; and the controller's side
     /// of it. Nothing happens until [`ShardLeases::run`].
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         config: LeaseConfig,
     ) -> Result<(Self, ShardEvents), ConfigError> {
@@ -82,19 +65,9 @@ impl ShardLeases {
     }
 
     /// Judges time by `clock` instead of tokio's.
-    pub fn with_clock(mut self, clock: impl LeaseClock) -> Self {
+    pub(crate) fn with_clock(mut self, clock: impl LeaseClock) -> Self {
         self.clock = Arc::new(clock);
         self
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &LeaseConfig {
-        &self.config
-    }
-
-    /// Another receiver of the [`Assignment`].
-    pub fn assignment(&self) -> watch::Receiver<Assignment> {
-        self.assignment.subscribe()
     }
 
     /// Runs the protocol until `shutdown` completes (or, with [`OnLoss::Stop`](super::OnLoss::Stop),
@@ -105,7 +78,7 @@ impl ShardLeases {
     /// API errors are not fatal: a failed request is retried, and what this replica holds ends
     /// by itself at its deadline when renewals fail. Dropping the future stops at once,
     /// leaving nothing (the Leases expire).
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Ended {
+    pub(crate) async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Ended {
         let span = tracing::info_span!(
             "lease_protocol",
             controller = %self.config.name,

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::lease::{Ended, ShardState};
+use crate::lease::Ended;
+use crate::lease::assignment::ShardState;
 use http::Method;
 use tokio::time::{Instant, sleep};
 
@@ -470,7 +471,8 @@ async fn more_replicas_than_shards() {
 /// the taker sees `Acquired` only then.
 #[tokio::test(start_paused = true)]
 async fn a_hand_over_releases_only_after_the_acknowledgement() {
-    use crate::lease::{HandOverReason, ShardChange, ShardLeases, ShardState};
+    use crate::lease::ShardLeases;
+    use crate::lease::assignment::{HandOverReason, ShardChange, ShardState};
 
     let server = ApiServer::new();
     let ledger = Ledger::new();
