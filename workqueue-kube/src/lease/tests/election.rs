@@ -3,9 +3,10 @@
 //! tokio's paused clock. Every test checks, from each replica's published beliefs, that the two
 //! never believe they hold the shard at the same instant.
 
-use crate::lease::{Ended, OnLoss};
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep};
+
+use crate::lease::{Ended, OnLoss};
 
 use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};

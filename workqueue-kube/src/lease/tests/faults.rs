@@ -4,11 +4,12 @@
 //! party. Each checks, from every replica's published beliefs, that no two replicas ever
 //! believe they hold one shard at once, and that it judged the beliefs the scenario makes.
 
-use crate::lease::{LeaseClock, LocalInstant, SkewedClock};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 use workqueue_test_support::apiserver::{ApiServer, Partition};
+
+use crate::lease::{LeaseClock, LocalInstant, SkewedClock};
 
 use super::support::*;
 

@@ -5,10 +5,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::lease::Ended;
-use crate::lease::assignment::ShardState;
 use http::Method;
 use tokio::time::{Instant, sleep};
+
+use crate::lease::Ended;
+use crate::lease::assignment::ShardState;
 
 use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};

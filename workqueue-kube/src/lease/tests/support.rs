@@ -6,9 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::lease::{
-    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
-};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::SignedDuration;
 use tokio::sync::{oneshot, watch};
@@ -16,6 +13,10 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 use workqueue_test_support::apiserver::ApiServer;
+
+use crate::lease::{
+    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
+};
 
 pub const NAMESPACE: &str = "default";
 pub const CONTROLLER: &str = "ctl";
