@@ -598,7 +598,7 @@ async fn store_is_the_controllers_store() {
 async fn a_dropped_writer_before_the_store_is_ready_yields_readiness() {
     for open in [true, false] {
         let (reader, writer) = reflector::store::<ConfigMap>();
-        let objects = stream::iter([Ok(cm("a"))]);
+        let objects = stream::iter([Ok(cm("a", "1"))]);
         let objects = if open {
             objects.chain(stream::pending()).left_stream()
         } else {
@@ -644,7 +644,7 @@ async fn a_dropped_writer_before_the_store_is_ready_yields_readiness() {
 async fn a_relist_that_keeps_failing_does_not_hold_requeue_polls() {
     let server = ApiServer::new();
     for name in ["other", "poll"] {
-        server.put(&cm(name));
+        server.put(&cm(name, "1"));
     }
     server.set_max_page_size("configmaps", 1);
     let behaviour = Behaviour {
@@ -660,7 +660,7 @@ async fn a_relist_that_keeps_failing_does_not_hold_requeue_polls() {
     // The watch breaks while a change is made and the history compacted: its next watch is
     // answered 410 and it relists; the server goes down after the relist's first page.
     server.set_partition("default", Partition::Refused);
-    server.put(&cm("new"));
+    server.put(&cm("new", "1"));
     server.compact();
     let pages = server.gate_lists("configmaps");
     sleep(secs(2)).await;
@@ -692,7 +692,7 @@ async fn a_relist_that_keeps_failing_does_not_hold_requeue_polls() {
 #[tokio::test(start_paused = true)]
 async fn debounced_triggers_are_reconciled_after_every_trigger_ended() {
     let (reader, mut writer) = reflector::store::<ConfigMap>();
-    let (a, b) = (cm("a"), cm("b"));
+    let (a, b) = (cm("a", "1"), cm("b", "1"));
     for event in [
         watcher::Event::Init,
         watcher::Event::InitApply(a.clone()),
@@ -739,7 +739,7 @@ async fn a_context_that_is_neither_send_nor_sync() {
     use std::cell::Cell;
     use std::rc::Rc;
     let server = ApiServer::new();
-    server.put(&cm("a"));
+    server.put(&cm("a", "1"));
     let calls = Rc::new(Cell::new(0u32));
     let reconcile = {
         let calls = calls.clone();
@@ -783,7 +783,7 @@ fn a_reconcile_computing_before_its_first_await_holds_only_its_object() {
         .build()
         .unwrap();
     let (reader, mut writer) = reflector::store::<ConfigMap>();
-    let objects: Vec<ConfigMap> = (0..=50).map(|i| cm(&format!("cm-{i:02}"))).collect();
+    let objects: Vec<ConfigMap> = (0..=50).map(|i| cm(&format!("cm-{i:02}"), "1")).collect();
     writer.apply_watcher_event(&watcher::Event::Init);
     for object in &objects {
         writer.apply_watcher_event(&watcher::Event::InitApply(object.clone()));
