@@ -227,6 +227,75 @@ async fn an_invalid_lease_configuration_is_reported_and_nothing_runs() {
     assert!(lease_support::leases(&server).is_empty());
 }
 
+/// A Lease verb the API server refuses (403: RBAC without `update` on leases) is reported on
+/// the stream, naming the verb and the Lease, once while it keeps failing (not once per retry
+/// period); the controller goes on, and when the permission comes back the replica holds its
+/// shards and reconciles; a later refusal is reported again.
+#[tokio::test(start_paused = true)]
+async fn a_refused_lease_request_is_reported_once_until_it_works_again() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    server.deny("update", "leases");
+    let said = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = said.clone();
+    let run = tokio::spawn(
+        Controller::new(
+            Api::<ConfigMap>::all(server.client_named("r1")),
+            watcher::Config::default(),
+        )
+        .leases(sharded("r1"))
+        .run(
+            |_: Arc<ConfigMap>, _: Arc<()>| async {
+                Ok::<_, std::io::Error>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        )
+        .for_each(move |item| {
+            log.lock().unwrap().push(match item {
+                Ok((object, _)) => format!("ok {}", object.name),
+                Err(Error::RunnerError(RunnerError::LeaseRequestFailed {
+                    verb,
+                    lease,
+                    message,
+                })) => {
+                    format!("failed {verb} {lease}: {message}")
+                }
+                Err(e) => format!("other {e}"),
+            });
+            async {}
+        }),
+    );
+    let refused = |said: &[String]| {
+        said.iter()
+            .filter(|s| s.starts_with("failed update"))
+            .count()
+    };
+    // 60 s of renewals refused, every retry period.
+    sleep(secs(60)).await;
+    let first = said.lock().unwrap().clone();
+    assert_eq!(refused(&first), 1, "{first:#?}");
+    let line = first
+        .iter()
+        .find(|s| s.starts_with("failed update"))
+        .unwrap();
+    assert!(line.contains("r1") && line.contains("403"), "{line}");
+    assert!(!first.iter().any(|s| s.starts_with("ok ")), "{first:#?}");
+    assert!(!run.is_finished());
+    // Allowed again: the replica holds its shards and reconciles.
+    server.allow("update", "leases");
+    sleep(secs(60)).await;
+    let second = said.lock().unwrap().clone();
+    assert!(second.iter().any(|s| s == "ok cm-0"), "{second:#?}");
+    assert_eq!(refused(&second), 1, "{second:#?}");
+    // Refused again: told again.
+    server.deny("update", "leases");
+    sleep(secs(30)).await;
+    let third = said.lock().unwrap().clone();
+    assert_eq!(refused(&third), 2, "{third:#?}");
+    run.abort();
+}
+
 /// Failover: the leader is killed in the middle of its reconciles (they poll every second); the
 /// standby takes the Lease and reconciles every object again (a new leader enqueues its whole
 /// store), all within lease duration + retry period + 1 s of the kill.

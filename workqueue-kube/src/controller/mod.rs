@@ -516,7 +516,9 @@ where
     {
         let name = K::kind(&self.dyntype).to_lowercase();
         let leases = match self.leases {
-            Some((config, clock)) => Leases::new(self.client, config, clock).map(Some),
+            Some((config, clock)) => {
+                Leases::new(self.client, config, clock, self.reports.0.clone()).map(Some)
+            }
             None => Ok(None),
         };
         let parts = Parts {

@@ -22,6 +22,7 @@ use super::LABEL_CONTROLLER;
 use super::assignment::{Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardState};
 use super::clock::LeaseClock;
 use super::config::LeaseConfig;
+use super::failures::{Failures, RequestFailed, Tell};
 use super::protocol::Ended;
 use super::state::{
     Answer, Config, Decision, Ending, LeaseName, Names, Op, Output, Reason, Record, ReplicaState,
@@ -29,11 +30,12 @@ use super::state::{
 };
 use super::wire::{from_lease, to_lease};
 
-/// How long the watch waits after an error before it tries again.
+/// How long the watch waits after its first error before it tries again; the pause doubles with
+/// each error in a row, up to the retry period, and starts again after an event.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
-/// The answer to one request, by id.
-type Answered = (u64, Answer);
+/// The answer to one request, by id, with its verb and, if it failed, what was said.
+type Answered = (u64, Answer, &'static str, Option<(String, String)>);
 
 pub(crate) struct Driver {
     config: Arc<LeaseConfig>,
@@ -52,6 +54,7 @@ pub(crate) struct Driver {
     stats: LeaseStats,
     ended: Option<Ended>,
     first_lost: Option<u32>,
+    failures: Failures,
 }
 
 /// A seed for the instance ids: random per process.
@@ -66,6 +69,7 @@ impl Driver {
         clock: Arc<dyn LeaseClock>,
         assignment: watch::Sender<Assignment>,
         hand_overs: mpsc::UnboundedSender<HandOver>,
+        tell: Option<Tell>,
     ) -> Driver {
         Driver {
             names: Names::new(&config.name),
@@ -81,6 +85,7 @@ impl Driver {
             stats: LeaseStats::default(),
             ended: None,
             first_lost: None,
+            failures: Failures::new(tell),
         }
     }
 
@@ -93,6 +98,7 @@ impl Driver {
         let mut watch = self.watch();
         let mut listing: Option<Vec<(LeaseName, Record)>> = None;
         let mut watch_paused: Option<Instant> = None;
+        let mut watch_retry = WATCH_RETRY;
         loop {
             self.flush();
             if let Some(ended) = self.ended {
@@ -124,7 +130,15 @@ impl Driver {
                     tracing::warn!("could not leave in time: the membership Lease expires instead");
                     return self.state.ending().map_or(Ended::Shutdown, |e| self.ended_by(e));
                 }
-                Some((id, answer)) = self.requests.next(), if !self.requests.is_empty() => {
+                Some((id, answer, verb, failed)) = self.requests.next(), if !self.requests.is_empty() => {
+                    match failed {
+                        None => self.failures.succeeded(verb),
+                        Some(failure) => self.failures.failed(RequestFailed {
+                            verb,
+                            lease: failure.0,
+                            message: failure.1,
+                        }),
+                    }
                     self.on_answer(id, &answer);
                     self.state.answered(id, answer, self.clock.now());
                 }
@@ -137,10 +151,22 @@ impl Driver {
                     watch_paused = None;
                 }
                 event = watch.next(), if watch_paused.is_none() => match event {
-                    Some(Ok(event)) => self.on_watch(event, &mut listing),
+                    Some(Ok(event)) => {
+                        watch_retry = WATCH_RETRY;
+                        self.on_watch(event, &mut listing);
+                    }
                     Some(Err(error)) => {
-                        tracing::debug!(%error, "the watch of the Leases failed; it resumes");
-                        watch_paused = Some(Instant::now() + WATCH_RETRY);
+                        let verb = match error {
+                            watcher::Error::InitialListFailed(_) => "list",
+                            _ => "watch",
+                        };
+                        self.failures.failed(RequestFailed {
+                            verb,
+                            lease: self.selector(),
+                            message: error.to_string(),
+                        });
+                        watch_paused = Some(Instant::now() + watch_retry);
+                        watch_retry = (watch_retry * 2).min(self.config.retry_period.max(WATCH_RETRY));
                     }
                     None => {
                         watch = self.watch();
@@ -153,10 +179,14 @@ impl Driver {
         }
     }
 
+    /// The label selector of this controller's Leases.
+    fn selector(&self) -> String {
+        format!("{LABEL_CONTROLLER}={}", self.config.name)
+    }
+
     fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
-        let selector = format!("{LABEL_CONTROLLER}={}", self.config.name);
         // A relist is a consistent read (the default): a view never goes back in time.
-        let config = watcher::Config::default().labels(&selector);
+        let config = watcher::Config::default().labels(&self.selector());
         watcher(self.api.clone(), config).boxed()
     }
 
@@ -175,15 +205,18 @@ impl Driver {
                 }
             }
             watcher::Event::InitDone => {
+                self.failures.succeeded("list");
                 let records = listing.take().unwrap_or_default();
                 self.state.listed(records, self.clock.now());
             }
             watcher::Event::Apply(lease) => {
+                self.failures.succeeded("watch");
                 if let Some((name, record)) = read(&lease) {
                     self.state.applied(name, record, self.clock.now());
                 }
             }
             watcher::Event::Delete(lease) => {
+                self.failures.succeeded("watch");
                 let name = lease
                     .metadata
                     .name
@@ -238,13 +271,21 @@ impl Driver {
             )
         });
         let (id, op) = (request.id, request.op);
+        let verb = match op {
+            Op::Create(_) => "create",
+            Op::Replace(..) => "update",
+            Op::Delete(_) => "delete",
+        };
         let names = self.names.clone();
         let duration = Duration::from_secs(self.config.lease_duration_seconds() as u64);
         self.requests.push(Box::pin(async move {
             let read = |lease: &Lease| from_lease(&names, lease, duration).map(|(_, r)| r);
             let write = perform(&api, &name, &op, body, read);
-            let answer = timeout_at(deadline, write).await.unwrap_or(Answer::Unknown);
-            (id, answer)
+            let (answer, failed) = timeout_at(deadline, write).await.unwrap_or_else(|_| {
+                let message = "no answer before the belief it would extend ended".to_string();
+                (Answer::Unknown, Some(message))
+            });
+            (id, answer, verb, failed.map(|message| (name, message)))
         }));
     }
 
@@ -376,7 +417,7 @@ async fn perform(
     op: &Op,
     body: Option<Lease>,
     read: impl Fn(&Lease) -> Option<Record>,
-) -> Answer {
+) -> (Answer, Option<String>) {
     let status = |e: &kube::Error| match e {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
@@ -397,17 +438,15 @@ async fn perform(
             };
             api.delete(name, &params).await.map(|_| None)
         }
-        _ => return Answer::Unknown,
+        _ => return (Answer::Unknown, None),
     };
     match result {
-        Ok(stored) => Answer::Done(stored.and_then(|lease| read(&lease))),
+        Ok(stored) => (Answer::Done(stored.and_then(|lease| read(&lease))), None),
         Err(e) => match status(&e) {
-            Some(409) => Answer::Conflict,
-            Some(404) => Answer::NotFound,
-            _ => {
-                tracing::debug!(lease = name, error = %e, "a Lease write failed");
-                Answer::Unknown
-            }
+            // Answers of the protocol's (the request was allowed and judged).
+            Some(409) => (Answer::Conflict, None),
+            Some(404) => (Answer::NotFound, None),
+            _ => (Answer::Unknown, Some(e.to_string())),
         },
     }
 }

@@ -175,6 +175,7 @@ mod assignment;
 mod clock;
 mod config;
 mod driver;
+mod failures;
 mod protocol;
 mod shard;
 mod state;
@@ -185,6 +186,7 @@ mod wire;
 pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
+pub(crate) use failures::RequestFailed;
 pub(crate) use protocol::{Ended, ShardLeases};
 pub use shard::shard_of;
 

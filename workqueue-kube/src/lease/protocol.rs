@@ -12,6 +12,7 @@ use super::assignment::{Assignment, ShardEvents};
 use super::clock::{LeaseClock, TokioClock};
 use super::config::{ConfigError, LeaseConfig};
 use super::driver::Driver;
+use super::failures::Tell;
 
 /// Why [`ShardLeases::run`] ended. Either way nothing is held any more: every shard was handed
 /// over, or its belief ended by time; the membership Lease was vacated, or expires.
@@ -31,13 +32,24 @@ pub(crate) enum Ended {
 /// shards and tells the controller what it holds (see the [module documentation](crate::lease)).
 /// `Controller::leases` makes one from a [`LeaseConfig`], spawns [`ShardLeases::run`] and
 /// follows the [`ShardEvents`] (`controller::shards`).
-#[derive(Debug)]
 pub(crate) struct ShardLeases {
     config: Arc<LeaseConfig>,
     api: Api<Lease>,
     clock: Arc<dyn LeaseClock>,
     assignment: watch::Sender<Assignment>,
     hand_overs: mpsc::UnboundedSender<super::HandOver>,
+    /// Where failed requests are told (see `failures`).
+    tell: Option<Tell>,
+}
+
+impl std::fmt::Debug for ShardLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardLeases")
+            .field("config", &self.config)
+            .field("clock", &self.clock)
+            .field("tells_failures", &self.tell.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShardLeases {
@@ -56,6 +68,7 @@ impl ShardLeases {
             clock: Arc::new(TokioClock::new()),
             assignment,
             hand_overs,
+            tell: None,
         };
         let events = ShardEvents {
             assignment: assignment_rx,
@@ -67,6 +80,12 @@ impl ShardLeases {
     /// Judges time by `clock` instead of tokio's.
     pub(crate) fn with_clock(mut self, clock: impl LeaseClock) -> Self {
         self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Tells failed requests to `tell`: each verb once, until a request with that verb succeeds.
+    pub(crate) fn with_failures(mut self, tell: Tell) -> Self {
+        self.tell = Some(tell);
         self
     }
 
@@ -90,6 +109,7 @@ impl ShardLeases {
             self.clock,
             self.assignment,
             self.hand_overs,
+            self.tell,
         );
         driver.run(shutdown).instrument(span).await
     }
