@@ -227,6 +227,73 @@ async fn an_invalid_lease_configuration_is_reported_and_nothing_runs() {
     assert!(lease_support::leases(&server).is_empty());
 }
 
+/// A reconcile of a controller on Leases reads its shard's deadline (`lease::deadline`): in the
+/// future, at most a renew deadline ahead, and moving forward with the renewals; without Leases
+/// (and outside a reconcile) there is none.
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_reads_its_shards_deadline() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reconcile = {
+        let seen = seen.clone();
+        move |_: Arc<ConfigMap>, _: Arc<()>| {
+            let seen = seen.clone();
+            async move {
+                // Read after an await too: the scope follows the reconcile's future.
+                tokio::task::yield_now().await;
+                let left = workqueue_kube::lease::deadline()
+                    .map(|d| d.saturating_duration_since(Instant::now()));
+                seen.lock().unwrap().push(left);
+                Ok::<_, std::io::Error>(Action::requeue(secs(5)))
+            }
+        }
+    };
+    let config = sharded("r1");
+    let renew_deadline = config.renew_deadline;
+    let run = tokio::spawn(
+        Controller::new(
+            Api::<ConfigMap>::all(server.client_named("r1")),
+            watcher::Config::default(),
+        )
+        .leases(config)
+        .run(
+            reconcile.clone(),
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        )
+        .for_each(|_| async {}),
+    );
+    sleep(secs(60)).await;
+    run.abort();
+    let on_leases = seen.lock().unwrap().drain(..).collect::<Vec<_>>();
+    assert!(on_leases.len() >= 5, "{on_leases:?}");
+    for left in &on_leases {
+        let left = left.expect("a deadline on Leases");
+        assert!(left > Duration::ZERO && left <= renew_deadline, "{left:?}");
+    }
+    assert_eq!(
+        workqueue_kube::lease::deadline(),
+        None,
+        "outside a reconcile"
+    );
+    let run = tokio::spawn(
+        Controller::new(
+            Api::<ConfigMap>::all(server.client_named("plain")),
+            watcher::Config::default(),
+        )
+        .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+        .for_each(|_| async {}),
+    );
+    sleep(secs(12)).await;
+    run.abort();
+    let plain = seen.lock().unwrap().clone();
+    assert!(
+        !plain.is_empty() && plain.iter().all(Option::is_none),
+        "{plain:?}"
+    );
+}
+
 /// A Lease verb the API server refuses (403: RBAC without `update` on leases) is reported on
 /// the stream, naming the verb and the Lease, once while it keeps failing (not once per retry
 /// period); the controller goes on, and when the permission comes back the replica holds its

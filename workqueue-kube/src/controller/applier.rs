@@ -235,13 +235,19 @@ where
     });
     // The user's reconciler, called on the task that polls the stream, for the object in the
     // store; a key without one is a no-op, reported as `ObjectNotFound`.
+    // On Leases, it runs in the scope that `lease::deadline` reads.
+    let held = leases.as_ref().map(|leases| leases.held::<K>());
     let reconcile = {
         let (store, missing, context) = (store.clone(), missing.clone(), context.clone());
         move |key: ObjectRef<K>, _: runner::Context| match store.get(&key) {
             Some(object) => {
                 let on_error = object.clone();
-                let fut = TryFutureExt::into_future(reconciler(object, context.clone()));
-                Either::Left(fut.map(move |result| result.map_err(|e| Failed(e, on_error))))
+                let fut = TryFutureExt::into_future(reconciler(object, context.clone()))
+                    .map(move |result| result.map_err(|e| Failed(e, on_error)));
+                Either::Left(match &held {
+                    Some(held) => Either::Left(crate::lease::scope(held(&key), fut)),
+                    None => Either::Right(fut),
+                })
             }
             None => {
                 missing.insert(key);

@@ -37,8 +37,8 @@ use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 use super::error::RunnerError;
 use super::triggers::Reports;
 use crate::lease::{
-    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, RequestFailed, ShardChange, ShardLeases,
-    shard_of,
+    Assignment, Ended, HandOver, Held, LeaseClock, LeaseConfig, RequestFailed, ShardChange,
+    ShardLeases, shard_of,
 };
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
@@ -86,6 +86,19 @@ impl Leases {
             hand_overs: events.hand_overs,
             margin,
         })
+    }
+
+    /// For a key, what [`lease::deadline`](crate::lease::deadline) answers with in its
+    /// reconcile: its shard and this replica's published holdings.
+    pub(crate) fn held<K: Resource>(&self) -> impl Fn(&ObjectRef<K>) -> Held + Send + use<K> {
+        let assignment = self.assignment.clone();
+        move |key| {
+            let shards = assignment.borrow().shard_count().max(1);
+            Held {
+                shard: shard_of(key.namespace.as_deref(), &key.name, shards),
+                assignment: assignment.clone(),
+            }
+        }
     }
 
     /// The rule for the runner: whether a key's shard is held now.

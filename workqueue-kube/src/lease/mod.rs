@@ -135,8 +135,10 @@
 //! another replica's on the same shard. A reconcile that writes after a pause it did not
 //! notice (a stalled process) may still write after its shard moved: a write conditional on
 //! the resourceVersion it read is refused if the new holder wrote since; a patch, a
-//! server-side apply or a create is not. A reconcile that must not write after its shard moved
-//! makes its writes conditional on the resourceVersion it read.
+//! server-side apply or a create is not. A reconcile reads its shard's deadline with
+//! [`deadline`] (before a long computation or a write, to skip what would not finish in time);
+//! one that must not write after its shard moved makes its writes conditional on the
+//! resourceVersion it read.
 //!
 //! **Hand-overs and caches.** The taker reconciles a taken shard's objects from its own cache,
 //! which may not yet show the giver's last writes. The protocol does not wait for it: a single
@@ -176,6 +178,7 @@ mod clock;
 mod config;
 mod driver;
 mod failures;
+mod fence;
 mod protocol;
 mod shard;
 mod state;
@@ -187,6 +190,8 @@ pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
 pub(crate) use failures::RequestFailed;
+pub use fence::deadline;
+pub(crate) use fence::{Held, scope};
 pub(crate) use protocol::{Ended, ShardLeases};
 pub use shard::shard_of;
 
