@@ -317,7 +317,15 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
         }
     });
     let slow = secs(5);
-    let r1 = Replica::start_consumed(&server, &ledger, 0, leader("r1"), behaviour.clone(), 0, slow);
+    let r1 = Replica::start_consumed(
+        &server,
+        &ledger,
+        0,
+        leader("r1"),
+        behaviour.clone(),
+        0,
+        slow,
+    );
     sleep(secs(5)).await;
     let r2 = Replica::start_consumed(&server, &ledger, 1, leader("r2"), behaviour, 0, slow);
     sleep(secs(3)).await;
@@ -359,7 +367,10 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
         r2_first - cut
     );
     let (checked, _) = ledger.assert_never_two_at_once();
-    assert!(checked >= 22, "the ledger holds the runs it judged: {checked}");
+    assert!(
+        checked >= 22,
+        "the ledger holds the runs it judged: {checked}"
+    );
     r1.kill(&ledger);
     r2.shut_down().await;
 }

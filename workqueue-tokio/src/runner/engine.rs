@@ -161,8 +161,6 @@ impl<T, E, C, S> Engine<T, E, C, S> {
         self.hard_stop.cancel();
     }
 
-
-
     /// Whether intake stopped (the shutdown token was cancelled).
     pub(crate) fn intake_closed(&self) -> bool {
         self.intake_closed.load(Ordering::Acquire)
