@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::controller::{Action, Config, Controller};
+use workqueue_kube::controller::{Action, Config, Controller, Error, RunnerError};
 use workqueue_kube::lease::LeaseConfig;
 
 use lease_support::{CONTROLLER, NAMESPACE, clock_of, millis, secs, until};
@@ -165,15 +165,12 @@ fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(workqueue_kube::lease::LABEL_ROLE).cloned());
-        if role.as_deref() != Some(workqueue_kube::lease::ROLE_SHARD) {
+            .and_then(|l| l.get("workqueue-kube/lease-role").cloned());
+        // The label the module docs give for a shard's Lease.
+        if role.as_deref() != Some("shard") {
             continue;
         }
-        let holder = lease
-            .spec
-            .and_then(|s| s.holder_identity)
-            .unwrap_or_default();
-        if !holder.is_empty() {
+        if let Some(holder) = lease_support::holder_identity(&lease) {
             *held.entry(holder).or_default() += 1;
         }
     }
@@ -190,6 +187,113 @@ fn fair(server: &ApiServer, replicas: &[&str]) -> bool {
         && replicas
             .iter()
             .all(|r| (floor..=ceil).contains(&held.get(*r).copied().unwrap_or(0)))
+}
+
+/// An invalid Lease configuration is the stream's only item, its message saying what to change;
+/// nothing is reconciled and no Lease is written.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_lease_configuration_is_reported_and_nothing_runs() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    let mut config = sharded("r1");
+    config.renew_deadline = secs(20);
+    let items: Vec<_> = Controller::new(
+        Api::<ConfigMap>::all(server.client_named("r1")),
+        watcher::Config::default(),
+    )
+    .leases(config)
+    .run(
+        // A reconcile would be an item of its own.
+        |cm: Arc<ConfigMap>, _: Arc<()>| async move {
+            Err::<Action, _>(std::io::Error::other(format!(
+                "{} reconciled",
+                cm.name_any()
+            )))
+        },
+        |_, _: &std::io::Error, _| Action::await_change(),
+        Arc::new(()),
+    )
+    .collect()
+    .await;
+    let [Err(Error::RunnerError(RunnerError::Leases(error)))] = &items[..] else {
+        panic!("not one Leases error: {items:?}");
+    };
+    assert_eq!(
+        error.to_string(),
+        "the renew deadline (20s) must be shorter than the lease duration (15s): the difference \
+         is the margin in which a holder that lost its Lease stops its work before another \
+         replica may take it"
+    );
+    assert!(lease_support::leases(&server).is_empty());
+}
+
+/// A Lease verb the API server refuses (403: RBAC without `update` on leases) is reported on
+/// the stream, naming the verb and the Lease, once while it keeps failing (not once per retry
+/// period); the controller goes on, and when the permission comes back the replica holds its
+/// shards and reconciles; a later refusal is reported again.
+#[tokio::test(start_paused = true)]
+async fn a_refused_lease_request_is_reported_once_until_it_works_again() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    server.deny("update", "leases");
+    let said = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = said.clone();
+    let run = tokio::spawn(
+        Controller::new(
+            Api::<ConfigMap>::all(server.client_named("r1")),
+            watcher::Config::default(),
+        )
+        .leases(sharded("r1"))
+        .run(
+            |_: Arc<ConfigMap>, _: Arc<()>| async {
+                Ok::<_, std::io::Error>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        )
+        .for_each(move |item| {
+            log.lock().unwrap().push(match item {
+                Ok((object, _)) => format!("ok {}", object.name),
+                Err(Error::RunnerError(RunnerError::LeaseRequestFailed {
+                    verb,
+                    lease,
+                    message,
+                })) => {
+                    format!("failed {verb} {lease}: {message}")
+                }
+                Err(e) => format!("other {e}"),
+            });
+            async {}
+        }),
+    );
+    let refused = |said: &[String]| {
+        said.iter()
+            .filter(|s| s.starts_with("failed update"))
+            .count()
+    };
+    // 60 s of renewals refused, every retry period.
+    sleep(secs(60)).await;
+    let first = said.lock().unwrap().clone();
+    assert_eq!(refused(&first), 1, "{first:#?}");
+    let line = first
+        .iter()
+        .find(|s| s.starts_with("failed update"))
+        .unwrap();
+    assert!(line.contains("r1") && line.contains("403"), "{line}");
+    assert!(!first.iter().any(|s| s.starts_with("ok ")), "{first:#?}");
+    assert!(!run.is_finished());
+    // Allowed again: the replica holds its shards and reconciles.
+    server.allow("update", "leases");
+    sleep(secs(60)).await;
+    let second = said.lock().unwrap().clone();
+    assert!(second.iter().any(|s| s == "ok cm-0"), "{second:#?}");
+    assert_eq!(refused(&second), 1, "{second:#?}");
+    // Refused again: told again.
+    server.deny("update", "leases");
+    sleep(secs(30)).await;
+    let third = said.lock().unwrap().clone();
+    assert_eq!(refused(&third), 2, "{third:#?}");
+    run.abort();
 }
 
 /// Failover: the leader is killed in the middle of its reconciles (they poll every second); the

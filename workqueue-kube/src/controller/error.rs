@@ -63,6 +63,21 @@ pub enum RunnerError {
     /// the controller did not start.
     #[error("invalid Lease configuration: {0}")]
     Leases(#[source] crate::lease::ConfigError),
+    /// A request of the Lease protocol failed: the API server refused it (a missing RBAC
+    /// permission is named in the message; the README lists the Lease verbs a controller
+    /// needs) or did not answer in time. The protocol retries on its own, and a shard whose
+    /// Lease cannot be renewed ends at its deadline; the controller goes on. Reported once for
+    /// each verb until a request with that verb succeeds again.
+    #[error("a Lease request failed ({verb} {lease}): {message}")]
+    LeaseRequestFailed {
+        /// The request's verb, as RBAC names it: `create`, `update`, `delete`, `list` or
+        /// `watch`.
+        verb: &'static str,
+        /// The Lease's name, or for `list` and `watch` the label selector.
+        lease: String,
+        /// What the API server (or the client) said.
+        message: String,
+    },
     /// [`Controller::leases`](super::Controller::leases) on a controller made without an `Api`
     /// (`for_stream`): the Leases need a client. Use `Controller::new`.
     #[error("a controller on Leases needs a client: build it with Controller::new")]

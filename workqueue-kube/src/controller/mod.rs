@@ -393,12 +393,13 @@ where
     ///
     /// A replica takes a key only while it holds the key's shard (an owned object's key is its
     /// owner's, so a family stays together); a shard it takes has its objects enqueued (behind
-    /// real changes); a shard it loses (no renewal within the renew deadline) or hands over has
-    /// its queued keys dropped and its running reconciles aborted (their futures dropped: a
+    /// real changes); a shard it loses (its deadline passed without a renewal) or hands over
+    /// has its queued keys dropped and its running reconciles aborted (their futures dropped: a
     /// reconcile here has no cancellation to watch) before another replica can take it. A task
     /// of the controller's own does this, so it happens on time whatever the application does
-    /// with the stream (a consumer that is slow, or waits on something else). A graceful shutdown releases its shards after its
-    /// reconciles finished, so that another replica takes them at once. An invalid `config` is
+    /// with the stream (a consumer that is slow, or waits on something else). A graceful
+    /// shutdown hands its shards over after its reconciles finished, so that other replicas hold
+    /// them at once. An invalid `config` is
     /// reported as the stream's first item ([`RunnerError::Leases`]), which then ends.
     ///
     /// ```no_run
@@ -408,11 +409,13 @@ where
     /// use workqueue_kube::controller::Controller;
     /// use workqueue_kube::lease::LeaseConfig;
     ///
-    /// # async fn build(client: Client) {
-    /// let identity = std::env::var("POD_NAME").unwrap_or_else(|_| "local".into());
+    /// # async fn build(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Each replica's own identity, the pod's name: never a shared default.
+    /// let identity = std::env::var("POD_NAME").map_err(|_| "set POD_NAME to the pod's name")?;
     /// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
     ///     .leases(LeaseConfig::leader_election("counter", "default", identity));
     /// # let _ = controller;
+    /// # Ok(())
     /// # }
     /// ```
     pub fn leases(mut self, config: LeaseConfig) -> Self {
@@ -513,7 +516,9 @@ where
     {
         let name = K::kind(&self.dyntype).to_lowercase();
         let leases = match self.leases {
-            Some((config, clock)) => Leases::new(self.client, config, clock).map(Some),
+            Some((config, clock)) => {
+                Leases::new(self.client, config, clock, self.reports.0.clone()).map(Some)
+            }
             None => Ok(None),
         };
         let parts = Parts {

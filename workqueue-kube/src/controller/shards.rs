@@ -35,8 +35,10 @@ use workqueue_tokio::runner::Aborts;
 use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 
 use super::error::RunnerError;
+use super::triggers::Reports;
 use crate::lease::{
-    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardChange, ShardLeases, shard_of,
+    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, RequestFailed, ShardChange, ShardLeases,
+    shard_of,
 };
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
@@ -58,6 +60,7 @@ impl Leases {
         client: Option<Client>,
         config: LeaseConfig,
         clock: Option<Arc<dyn LeaseClock>>,
+        reports: Reports,
     ) -> Result<Self, RunnerError> {
         let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
         // Within the time the protocol leaves between a loss and another replica's take, less
@@ -68,6 +71,15 @@ impl Leases {
             Some(clock) => protocol.with_clock(SharedClock(clock)),
             None => protocol,
         };
+        // A failed Lease request goes on the controller's stream (each verb once, until it works
+        // again): a missing permission must not look like a replica that holds nothing.
+        let protocol = protocol.with_failures(Arc::new(move |failed: RequestFailed| {
+            reports.send(RunnerError::LeaseRequestFailed {
+                verb: failed.verb,
+                lease: failed.lease,
+                message: failed.message,
+            });
+        }));
         Ok(Leases {
             protocol,
             assignment: events.assignment,
@@ -374,7 +386,8 @@ where
             return;
         };
         if let Some(hand_over) = stopping.hand_over.take() {
-            tracing::info!(shard, "shard drained; hand-over acknowledged");
+            let reason = hand_over.reason();
+            tracing::info!(shard, ?reason, "shard drained; hand-over acknowledged");
             hand_over.acknowledge();
         }
         self.stopping.remove(&shard);

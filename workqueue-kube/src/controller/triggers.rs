@@ -229,7 +229,7 @@ impl Reports {
         (Reports(tx), rx)
     }
 
-    fn send(&self, report: RunnerError) {
+    pub(crate) fn send(&self, report: RunnerError) {
         let _ = self.0.try_send(report);
     }
 }

@@ -8,19 +8,20 @@ use tokio::time::Instant;
 
 /// One holding of a shard: from a successful take until the shard is lost or released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Holding {
-    /// Until when this replica may work on the shard: the start of its last successful renewal
-    /// plus the renew deadline, on its own clock, as a tokio instant. Moves forward with each
+pub(crate) struct Holding {
+    /// Until when this replica may work on the shard, its deadline: the start of its latest
+    /// membership renewal that made a new resourceVersion, plus the renew deadline, on its own
+    /// clock, as a tokio instant (the same for every shard it holds). Moves forward with each
     /// renewal. Past it the shard is lost, whatever the protocol has published since.
-    pub valid_until: Instant,
+    pub(crate) valid_until: Instant,
     /// This holding's number, distinct for each take by this replica: a shard whose epoch
     /// changed between two reads of the [`Assignment`] was lost or released, then taken again.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
 }
 
 /// One shard, as this replica holds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ShardState {
+pub(crate) enum ShardState {
     /// Not held: take none of its keys, run none of its reconciles.
     #[default]
     NotHeld,
@@ -33,7 +34,7 @@ pub enum ShardState {
 
 impl ShardState {
     /// The holding, held or being given up.
-    pub fn holding(&self) -> Option<Holding> {
+    pub(crate) fn holding(&self) -> Option<Holding> {
         match *self {
             ShardState::NotHeld => None,
             ShardState::Held(h) | ShardState::GivingUp(h) => Some(h),
@@ -44,26 +45,27 @@ impl ShardState {
 /// Counters and gauges of one replica's protocol, for metrics (each counter only grows).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LeaseStats {
+pub(crate) struct LeaseStats {
     /// Shards taken (a gauge of the shards held is [`Assignment::held_count`]).
-    pub acquisitions: u64,
-    /// Shards lost: not renewed within the renew deadline, or found taken.
-    pub losses: u64,
+    pub(crate) acquisitions: u64,
+    /// Shards lost: the deadline passed without a renewal, the membership was lost, or the
+    /// shard's Lease was deleted.
+    pub(crate) losses: u64,
     /// Hand-overs the controller acknowledged.
-    pub hand_overs: u64,
-    /// Hand-overs the controller did not acknowledge in time (their Leases lapse).
-    pub hand_over_timeouts: u64,
-    /// Leases released (an update that cleared the holder).
-    pub releases: u64,
-    /// Renewals that failed or got no answer in time.
-    pub renew_failures: u64,
+    pub(crate) hand_overs: u64,
+    /// Hand-overs the controller acknowledged after their deadline.
+    pub(crate) hand_over_timeouts: u64,
+    /// Shards given away after a hand-over (their Lease written to the taker, or vacated).
+    pub(crate) releases: u64,
+    /// Membership renewals refused or not answered in time.
+    pub(crate) renew_failures: u64,
 }
 
 /// What one replica holds: the state of each shard, the number of live replicas it counts,
 /// and its counters. Published on a `watch` by [`ShardLeases::run`](super::ShardLeases::run)
 /// whenever it changes (each renewal moves a `valid_until`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Assignment {
+pub(crate) struct Assignment {
     pub(crate) shards: Arc<[ShardState]>,
     pub(crate) members: u32,
     pub(crate) stats: LeaseStats,
@@ -79,37 +81,32 @@ impl Assignment {
     }
 
     /// The number of shards.
-    pub fn shard_count(&self) -> u32 {
+    pub(crate) fn shard_count(&self) -> u32 {
         self.shards.len() as u32
     }
 
     /// The state of `shard` (`NotHeld` beyond the number of shards).
-    pub fn state(&self, shard: u32) -> ShardState {
+    pub(crate) fn state(&self, shard: u32) -> ShardState {
         self.shards.get(shard as usize).copied().unwrap_or_default()
     }
 
     /// Whether this replica may take a key of `shard` at `now`: held (not being handed over)
     /// and valid at `now`. The filter at the sources.
-    pub fn accepts(&self, shard: u32, now: Instant) -> bool {
+    pub(crate) fn accepts(&self, shard: u32, now: Instant) -> bool {
         matches!(self.state(shard), ShardState::Held(h) if h.valid_until > now)
     }
 
-    /// The shard of the object `namespace/name` ([`shard_of`](super::shard_of) with this
-    /// assignment's number of shards).
-    pub fn shard_of(&self, namespace: Option<&str>, name: &str) -> u32 {
-        super::shard_of(namespace, name, self.shard_count())
-    }
-
     /// Whether this replica may still run work of `shard` at `now`: held or being given up,
-    /// and valid at `now`.
-    pub fn may_run(&self, shard: u32, now: Instant) -> bool {
+    /// and valid at `now` (the tests' check; the controller stops a shard's work itself).
+    #[cfg(test)]
+    pub(crate) fn may_run(&self, shard: u32, now: Instant) -> bool {
         self.state(shard)
             .holding()
             .is_some_and(|h| h.valid_until > now)
     }
 
     /// The shards held (not being handed over), with their holdings.
-    pub fn held(&self) -> impl Iterator<Item = (u32, Holding)> + '_ {
+    pub(crate) fn held(&self) -> impl Iterator<Item = (u32, Holding)> + '_ {
         self.shards.iter().enumerate().filter_map(|(i, s)| match s {
             ShardState::Held(h) => Some((i as u32, *h)),
             _ => None,
@@ -118,24 +115,27 @@ impl Assignment {
 
     /// How many shards are held (being given up or not): the shards-held gauge. With one shard,
     /// 1 is "leader".
-    pub fn held_count(&self) -> u32 {
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn held_count(&self) -> u32 {
         self.shards.iter().filter(|s| s.holding().is_some()).count() as u32
     }
 
-    /// The live replicas this replica counted at its last rebalance, itself included (0 before
-    /// its first).
-    pub fn members(&self) -> u32 {
+    /// The live replicas this replica counts (those shards are divided among), itself included
+    /// while it is a member (0 before it joined). Read by the tests.
+    #[cfg(test)]
+    pub(crate) fn members(&self) -> u32 {
         self.members
     }
 
-    /// The counters.
-    pub fn stats(&self) -> LeaseStats {
+    /// The counters (the metrics' and the tests').
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn stats(&self) -> LeaseStats {
         self.stats
     }
 
     /// What changed since `before`, shard by shard in order: for a shard, `Ended` comes before
     /// `Acquired` when it was lost and taken again in between.
-    pub fn changes_since(&self, before: &Assignment) -> Vec<ShardChange> {
+    pub(crate) fn changes_since(&self, before: &Assignment) -> Vec<ShardChange> {
         let mut changes = Vec::new();
         for shard in 0..self.shard_count() {
             let (old, new) = (before.state(shard), self.state(shard));
@@ -168,7 +168,7 @@ impl Assignment {
 
 /// A change of one shard between two [`Assignment`]s (see [`Assignment::changes_since`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShardChange {
+pub(crate) enum ShardChange {
     /// Taken: enqueue the shard's objects (at low priority) and take its keys until
     /// `valid_until` (and later ones as it is renewed).
     Acquired {
@@ -182,9 +182,8 @@ pub enum ShardChange {
         /// The shard.
         shard: u32,
     },
-    /// No longer held: lost (stop at once: cancel its reconciles, abort any still running
-    /// before `valid_until` plus the lease duration minus the renew deadline) or released
-    /// after an acknowledged hand-over (nothing of it runs any more).
+    /// No longer held: lost (stop at once: its work must not run past `valid_until`) or given
+    /// away after an acknowledged hand-over (nothing of it runs any more).
     Ended {
         /// The shard.
         shard: u32,
@@ -193,27 +192,25 @@ pub enum ShardChange {
 
 /// Why a shard is handed over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandOverReason {
-    /// This replica holds more than its fair share.
+pub(crate) enum HandOverReason {
+    /// The shard belongs to another live replica's share.
     Rebalance,
     /// This replica is shutting down (or stopping after a loss, with [`OnLoss::Stop`](super::OnLoss::Stop)).
     Shutdown,
 }
 
-/// A request to give a shard up, sent to the controller; the protocol releases the shard's Lease
-/// only after [`HandOver::acknowledge`].
+/// A request to give a shard up, sent to the controller; the protocol gives the shard away
+/// (writes the taker's token into its Lease) only after [`HandOver::acknowledge`].
 ///
 /// The controller stops taking the shard's keys (the [`Assignment`] already shows it as
 /// [`ShardState::GivingUp`]), removes its queued keys, lets its in-flight reconciles finish
 /// within a grace that ends before [`deadline`](HandOver::deadline), aborts the rest, and then
 /// acknowledges: from then on nothing of the shard runs on this replica until it is taken again
-/// (a new epoch). Dropping the request without acknowledging refuses it: the Lease is not
-/// released and lapses (the shard is lost at its `valid_until`, and taken by another replica
-/// only after it expires).
+/// (a new epoch). Dropping the request counts as acknowledging it (a controller that is gone
+/// runs nothing). Until it is acknowledged the shard stays held, its keys not taken.
 #[derive(Debug)]
-pub struct HandOver {
+pub(crate) struct HandOver {
     pub(crate) shard: u32,
-    pub(crate) epoch: u64,
     pub(crate) deadline: Instant,
     pub(crate) reason: HandOverReason,
     pub(crate) ack: oneshot::Sender<()>,
@@ -221,43 +218,39 @@ pub struct HandOver {
 
 impl HandOver {
     /// The shard.
-    pub fn shard(&self) -> u32 {
+    pub(crate) fn shard(&self) -> u32 {
         self.shard
     }
 
-    /// The epoch of the holding given up.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Until when the protocol waits for the acknowledgement (tokio's clock).
-    pub fn deadline(&self) -> Instant {
+    /// By when the controller should have stopped the shard's work and acknowledged (tokio's
+    /// clock).
+    pub(crate) fn deadline(&self) -> Instant {
         self.deadline
     }
 
     /// Why.
-    pub fn reason(&self) -> HandOverReason {
+    pub(crate) fn reason(&self) -> HandOverReason {
         self.reason
     }
 
-    /// Nothing of the shard runs any more, and nothing will: release its Lease.
-    pub fn acknowledge(self) {
+    /// Nothing of the shard runs any more, and nothing will: give it away.
+    pub(crate) fn acknowledge(self) {
         let _ = self.ack.send(());
     }
 }
 
 /// The controller's side of one replica's protocol (from [`ShardLeases::new`](super::ShardLeases::new)).
 #[derive(Debug)]
-pub struct ShardEvents {
+pub(crate) struct ShardEvents {
     /// What this replica holds, updated as it changes.
-    pub assignment: tokio::sync::watch::Receiver<Assignment>,
+    pub(crate) assignment: tokio::sync::watch::Receiver<Assignment>,
     /// Hand-over requests, each to acknowledge once the shard's work has stopped.
-    pub hand_overs: mpsc::UnboundedReceiver<HandOver>,
+    pub(crate) hand_overs: mpsc::UnboundedReceiver<HandOver>,
 }
 
 /// Acknowledges every hand-over at once, until the protocol ends: a controller with no work in
 /// flight, for tests and for a replica whose work needs no draining.
-pub async fn acknowledge_all(mut hand_overs: mpsc::UnboundedReceiver<HandOver>) {
+pub(crate) async fn acknowledge_all(mut hand_overs: mpsc::UnboundedReceiver<HandOver>) {
     while let Some(hand_over) = hand_overs.recv().await {
         hand_over.acknowledge();
     }

@@ -52,9 +52,10 @@ impl Sub<LocalInstant> for LocalInstant {
 /// The clock one replica judges Leases by.
 ///
 /// The protocol reads [`now`](LeaseClock::now) when it sends a renewal (the start its validity
-/// counts from) and when a list answers (the time it observed each record), and converts the
-/// instants it must act at to tokio's clock with [`tokio_instant`](LeaseClock::tokio_instant),
-/// on which it sleeps and on which it reports validity to the controller.
+/// counts from) and as each watch event or list arrives (the time it observed each record), and
+/// converts the instants it must act at to tokio's clock with
+/// [`tokio_instant`](LeaseClock::tokio_instant), on which it sleeps and on which it reports
+/// validity to the controller.
 ///
 /// Safety needs only that the clocks of any two replicas run at nearly the same rate (see the
 /// [module documentation](crate::lease)); their offsets do not matter.

@@ -2,16 +2,19 @@
 
 use std::time::Duration;
 
-/// What a replica does after it lost a shard's Lease (no renewal within the renew deadline).
+use super::state::{LeaseName, Names};
+
+/// What a replica does after it lost a shard (its deadline passed without a renewal, or its
+/// membership was fenced, taken over or deleted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnLoss {
-    /// Stay a candidate: keep renewing what it still holds and take shards again as its fair
-    /// share asks.
+    /// Stay a member (joining again under a new token if the membership was lost) and take
+    /// shards again as its share asks.
     #[default]
     Rejoin,
-    /// Stop: hand over and release every shard it still holds, leave the membership, and end
-    /// [`ShardLeases::run`](super::ShardLeases::run) with [`Ended::Lost`](super::Ended::Lost),
-    /// so that the application can exit (controller-runtime's behaviour on a lost leader Lease).
+    /// Stop: hand over every shard it still holds, vacate its membership, and end the protocol;
+    /// the controller then shuts down, so that the application can exit (controller-runtime's
+    /// behaviour on a lost leader Lease).
     Stop,
 }
 
@@ -20,35 +23,40 @@ pub enum OnLoss {
 ///
 /// The Leases are `{name}-shard-{i}` for `i` in `0..shards` and `{name}-member-{identity}`, in
 /// `namespace`. Every replica of one controller must use the same `name`, `namespace`, `shards`
-/// and timing; the identity must be unique to each process (a pod name is unique among live pods;
-/// a pod restarted in place may reuse it, as its previous process is gone).
+/// and timing; give each process its own identity, the pod's name (a pod restarted in place
+/// reuses it, which is fine: each process adds a random instance of its own). Never fall back to
+/// a shared default: two processes given one identity take turns instead of sharing the work
+/// (see the [module documentation](super)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseConfig {
     /// The controller's name: the prefix of its Leases' names and the value of their
-    /// [`LABEL_CONTROLLER`](super::LABEL_CONTROLLER) label (a lowercase DNS label, at most
-    /// 63 characters).
+    /// `workqueue-kube/controller` label (a lowercase DNS label, at most 63 characters).
     pub name: String,
     /// The namespace of the Leases.
     pub namespace: String,
-    /// This replica's identity, written as the holder of the Leases it holds (lowercase
-    /// letters, digits, `-` and `.`, as a pod name).
+    /// This replica's identity, the pod's name: with a random instance per process, the holder
+    /// written into the Leases it holds (lowercase letters, digits, `-` and `.`, as a pod
+    /// name).
     pub identity: String,
     /// The number of shards (default 32; 1 is leader election). Fixed for the controller's
     /// life: a key's shard is [`shard_of`](super::shard_of) of its namespace, name and this number.
     pub shards: u32,
-    /// How long after the last change it saw in a Lease another replica may take it (default
-    /// 15 s; written into the Lease, in whole seconds rounded up).
+    /// How long after the last change it saw in a replica's membership Lease another replica
+    /// may fence it and take its shards (default 15 s; written into the Lease, in whole seconds
+    /// rounded up).
     pub lease_duration: Duration,
-    /// How long after the start of its last successful renewal a holder counts itself as
-    /// holding (default 10 s). Shorter than `lease_duration`: the difference is the time the
-    /// controller has to abort a lost shard's work.
+    /// How long after the start of its last renewal that made a new resourceVersion a replica
+    /// counts itself as holding its shards (default 10 s): its deadline. Shorter than
+    /// `lease_duration`: the difference is slack for a process stalled at its deadline.
     pub renew_deadline: Duration,
-    /// How often a replica renews, lists the Leases and rebalances (default 2 s), and how long
-    /// it waits for one request's answer.
+    /// How often a replica renews its membership Lease (default 2 s), and retries a write not
+    /// answered yet. A write may take until the belief it would extend ends.
     pub retry_period: Duration,
-    /// How long the protocol waits for the controller to acknowledge a hand-over (default
-    /// 10 s); without an acknowledgement the shard is not released and its Lease lapses.
+    /// How long the controller has to drain a shard it hands over: the hand-over's deadline
+    /// (default 10 s). A shard is given away
+    /// only once acknowledged; shutting down gives up waiting after this plus the renew
+    /// deadline.
     pub hand_over_timeout: Duration,
     /// What to do after a loss (default [`OnLoss::Rejoin`]).
     pub on_loss: OnLoss,
@@ -87,14 +95,9 @@ impl LeaseConfig {
         }
     }
 
-    /// The name of shard `shard`'s Lease.
-    pub fn shard_lease_name(&self, shard: u32) -> String {
-        format!("{}-shard-{shard}", self.name)
-    }
-
     /// The name of the membership Lease of the replica `identity`.
-    pub fn member_lease_name(&self, identity: &str) -> String {
-        format!("{}-member-{identity}", self.name)
+    fn member_lease_name(&self, identity: &str) -> String {
+        Names::new(&self.name).name(&LeaseName::Member(identity.into()))
     }
 
     /// The `leaseDurationSeconds` written into the Leases: the lease duration rounded up.
@@ -104,47 +107,66 @@ impl LeaseConfig {
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
-    /// Checks the settings; [`ShardLeases::new`](super::ShardLeases::new) does too.
+    /// Checks the settings; [`Controller::leases`](crate::controller::Controller::leases) does
+    /// too (an invalid configuration is its stream's first item).
     pub fn validate(&self) -> Result<(), ConfigError> {
         dns_label("name", &self.name)?;
         dns_label("namespace", &self.namespace)?;
         subdomain_part("identity", &self.identity)?;
         if self.member_lease_name(&self.identity).len() > 253 {
-            return Err(ConfigError::Invalid {
+            return Err(ConfigError(ConfigErrorKind::Invalid {
                 what: "identity",
                 value: self.identity.clone(),
                 rule: "too long: the membership Lease's name `{name}-member-{identity}` must be at most 253 characters",
-            });
+            }));
         }
         if self.shards == 0 {
-            return Err(ConfigError::NoShards);
+            return Err(ConfigError(ConfigErrorKind::NoShards));
         }
         if self.lease_duration < Duration::from_secs(1) {
-            return Err(ConfigError::LeaseDurationTooShort(self.lease_duration));
+            return Err(ConfigError(ConfigErrorKind::LeaseDurationTooShort(
+                self.lease_duration,
+            )));
         }
         if self.renew_deadline >= self.lease_duration {
-            return Err(ConfigError::RenewDeadline {
+            return Err(ConfigError(ConfigErrorKind::RenewDeadline {
                 renew_deadline: self.renew_deadline,
                 lease_duration: self.lease_duration,
-            });
+            }));
         }
         if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
-            return Err(ConfigError::RetryPeriod {
+            return Err(ConfigError(ConfigErrorKind::RetryPeriod {
                 retry_period: self.retry_period,
                 renew_deadline: self.renew_deadline,
-            });
+            }));
         }
         if self.hand_over_timeout.is_zero() {
-            return Err(ConfigError::HandOverTimeout);
+            return Err(ConfigError(ConfigErrorKind::HandOverTimeout));
         }
         Ok(())
     }
 }
 
-/// A [`LeaseConfig`] the protocol cannot run with.
+/// A [`LeaseConfig`] the protocol cannot run with. Its message names the setting to change, its
+/// value and the rule it breaks; [`Controller::leases`](crate::controller::Controller::leases)
+/// reports it as [`RunnerError::Leases`](crate::controller::RunnerError::Leases).
+///
+/// ```
+/// use std::time::Duration;
+/// use workqueue_kube::lease::LeaseConfig;
+///
+/// let mut config = LeaseConfig::new("widgets", "widgets-system", "widgets-7d9f-x2x4q");
+/// config.retry_period = Duration::from_secs(10);
+/// let error = config.validate().unwrap_err();
+/// assert!(error.to_string().starts_with("the retry period (10s) must be above zero and shorter"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
+#[error(transparent)]
+pub struct ConfigError(pub(crate) ConfigErrorKind);
+
+/// What is wrong with a [`LeaseConfig`]: crate-private, the message is what a user reads.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ConfigErrorKind {
     /// A name that Kubernetes would refuse in a Lease's name or label.
     #[error("the {what} {value:?} is not valid: {rule}")]
     Invalid {
@@ -193,10 +215,12 @@ pub enum ConfigError {
 /// A DNS label (RFC 1123): the controller name is a label value and a Lease name prefix, the
 /// namespace a namespace name.
 fn dns_label(what: &'static str, value: &str) -> Result<(), ConfigError> {
-    let invalid = |rule| ConfigError::Invalid {
-        what,
-        value: value.into(),
-        rule,
+    let invalid = |rule| {
+        ConfigError(ConfigErrorKind::Invalid {
+            what,
+            value: value.into(),
+            rule,
+        })
     };
     if value.is_empty() || value.len() > 63 {
         return Err(invalid("it must have 1 to 63 characters"));
@@ -217,10 +241,12 @@ fn dns_label(what: &'static str, value: &str) -> Result<(), ConfigError> {
 
 /// The end of a DNS subdomain (RFC 1123): the identity ends the membership Lease's name.
 fn subdomain_part(what: &'static str, value: &str) -> Result<(), ConfigError> {
-    let invalid = |rule| ConfigError::Invalid {
-        what,
-        value: value.into(),
-        rule,
+    let invalid = |rule| {
+        ConfigError(ConfigErrorKind::Invalid {
+            what,
+            value: value.into(),
+            rule,
+        })
     };
     if value.is_empty() {
         return Err(invalid("it must not be empty"));
@@ -267,7 +293,10 @@ mod tests {
                 32
             )
         );
-        assert_eq!(c.shard_lease_name(3), "widgets-shard-3");
+        assert_eq!(
+            Names::new(&c.name).name(&LeaseName::Shard(3)),
+            "widgets-shard-3"
+        );
         assert_eq!(
             c.member_lease_name(&c.identity),
             "widgets-member-widgets-7d9f-abcde"
@@ -281,12 +310,15 @@ mod tests {
         c.renew_deadline = Duration::from_secs(15);
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::RenewDeadline { .. })
+            Err(ConfigError(ConfigErrorKind::RenewDeadline { .. }))
         ));
         let mut c = config();
         c.retry_period = Duration::from_secs(10);
         let e = c.validate().unwrap_err();
-        assert!(matches!(e, ConfigError::RetryPeriod { .. }));
+        assert!(matches!(
+            e,
+            ConfigError(ConfigErrorKind::RetryPeriod { .. })
+        ));
         assert!(
             e.to_string().contains("shorter than the renew deadline"),
             "{e}"
@@ -295,14 +327,17 @@ mod tests {
         c.lease_duration = Duration::from_millis(500);
         assert!(matches!(
             c.validate(),
-            Err(ConfigError::LeaseDurationTooShort(_))
+            Err(ConfigError(ConfigErrorKind::LeaseDurationTooShort(_)))
         ));
         let mut c = config();
         c.shards = 0;
-        assert_eq!(c.validate(), Err(ConfigError::NoShards));
+        assert_eq!(c.validate(), Err(ConfigError(ConfigErrorKind::NoShards)));
         let mut c = config();
         c.hand_over_timeout = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::HandOverTimeout));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError(ConfigErrorKind::HandOverTimeout))
+        );
     }
 
     #[test]
@@ -318,7 +353,10 @@ mod tests {
         ] {
             let c = LeaseConfig::new(name, namespace, identity);
             assert!(
-                matches!(c.validate(), Err(ConfigError::Invalid { .. })),
+                matches!(
+                    c.validate(),
+                    Err(ConfigError(ConfigErrorKind::Invalid { .. }))
+                ),
                 "{name} {namespace} {identity}"
             );
         }

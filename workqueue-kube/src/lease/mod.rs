@@ -1,126 +1,205 @@
 //! Leader election and sharding on `coordination.k8s.io/v1` Leases: which shards of the keys
-//! this replica may work on, and when it must stop.
+//! this replica may work on, and until when.
+//!
+//! What a user sets is a [`LeaseConfig`] (the Leases' names, this replica's identity, the
+//! number of shards, the timing, and [`OnLoss`]), given to
+//! [`Controller::leases`](crate::controller::Controller::leases), which runs the protocol beside
+//! the controller and follows what it holds. [`LeaseClock`] is the clock a replica judges time
+//! by: tokio's ([`TokioClock`]) unless
+//! [`Controller::lease_clock`](crate::controller::Controller::lease_clock) gives another, such
+//! as a [`SkewedClock`] in tests where replicas share one process.
 //!
 //! # The protocol
 //!
 //! The keys are divided into a fixed number of shards ([`LeaseConfig::shards`]; a key's shard is
-//! [`shard_of`] its namespace and name). Shard `i` is guarded by the Lease `{name}-shard-{i}`;
-//! each replica also holds a membership Lease `{name}-member-{identity}`, so that every replica
-//! knows how many are alive. All of them carry the labels [`LABEL_CONTROLLER`] and
-//! [`LABEL_ROLE`], so that one list call sees them. Leader election is the one-shard case.
+//! [`shard_of`] its namespace and name). Leader election is the one-shard case.
 //!
-//! Every retry period each replica renews the Leases it holds, lists the controller's Leases,
-//! counts the live replicas (membership Leases not expired by its own observation), and moves
-//! toward a fair share, between the floor and the ceiling of shards / replicas: below it, it
-//! takes shards that are free (no holder) or expired; above it, it hands shards over. A replica
-//! takes a free shard only while no live replica is below the floor, so a newcomer gets its share
-//! first and nothing moves back and forth; a replica that just joined waits for its next list
-//! before taking anything, so that replicas started together see each other first.
+//! **The Leases.** Each replica has a membership Lease, `{name}-member-{identity}`; each shard a
+//! Lease, `{name}-shard-{i}`. All carry the labels `workqueue-kube/controller` (the controller's
+//! name) and `workqueue-kube/lease-role` (`member` or `shard`): `kubectl get leases -l
+//! workqueue-kube/controller={name},workqueue-kube/lease-role=shard` lists the shards' Leases.
+//! Each also carries its writer's number of shards (the annotation `workqueue-kube/shards`): no
+//! shard is taken or moved while a replica that may be alive has another number (during a
+//! rollout that changes it, until the last replica of the old number is gone). A Lease's holder
+//! is a *token*,
+//! `{identity}_{instance}`: the identity the user gives ([`LeaseConfig::identity`], the pod's
+//! name) and an instance drawn at random by each process, and again each time it joins after
+//! losing its membership. An empty holder is a vacant Lease.
 //!
-//! **Time.** A replica judges another's Lease by its own clock, from the last change it saw: it
-//! remembers when (on its clock) it first saw each record's resourceVersion, and counts the Lease
-//! expired once that is more than the record's `leaseDurationSeconds` ago (client-go's rule). A
-//! holder counts itself as holding a shard only until the start of its last successful renewal
-//! plus the renew deadline, on its own clock. So clock offsets between replicas never matter,
-//! only clock rates. The `renewTime` and `acquireTime` a replica writes are its wall time, for
-//! people: no replica reads them. [`LeaseClock`] is the clock; tests give each replica a
-//! [`SkewedClock`].
+//! **One write per replica.** A replica renews its own membership Lease once per retry period,
+//! and nothing else: that renewal proves it alive for every shard whose Lease names it. Shard
+//! Leases are written only when a shard changes hands. Every write is conditional on the
+//! resourceVersion the writer last saw (or is a create), and raises a counter in the Lease, so
+//! every write makes a new resourceVersion whatever the wall clock does.
+//!
+//! **Reading.** A replica watches the controller's Leases (by label); it lists them only when its
+//! watch starts or breaks, and every list is a consistent read.
+//!
+//! **Who holds what.** The live members (membership Leases that changed within their lease
+//! duration, by the observer's clock, and are not leaving) each have a share of the shards,
+//! within one of each other, by rendezvous hashing: every replica computes the same shares from
+//! the same members, and a join or a leave moves about `shards / members` shards. A member takes
+//! a free shard of its share (one write naming it) and hands over a shard of another's share:
+//! its controller drains the shard (a *hand-over*), then the giver writes the taker's token into
+//! the shard's Lease. With one shard, a live leader stays the leader: a joining replica never
+//! takes leadership from it. A member takes or is given shards only once its membership Lease
+//! says it may hold some (`workqueue-kube/held`, written by its first renewal after joining, a
+//! retry period later), so replicas started together see each other before they take shards.
+//!
+//! **Fencing.** A replica whose membership Lease another replica saw unchanged for its lease
+//! duration is fenced: the observer writes its membership Lease vacant, conditional on the
+//! resourceVersion it saw unchanged, naming the fenced token as the Lease's
+//! `workqueue-kube/previous-holder`. Every shard naming a fenced token is free. A replica that
+//! finds its own membership Lease changed by another (fenced, deleted, taken over) has lost
+//! every shard; it joins again under a new token ([`OnLoss::Rejoin`]) or stops
+//! ([`OnLoss::Stop`]).
+//!
+//! **Leaving.** On shutdown a replica marks its membership Lease leaving (no shard is given to
+//! it any more), hands every shard over, and vacates its membership Lease. Members' Leases left
+//! vacant are deleted a lease duration later, and shard Leases beyond the number of shards
+//! (after a configuration with more) once nobody may hold them.
+//!
+//! **Identities.** Give each process its own identity (the pod's name; never a shared default).
+//! Two processes given one identity are still two holders (their instances differ): the second
+//! waits for the first's membership Lease to expire, holds nothing meanwhile, and reports the
+//! collision (an error event, and the metric `workqueue_kube_lease_identity_collisions_total`).
+//! A process restarted under its identity takes its membership Lease over once it has expired
+//! (a lease duration after it first saw it), or at once if its predecessor vacated it.
+//!
+//! # Why no two replicas ever believe they hold one shard at once
+//!
+//! A replica *believes* it holds a shard exactly while (1) its view (its watch) shows the shard's
+//! Lease naming its token, (2) it is before its *deadline*: the start of its latest membership
+//! renewal that its view has shown, plus the renew deadline, by its own clock, and (3) it is not
+//! giving the shard away. The controller takes a shard's keys and runs its work only while it
+//! believes so: every reconcile of a shard is dropped by the deadline, whatever the application
+//! does.
+//!
+//! It assumes: (A1) the API server orders the writes to one Lease (etcd), refuses a write whose
+//! resourceVersion precondition is stale, makes no new resourceVersion for a write that
+//! changes nothing, delivers one watch's events in resourceVersion order, and serves lists
+//! consistently; (A2) with `r` the largest ratio of two replicas' clock rates,
+//! `renew_deadline * r < lease_duration` (with the defaults, 10 s and 15 s: any `r` under 1.5;
+//! offsets do not matter); (A3) nobody but the protocol writes a Lease's holder (deleting the
+//! Leases is safe, see step 7; editing a holder by hand is not).
+//!
+//! 1. *A shard's Lease names one token at a time* (A1), and a replica's belief needs its view to
+//!    show its token there; a view shows the writes in the order they were made (A1), so a
+//!    belief starts only after the write naming the believer.
+//! 2. *Every write that takes a shard's Lease from a token `t` is one of three.* (a) `t`'s own
+//!    process gives it: it stopped believing (condition 3) before it sent the write. (b)
+//!    Another replica takes it because `t` is dead (step 3) or the Lease is vacant (written so by
+//!    (a), or a fenced holder's). (c) The Lease vanished and another creates it (step 7). Each is
+//!    conditional on the version its writer saw, so it succeeds only if nobody wrote in between
+//!    (A1).
+//! 3. *A fence ends every belief of the fenced token first.* Say `q` fences `t`'s membership Lease
+//!    under resourceVersion `v`, having seen `v` unchanged for the lease duration since it first
+//!    saw it. The write that made `v` was stored before `q` first saw it, so it started before;
+//!    no later write of `t` was stored, as each is conditional on `t`'s latest version and the
+//!    fence changed it (and `t` never writes under a version that is not its own). `t`'s deadline
+//!    is therefore at most that write's start plus the renew deadline, and by A2 it passes before
+//!    `q`'s lease duration does: at least `lease_duration / (1 + e) - renew_deadline / (1 - e)`
+//!    before the fence, for clock rates within `1 ± e` (4.7 s with the defaults and 1%).
+//! 4. *A token dies once.* After a loss a process joins under a new token; a token that has not
+//!    joined within a lease duration of its first joining write is given up (one of its writes
+//!    may have been stored and fenced unseen), so no record ever names a fenced token again.
+//!    Every replica that sees a membership Lease name a token as its `previous-holder`, or
+//!    replaced by another without that proof (deleted, or written over by hand), counts that
+//!    token dead only after a lease duration more.
+//! 5. *A renewal extends nothing unless it made a new resourceVersion*: the deadline moves only
+//!    when the view shows the Lease carrying that renewal's counter, which a write that changed
+//!    nothing (or failed) never does. An answer alone extends nothing.
+//! 6. *Latency and loss only shorten beliefs*: a renewal answered late extends the belief from
+//!    its start, and only if the watch showed it; a partitioned replica's deadline passes while
+//!    the others wait a lease duration (step 3).
+//! 7. *A vanished Lease is remembered.* A holder's belief in a shard is extended only by a
+//!    renewal its view shows after the shard's Lease naming it, in resourceVersion order: once
+//!    the Lease is deleted, later renewals extend nothing for it, so the belief ends within the
+//!    renew deadline of a renewal stored before the delete. Other replicas take the shard only a
+//!    lease duration after they saw it vanish (or, never having seen it, after their first list
+//!    without it), or once its last holder is dead: as in step 3. A vanished membership Lease
+//!    makes its holder's renewals fail, and its token is dead a lease duration after it
+//!    vanished. The one exception is a first deployment: when a replica's very first list holds
+//!    no shard Lease naming a holder and no membership Lease saying it may hold shards, nobody
+//!    holds a shard (a member says so before it takes or is given one), and it counts the
+//!    missing shard Leases as never created, free at once. So deleting every Lease of a running
+//!    controller (or every shard Lease and the members' `held` marks) just as a replica starts
+//!    can let that replica overlap one that ran until then, by at most the renew deadline.
+//!
+//! So beliefs of one shard never overlap, and an involuntary loss leaves the slack of step 3
+//! (all of `lease_duration - renew_deadline`, less the clock rates' effect) between one holder's
+//! deadline and the next holder's first belief, for a process stalled between its deadline and
+//! the abort of its work. A hand-over leaves none: the giver's work has stopped before it writes.
+//!
+//! **What the deadline fences, and what not.** Work that stops by the deadline cannot overlap
+//! another replica's on the same shard. A reconcile that writes after a pause it did not
+//! notice (a stalled process) may still write after its shard moved: a write conditional on
+//! the resourceVersion it read is refused if the new holder wrote since; a patch, a
+//! server-side apply or a create is not. A reconcile that must not write after its shard moved
+//! makes its writes conditional on the resourceVersion it read.
+//!
+//! **Hand-overs and caches.** The taker reconciles a taken shard's objects from its own cache,
+//! which may not yet show the giver's last writes. The protocol does not wait for it: a single
+//! replica's cache lags its own writes in the same way, and reconciles already must read-modify-
+//! write with resourceVersion preconditions (a stale read is refused with 409 and retried).
 //!
 //! # The controller's side
 //!
-//! [`ShardLeases::new`] returns the protocol and its [`ShardEvents`]: a `watch` of the
-//! [`Assignment`] and an `mpsc` of [`HandOver`] requests. [`ShardLeases::run`] is the protocol's
-//! task. The controller keeps these invariants:
-//!
-//! - **Taking keys.** It takes a key of shard `s` only while
-//!   [`Assignment::accepts`]`(s, now)`: `s` is [`Held`](ShardState::Held) and its
-//!   [`valid_until`](Holding::valid_until) is in the future. `valid_until` is the start of the
-//!   last successful renewal plus the renew deadline (as a tokio instant); each renewal moves
-//!   it forward. A source drops other keys instead of queueing them.
-//! - **Taking a shard.** A shard whose [`epoch`](Holding::epoch) is new
-//!   ([`ShardChange::Acquired`]) was just taken: the controller enqueues its objects (from its
-//!   store, at low priority), since another replica may have dropped their events.
-//! - **Losing a shard.** When `valid_until` passes without a renewal the shard is lost, even
-//!   before the protocol publishes it ([`ShardChange::Ended`]): the controller stops taking its
-//!   keys at once, and aborts its reconciles still running (from a task of its own, whatever
-//!   polls its stream) before `valid_until` plus the lease duration minus the renew deadline
-//!   (less the clock rate bound below), after which another replica may take the shard.
-//! - **Handing a shard over.** For a [`HandOver`] the controller stops taking the shard's keys
-//!   (the `Assignment` shows it as [`GivingUp`](ShardState::GivingUp)), removes its queued keys,
-//!   lets its in-flight reconciles finish within a grace that ends before the request's
-//!   [`deadline`](HandOver::deadline), aborts the rest, and then calls
-//!   [`HandOver::acknowledge`]. Only then does the protocol release the Lease (an update that
-//!   clears the holder), so that another replica takes the shard at its next retry period
-//!   instead of after expiry. Without an acknowledgement by the deadline the Lease is not
-//!   released: it lapses, and the shard is lost at its `valid_until`.
-//! - **Leaving.** When [`ShardLeases::run`]'s shutdown future completes, the replica deletes its
-//!   membership Lease, hands every shard over (as above) and releases what the controller
-//!   acknowledged, for a fast failover. [`acknowledge_all`] is a controller with nothing to drain.
-//! - **After a loss** the replica stays a candidate ([`OnLoss::Rejoin`]); with [`OnLoss::Stop`]
-//!   `run` leaves as on shutdown and returns [`Ended::Lost`], for a controller that exits on a
-//!   lost Lease (controller-runtime's leader election does).
-//!
-//! # What the protocol assumes
-//!
-//! - **Clock rates, not offsets.** With `r` the ratio of the fastest to the slowest replica
-//!   clock, a holder's belief ends before any other replica can take its shard if
-//!   `renew_deadline * r < lease_duration` (with the defaults, 10 s and 15 s, any `r` under
-//!   1.5). The time the controller has to abort a lost shard's work after `valid_until` is at
-//!   least `lease_duration / (1 + e) - renew_deadline / (1 - e)` for rates within `1 ± e`.
-//! - **The API server's optimistic concurrency.** Every write is a replace under the
-//!   resourceVersion read (or a create), so a take succeeds only if the record is still the one
-//!   the taker observed expired; the API server (etcd) orders the writes to one object.
-//! - **Unique identities.** Each process has its own identity; a record naming this replica that
-//!   it does not hold in memory is its own (a write whose answer was lost), and it takes it back
-//!   under the record's version.
-//! - **A partitioned holder** (no answer, or errors) renews nothing, so it counts itself as
-//!   holding only until its last successful renewal's start plus the renew deadline; the others
-//!   take its shards only after they saw no change for the lease duration, later by at least
-//!   the margin above. Each request gets the retry period to answer.
-//!
-//! # Metrics and tracing
-//!
-//! The [`Assignment`] carries what metrics need: [`Assignment::held_count`] (the shards-held
-//! gauge; with one shard, whether this replica leads), [`Assignment::members`], and the
-//! counters of [`LeaseStats`] (hand-overs, losses, acquisitions, releases, renewal failures),
-//! each only growing. The protocol's events are `tracing` events (acquired, renewing failed,
-//! lost, handing over, acknowledged, released, lapsed), with the `shard` as a field, inside the
-//! span `lease_protocol` with the fields `controller` and `identity`.
+//! [`Controller::leases`](crate::controller::Controller::leases) runs the protocol as a task and
+//! follows what this replica holds. It takes a key of a shard only while the shard is held, not
+//! being handed over, and before the deadline. A shard just taken (a new holding) has its
+//! objects enqueued. A lost shard's running reconciles are aborted by a task of the controller's
+//! own, whatever polls its stream. For a hand-over the controller stops taking the shard's keys,
+//! lets its work finish or aborts it by the hand-over's deadline
+//! ([`LeaseConfig::hand_over_timeout`]), and acknowledges; the shard is given away only then, and
+//! kept (held, its keys not taken) while no acknowledgement comes.
 //!
 //! # Cost
 //!
-//! Each replica sends, every retry period, one list and one write per Lease it holds (its shards
-//! and its membership Lease): with `n` shards, `k` replicas and the retry period `p`, about
-//! `(n / k + 2) / p` requests per second per replica, `(n + 2k) / p` for the controller. The
-//! number of shards trades this cost against balance (a replica holds at most `ceil(n / k)`).
+//! Each replica writes its membership Lease once per retry period (0.5 writes/s with the
+//! defaults, whatever the number of shards) and keeps one watch; shard Leases are written only
+//! when shards move. The number of shards trades balance against the size of a move: a replica
+//! holds at most `ceil(shards / replicas)`.
+//!
+//! # Tracing
+//!
+//! The protocol's events (joined, acquired, handing over, gave away, lost, membership lost,
+//! collision, another configuration alive) are `tracing` events inside the span
+//! `lease_protocol` with the fields `controller` and `identity`. With the `metrics` feature the
+//! controller reports the shards held ([`SHARDS_HELD`](crate::controller::SHARDS_HELD), and
+//! [`LEADER`](crate::controller::LEADER) with one shard), the hand-overs
+//! ([`HAND_OVERS_TOTAL`](crate::controller::HAND_OVERS_TOTAL)) and the identity collisions
+//! (`workqueue_kube_lease_identity_collisions_total`), each labelled `controller`.
 
 mod assignment;
-mod client;
 mod clock;
 mod config;
-mod membership;
+mod driver;
+mod failures;
 mod protocol;
 mod shard;
+mod state;
+#[cfg(test)]
+mod tests;
+mod wire;
 
-pub use assignment::{
-    Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardChange, ShardEvents,
-    ShardState, acknowledge_all,
-};
-pub use client::{Created, Deleted, LeaseClient, LeaseError, Replaced};
+pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
-pub use protocol::{Ended, ShardLeases};
+pub(crate) use failures::RequestFailed;
+pub(crate) use protocol::{Ended, ShardLeases};
 pub use shard::shard_of;
 
 /// The label on every Lease of the protocol whose value is the controller's name.
-pub const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
+pub(crate) const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
 /// The label on every Lease of the protocol that says what it guards: [`ROLE_SHARD`] or
 /// [`ROLE_MEMBER`].
-pub const LABEL_ROLE: &str = "workqueue-kube/lease-role";
+pub(crate) const LABEL_ROLE: &str = "workqueue-kube/lease-role";
 /// [`LABEL_ROLE`] of a shard's Lease.
-pub const ROLE_SHARD: &str = "shard";
+pub(crate) const ROLE_SHARD: &str = "shard";
 /// [`LABEL_ROLE`] of a replica's membership Lease.
-pub const ROLE_MEMBER: &str = "member";
-/// The annotation on a membership Lease with the replica's number of shards: a replica takes no
-/// shard while a live replica has another number (during a rollout that changes it).
-pub const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";
+pub(crate) const ROLE_MEMBER: &str = "member";
+/// The annotation on every Lease of the protocol with its writer's number of shards: no shard is
+/// taken or moved while a replica that may be alive has another number (during a rollout that
+/// changes it, until the last replica of the old number is gone).
+pub(crate) const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";

@@ -4,11 +4,9 @@
 //! same. Throughout, no two replicas may believe they hold one shard at the same instant, and
 //! once the faults stop the live replicas settle on a fair share.
 
-mod lease_support;
-
 use tokio::time::sleep;
 
-use lease_support::*;
+use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 /// xorshift64*: a small deterministic generator (no dependency).

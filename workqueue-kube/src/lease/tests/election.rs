@@ -3,13 +3,12 @@
 //! tokio's paused clock. Every test checks, from each replica's published beliefs, that the two
 //! never believe they hold the shard at the same instant.
 
-mod lease_support;
-
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep};
-use workqueue_kube::lease::{Ended, OnLoss};
 
-use lease_support::*;
+use crate::lease::{Ended, OnLoss};
+
+use super::support::*;
 use workqueue_test_support::apiserver::{ApiServer, Partition};
 
 const LEASE: u64 = 15;
@@ -63,10 +62,7 @@ async fn one_leader_at_a_time_and_failover_when_it_dies() {
     );
     assert_eq!(leader.assignment().stats().hand_overs, 0);
     assert_eq!(leader.assignment().members(), 2);
-    assert_eq!(
-        shard_lease(&server).spec.unwrap().lease_transitions,
-        Some(1)
-    );
+    assert_eq!(stored_holder(&server, 0), Some(leader.name.clone()));
 
     let killed = Instant::now();
     leader.kill();
@@ -82,10 +78,6 @@ async fn one_leader_at_a_time_and_failover_when_it_dies() {
     assert!(
         failover <= secs(LEASE + RETRY + 1),
         "failover took {failover:?}"
-    );
-    assert_eq!(
-        shard_lease(&server).spec.unwrap().lease_transitions,
-        Some(2)
     );
 
     // The dead one comes back (a new process, same identity): it stands by.
@@ -200,7 +192,7 @@ async fn a_leader_that_shuts_down_releases_and_the_standby_takes_over_at_once() 
     let left = asked.elapsed();
     assert!(left < secs(1), "leaving took {left:?}");
     assert_eq!(r1.assignment().stats().releases, 1);
-    assert!(server.get_in::<Lease>(NAMESPACE, "ctl-member-r1").is_none());
+    assert_eq!(member_holder(&server, "r1"), None, "vacated");
     let took = until(secs(RETRY + 1), "r2 takes over", || r2.held_count() == 1).await;
     println!("left in {left:?}, taken {took:?} after");
     assert!(took <= secs(RETRY) + millis(100));
@@ -235,40 +227,42 @@ async fn a_leader_set_to_stop_on_loss_returns_lost() {
     ledger.assert_never_two_at_once();
 }
 
-fn ghost_lease(shard: u32, renew_time: &str, rv_bump: &str) -> Lease {
-    let mut lease: Lease = serde_json::from_value(serde_json::json!({
+/// A replica of the same protocol run by the test: its membership Lease, renewed by hand with
+/// a `renewTime` an hour off, and shard Leases naming it.
+fn ghost(kind: &str, name: &str, renew_time: &str, counter: u32) -> Lease {
+    serde_json::from_value(serde_json::json!({
         "metadata": {
-            "name": format!("{CONTROLLER}-shard-{shard}"),
+            "name": format!("{CONTROLLER}-{kind}-{name}"),
             "namespace": NAMESPACE,
-            "labels": { "workqueue-kube/controller": CONTROLLER, "workqueue-kube/lease-role": "shard" },
+            "labels": { "workqueue-kube/controller": CONTROLLER, "workqueue-kube/lease-role": kind },
+            "annotations": {
+                "workqueue-kube/shards": "2",
+                "workqueue-kube/protocol": "2",
+                "workqueue-kube/renewal": counter.to_string(),
+            },
         },
         "spec": {
-            "holderIdentity": "ghost",
+            "holderIdentity": "ghost_0000000000000001",
             "leaseDurationSeconds": 15,
             "renewTime": renew_time,
         },
     }))
-    .unwrap();
-    // A change the observer sees as a renewal (the ghost's own field).
-    lease
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert("ghost".into(), rv_bump.into());
-    lease
+    .unwrap()
 }
 
 /// Expiry is judged by the observer's clock from the first sight of each version, never from
-/// the `renewTime` the holder wrote: a holder whose clock is an hour behind (or ahead) keeps
-/// its shard while it renews, and loses it a lease duration after its last renewal as the
-/// observer saw it.
+/// the `renewTime` the holder wrote: a member whose clock is an hour behind keeps its shards
+/// while it renews its membership Lease, and loses them a lease duration after its last
+/// renewal as the observer saw it.
 #[tokio::test(start_paused = true)]
 async fn expiry_is_judged_from_the_last_change_seen_not_from_renew_time() {
     let server = ApiServer::new();
     let ledger = Ledger::new();
-    // The ghost holds both shards and renews every 2 s, writing renewTimes an hour off.
-    server.put(&ghost_lease(0, "2024-12-31T23:00:00.000000Z", "0"));
-    server.put(&ghost_lease(1, "2025-01-01T01:00:00.000000Z", "0"));
+    // The ghost holds both shards and renews its membership every 2 s, an hour behind.
+    let behind = "2024-12-31T23:00:00.000000Z";
+    server.put(&ghost("member", "ghost", behind, 0));
+    server.put(&ghost("shard", "0", behind, 0));
+    server.put(&ghost("shard", "1", behind, 0));
     let r1 = start(
         &server,
         &ledger,
@@ -278,17 +272,8 @@ async fn expiry_is_judged_from_the_last_change_seen_not_from_renew_time() {
     );
     for i in 1..=20 {
         sleep(secs(RETRY)).await;
-        server.put(&ghost_lease(
-            0,
-            "2024-12-31T23:00:00.000000Z",
-            &i.to_string(),
-        ));
-        server.put(&ghost_lease(
-            1,
-            "2025-01-01T01:00:00.000000Z",
-            &i.to_string(),
-        ));
-        assert_eq!(r1.held_count(), 0, "r1 took a shard that is renewed");
+        server.put(&ghost("member", "ghost", behind, i));
+        assert_eq!(r1.held_count(), 0, "r1 took a shard of a live member");
     }
     let stopped = Instant::now();
     until(
@@ -301,12 +286,11 @@ async fn expiry_is_judged_from_the_last_change_seen_not_from_renew_time() {
     println!("taken {after:?} after the ghost's last renewal");
     // Not before a lease duration on r1's clock (1% fast) since it last saw a change.
     assert!(after >= millis(14_850), "{after:?}");
+    assert_eq!(member_holder(&server, "ghost"), None, "fenced");
     let lease = shard_lease(&server);
-    let spec = lease.spec.unwrap();
-    assert_eq!(spec.holder_identity.as_deref(), Some("r1"));
-    assert_eq!(spec.lease_transitions, Some(1));
+    assert_eq!(holder_identity(&lease).as_deref(), Some("r1"));
     // r1's own wall time, 5 minutes ahead of 2025-01-01 plus the time it ran.
-    let renewed = spec.renew_time.unwrap().0;
+    let renewed = lease.spec.unwrap().renew_time.unwrap().0;
     assert!(renewed.as_second() > 1_735_689_600 + 300, "{renewed}");
     ledger.assert_never_two_at_once();
 }

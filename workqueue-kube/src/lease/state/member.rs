@@ -1,0 +1,542 @@
+//! This replica's own membership: joining, one renewal per retry period, the belief deadline,
+//! losing it and leaving.
+//!
+//! Invariants:
+//! - Every write of the membership Lease carries a counter never used before by this token, and
+//!   `sent` maps each counter not yet seen to the local instant its write started.
+//! - `confirmed` is the start of the latest write of the current token that the view has shown
+//!   (the watch delivered it, or a list held it): the belief deadline is `confirmed` plus the
+//!   renew deadline. An answer alone never extends it, and a write that made no new
+//!   resourceVersion never shows up as a new record, so it extends nothing.
+//! - A view that no longer shows the membership Lease naming the current token ends the
+//!   membership (`Lost`): the token is never used again; a rejoin draws a new one.
+//! - At most one write of the membership Lease is in flight.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::clock::LocalInstant;
+use super::super::shard::fmix64;
+use super::record::{Content, PROTOCOL, Rv, Token};
+use super::view::Seen;
+
+/// Where the membership stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Not a member yet: the next write makes it one, once the record is free to take.
+    Joining,
+    /// A member: a renewal of the current token has been seen.
+    Member,
+    /// Shutting down: renewals say `leaving`; the record is vacated once nothing is held.
+    Leaving,
+    /// The vacating write is due or out.
+    Vacating,
+    /// Done: nothing is held and nothing more is written.
+    Left,
+}
+
+/// What an observation of the membership record changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    Joined,
+    /// The membership ended: `old` is the token it had (never used again).
+    Lost {
+        old: Token,
+    },
+    Left,
+    /// Another process holds this identity's record and renews it: two processes were given
+    /// one identity.
+    Collision {
+        other: Token,
+    },
+}
+
+/// A write of the membership Lease to send.
+#[derive(Clone, Debug)]
+pub(crate) struct MemberWrite {
+    /// `None`: create it.
+    pub(crate) rv: Option<Rv>,
+    pub(crate) content: Content,
+}
+
+/// The fixed settings a membership needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) shards: u32,
+    pub(crate) duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+}
+
+/// A write in flight.
+#[derive(Clone, Debug)]
+struct InFlight {
+    counter: u64,
+    start: LocalInstant,
+    /// The resourceVersion it is conditional on (`None`: a create).
+    under: Option<Rv>,
+    vacate: bool,
+}
+
+/// At most this many writes of the membership Lease are in flight at once.
+const IN_FLIGHT: usize = 5;
+
+/// Another process's token on this identity's record, while joining waits for it to expire.
+#[derive(Clone, Debug)]
+struct Blocker {
+    token: Token,
+    rv: Rv,
+    renewals: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Membership {
+    identity: Arc<str>,
+    settings: Settings,
+    seed: u64,
+    incarnation: u64,
+    token: Token,
+    /// This process's earlier tokens (each one lost): a record naming one is taken over at
+    /// once, as nothing believes under it any more.
+    old: Vec<Token>,
+    phase: Phase,
+    counter: u64,
+    sent: VecDeque<(u64, LocalInstant)>,
+    confirmed: Option<LocalInstant>,
+    /// The resourceVersion (and counter) to write under next: the latest record of the current
+    /// token known, from an answer or the view.
+    base: Option<(Rv, u64)>,
+    /// A resourceVersion a write was refused under (409): never written under again.
+    refused: Option<Rv>,
+    /// The start of the latest write of the current token known to be stored.
+    stored_start: Option<LocalInstant>,
+    /// The writes in flight, oldest first.
+    in_flight: Vec<InFlight>,
+    /// The last write's resourceVersion precondition and start.
+    last_write: Option<(Option<Rv>, LocalInstant)>,
+    /// When the last joining write went out (any token): one per retry period.
+    last_join: Option<LocalInstant>,
+    /// When the current token's first joining write went out.
+    first_join: Option<LocalInstant>,
+    /// Tokens given up since the state machine last asked (it buries them in its view).
+    buried: Vec<Token>,
+    /// Whether a write with `leaving` has been sent since shutting down began.
+    leaving_sent: bool,
+    blocker: Option<Blocker>,
+    reported: Vec<Token>,
+}
+
+/// At most this many unseen writes are remembered (each one is a retry period apart).
+const SENT_KEPT: usize = 16;
+
+impl Membership {
+    pub(crate) fn new(identity: &str, seed: u64, settings: Settings) -> Membership {
+        Membership {
+            identity: identity.into(),
+            settings,
+            seed,
+            incarnation: 0,
+            token: Token::new(identity, fmix64(seed)),
+            old: Vec::new(),
+            phase: Phase::Joining,
+            counter: 0,
+            sent: VecDeque::new(),
+            confirmed: None,
+            base: None,
+            refused: None,
+            stored_start: None,
+            in_flight: Vec::new(),
+            last_write: None,
+            last_join: None,
+            first_join: None,
+            buried: Vec::new(),
+            leaving_sent: false,
+            blocker: None,
+            reported: Vec::new(),
+        }
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
+    }
+
+    pub(crate) fn identity(&self) -> &Arc<str> {
+        &self.identity
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Until when this replica may believe it holds what its records name it the holder of
+    /// (`None`: nothing).
+    pub(crate) fn valid_until(&self) -> Option<LocalInstant> {
+        match self.phase {
+            Phase::Member | Phase::Leaving => {
+                self.confirmed.map(|c| c + self.settings.renew_deadline)
+            }
+            Phase::Joining | Phase::Vacating | Phase::Left => None,
+        }
+    }
+
+    /// Whether a member (not leaving) whose belief is valid at `now`.
+    pub(crate) fn serving(&self, now: LocalInstant) -> bool {
+        self.phase == Phase::Member && self.valid_until().is_some_and(|v| now < v)
+    }
+
+    /// Shutting down: renewals say `leaving` from now on.
+    pub(crate) fn leave(&mut self) {
+        match self.phase {
+            Phase::Member => self.phase = Phase::Leaving,
+            // Never joined: whatever write is out, its record (if any) is vacated.
+            Phase::Joining => self.phase = Phase::Leaving,
+            Phase::Leaving | Phase::Vacating | Phase::Left => {}
+        }
+    }
+
+    /// Nothing is held any more: vacate the record (or stop, if none names this token).
+    pub(crate) fn vacate(&mut self) {
+        if self.phase == Phase::Leaving {
+            self.phase = Phase::Vacating;
+        }
+    }
+
+    /// Stops at once (after a loss, when the configuration says to stop): nothing more is
+    /// written.
+    pub(crate) fn stop(&mut self) {
+        self.phase = Phase::Left;
+    }
+
+    /// Reads this identity's membership record as the view shows it now.
+    pub(crate) fn observe(&mut self, seen: Option<&Seen>) -> Option<Change> {
+        let record = seen.map(|s| &s.record);
+        if let Some(record) = record.filter(|r| r.holder() == Some(&self.token)) {
+            let counter = record.content.counter;
+            while let Some(&(c, start)) = self.sent.front() {
+                if c > counter {
+                    break;
+                }
+                self.sent.pop_front();
+                if c == counter {
+                    self.confirmed = Some(self.confirmed.map_or(start, |s| s.max(start)));
+                    self.stored(start);
+                }
+            }
+            let newer = self.base.as_ref().is_none_or(|(_, c)| counter >= *c);
+            if newer && self.refused.as_ref() != Some(&record.rv) {
+                self.base = Some((record.rv.clone(), counter));
+            }
+            if self.phase == Phase::Joining && self.confirmed.is_some() {
+                self.phase = Phase::Member;
+                self.blocker = None;
+                return Some(Change::Joined);
+            }
+            return None;
+        }
+        // Fenced (or taken over) before it ever joined: the token is dead all the same.
+        let fenced = record.is_some_and(|r| r.content.previous.as_ref() == Some(&self.token));
+        match self.phase {
+            Phase::Member | Phase::Leaving if self.confirmed.is_some() => Some(self.lose()),
+            Phase::Joining | Phase::Leaving if fenced => Some(self.lose()),
+            // Vacated (or taken over): done. Unless a write of this token may still land.
+            Phase::Vacating if self.in_flight.is_empty() && self.base.is_none() => {
+                self.phase = Phase::Left;
+                Some(Change::Left)
+            }
+            Phase::Joining => self.watch_blocker(seen),
+            _ => None,
+        }
+    }
+
+    /// Counts the renewals of another token on this identity's record.
+    fn watch_blocker(&mut self, seen: Option<&Seen>) -> Option<Change> {
+        let record = seen.map(|s| &s.record);
+        let Some(other) = record
+            .and_then(|r| r.holder())
+            .filter(|h| !self.old.contains(h))
+        else {
+            self.blocker = None;
+            return None;
+        };
+        let rv = record.map(|r| r.rv.clone())?;
+        match &mut self.blocker {
+            Some(b) if b.token == *other => {
+                if b.rv != rv {
+                    b.rv = rv;
+                    b.renewals += 1;
+                }
+            }
+            _ => {
+                self.blocker = Some(Blocker {
+                    token: other.clone(),
+                    rv,
+                    renewals: 0,
+                });
+            }
+        }
+        let b = self.blocker.as_ref()?;
+        // Twice: a predecessor's last write may land after this process first looked.
+        if b.renewals >= 2 && !self.reported.contains(&b.token) {
+            self.reported.push(b.token.clone());
+            return Some(Change::Collision {
+                other: b.token.clone(),
+            });
+        }
+        None
+    }
+
+    /// The membership ended: a new token for a rejoin.
+    fn lose(&mut self) -> Change {
+        let old = self.token.clone();
+        self.buried.push(old.clone());
+        self.old.push(old.clone());
+        if self.old.len() > 4 {
+            self.old.remove(0);
+        }
+        self.incarnation += 1;
+        self.token = Token::new(&self.identity, fmix64(self.seed ^ self.incarnation));
+        self.sent.clear();
+        // Answers to the old token's writes are of no use any more.
+        self.in_flight.clear();
+        self.confirmed = None;
+        self.base = None;
+        self.refused = None;
+        self.stored_start = None;
+        self.first_join = None;
+        self.phase = match self.phase {
+            Phase::Leaving | Phase::Vacating | Phase::Left => Phase::Left,
+            Phase::Joining | Phase::Member => Phase::Joining,
+        };
+        Change::Lost { old }
+    }
+
+    /// The write to send now, if any (`seen`: this identity's record in the view).
+    ///
+    /// A renewal is due a retry period after the start of the latest one stored, at once
+    /// when its answer comes later than that (a slow server is met one round trip at a
+    /// time). A write not answered yet does not hold the next back for ever: a retry period
+    /// after it, another goes out under the same resourceVersion, so a lost request costs one
+    /// retry period, not the renew deadline; both being conditional on one resourceVersion,
+    /// at most one is written. Each may take until the belief it would extend ends.
+    pub(crate) fn next_write(
+        &mut self,
+        seen: Option<&Seen>,
+        synced: bool,
+        now: LocalInstant,
+    ) -> Option<MemberWrite> {
+        if !synced || self.in_flight.len() >= IN_FLIGHT {
+            return None;
+        }
+        let record = seen.map(|s| &s.record);
+        let rp = self.settings.retry_period;
+        let due = self.stored_start.is_none_or(|t| now >= t + rp);
+        let write = match self.phase {
+            Phase::Joining if self.last_join.is_none_or(|t| now >= t + rp) => {
+                let write = self.join(seen, now)?;
+                self.last_join = Some(now);
+                write
+            }
+            Phase::Member | Phase::Leaving
+                if due || (self.phase == Phase::Leaving && !self.leaving_sent) =>
+            {
+                let rv = self.write_base(record)?;
+                let previous = record.and_then(|r| r.content.previous.clone());
+                self.content(Some(rv), Some(self.token.clone()), previous, record)
+            }
+            Phase::Vacating => {
+                let rv = self.write_base(record)?;
+                self.content(Some(rv), None, Some(self.token.clone()), record)
+            }
+            _ => return None,
+        };
+        // Not twice under one resourceVersion within a retry period, answered or not (a
+        // write refused at once is not retried at once).
+        let recent = self
+            .in_flight
+            .iter()
+            .map(|w| (&w.under, w.start))
+            .chain(self.last_write.as_ref().map(|(u, t)| (u, *t)))
+            .any(|(under, start)| *under == write.rv && now < start + rp);
+        if recent {
+            return None;
+        }
+        self.last_write = Some((write.rv.clone(), now));
+        self.in_flight.push(InFlight {
+            counter: write.content.counter,
+            start: now,
+            under: write.rv.clone(),
+            vacate: write.content.holder.is_none(),
+        });
+        self.counter = write.content.counter;
+        self.leaving_sent |= write.content.leaving;
+        if write.content.holder.is_some() {
+            self.sent.push_back((write.content.counter, now));
+            if self.sent.len() > SENT_KEPT {
+                self.sent.pop_front();
+            }
+        }
+        Some(write)
+    }
+
+    /// The tokens this process gave up since the last call: nothing believes under them.
+    pub(crate) fn take_buried(&mut self) -> Vec<Token> {
+        std::mem::take(&mut self.buried)
+    }
+
+    fn stored(&mut self, start: LocalInstant) {
+        self.stored_start = Some(self.stored_start.map_or(start, |s| s.max(start)));
+    }
+
+    /// The first write of a token: create the record, or take it over when it is vacant, names
+    /// one of this process's earlier tokens, or names another holder that has expired (this
+    /// write is then the fence).
+    fn join(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<MemberWrite> {
+        // A write of this token was stored: renew it (the view has not caught up).
+        if let Some((rv, _)) = self.base.clone() {
+            let record = seen.map(|s| &s.record);
+            let previous = record.and_then(|r| r.content.previous.clone());
+            return Some(self.content(Some(rv), Some(self.token.clone()), previous, record));
+        }
+        // A token that has not joined within a lease duration of its first joining write is
+        // given up: one of its writes may have been stored, fenced and collected since, and a
+        // token must never hold a record twice (its first life's fence made it dead in every
+        // view). Within that window no fence of it can have happened yet.
+        if self
+            .first_join
+            .is_some_and(|t| now > t + self.settings.duration)
+        {
+            self.lose();
+        }
+        self.first_join.get_or_insert(now);
+        let Some(seen) = seen else {
+            return Some(self.content(None, Some(self.token.clone()), None, None));
+        };
+        let record = &seen.record;
+        if self.refused.as_ref() == Some(&record.rv) {
+            return None;
+        }
+        let previous = match record.holder() {
+            None => record.content.previous.clone(),
+            Some(h) if *h == self.token => record.content.previous.clone(),
+            Some(h) if self.old.contains(h) || now > seen.expires() => Some(h.clone()),
+            Some(_) => return None,
+        };
+        let rv = Some(record.rv.clone());
+        Some(self.content(rv, Some(self.token.clone()), previous, Some(record)))
+    }
+
+    /// The resourceVersion to write under: the latest known of this token's records, unless a
+    /// write was refused under it.
+    fn write_base(&mut self, record: Option<&super::record::Record>) -> Option<Rv> {
+        if self.base.is_none()
+            && let Some(r) = record.filter(|r| r.holder() == Some(&self.token))
+            && self.refused.as_ref() != Some(&r.rv)
+        {
+            self.base = Some((r.rv.clone(), r.content.counter));
+        }
+        self.base.as_ref().map(|(rv, _)| rv.clone())
+    }
+
+    fn content(
+        &self,
+        rv: Option<Rv>,
+        holder: Option<Token>,
+        previous: Option<Token>,
+        record: Option<&super::record::Record>,
+    ) -> MemberWrite {
+        let before = record.map_or(0, |r| r.content.counter);
+        MemberWrite {
+            rv,
+            content: Content {
+                holder,
+                previous,
+                counter: self.counter.max(before) + 1,
+                shards: Some(self.settings.shards),
+                protocol: Some(PROTOCOL),
+                leaving: matches!(self.phase, Phase::Leaving),
+                // Joining: holds nothing yet. Its first renewal as a member says it may.
+                held: matches!(self.phase, Phase::Member | Phase::Leaving),
+                duration: self.settings.duration,
+            },
+        }
+    }
+
+    /// The answer to the write in flight: the stored record, `Conflict` (409), `NotFound`
+    /// (404), or no answer / an error (`None`: it may or may not have been written).
+    pub(crate) fn answered(&mut self, counter: u64, answer: Answered) -> Option<Change> {
+        let i = self.in_flight.iter().position(|w| w.counter == counter)?;
+        let write = self.in_flight.remove(i);
+        let vacated = write.vacate;
+        match answer {
+            Answered::Stored { rv, counter } => {
+                if self.base.as_ref().is_none_or(|(_, c)| counter >= *c) {
+                    self.base = Some((rv, counter));
+                }
+                self.stored(write.start);
+                if vacated && self.phase == Phase::Vacating {
+                    self.phase = Phase::Left;
+                    return Some(Change::Left);
+                }
+                None
+            }
+            Answered::Conflict { under } => {
+                if self.base.as_ref().map(|(rv, _)| rv) == under.as_ref() {
+                    self.base = None;
+                }
+                self.refused = under;
+                None
+            }
+            Answered::NotFound => {
+                self.base = None;
+                match self.phase {
+                    Phase::Member | Phase::Leaving if self.confirmed.is_some() => Some(self.lose()),
+                    Phase::Vacating => {
+                        self.phase = Phase::Left;
+                        Some(Change::Left)
+                    }
+                    _ => None,
+                }
+            }
+            Answered::Unknown => None,
+        }
+    }
+
+    /// The instants at which the membership has something to do by time alone (some may
+    /// have passed).
+    pub(crate) fn next_wakes(&self, seen: Option<&Seen>) -> Vec<LocalInstant> {
+        let mut wakes: Vec<LocalInstant> = self.valid_until().into_iter().collect();
+        if self.in_flight.len() >= IN_FLIGHT || self.phase == Phase::Left {
+            return wakes;
+        }
+        let rp = self.settings.retry_period;
+        wakes.extend(self.stored_start.map(|t| t + rp));
+        wakes.extend(self.in_flight.iter().map(|w| w.start + rp));
+        wakes.extend(self.last_write.as_ref().map(|(_, t)| *t + rp));
+        if self.phase == Phase::Joining {
+            wakes.extend(self.last_join.map(|t| t + rp));
+        }
+        if self.phase == Phase::Joining
+            && let Some(seen) = seen.filter(|s| s.record.holder().is_some())
+        {
+            // Expired is strictly after.
+            wakes.push(seen.expires() + Duration::from_nanos(1));
+        }
+        wakes
+    }
+}
+
+/// What the state machine learned from the answer to a membership write.
+#[derive(Clone, Debug)]
+pub(crate) enum Answered {
+    Stored {
+        rv: Rv,
+        counter: u64,
+    },
+    /// Refused: the record changed since `under` (or, for a create, exists).
+    Conflict {
+        under: Option<Rv>,
+    },
+    NotFound,
+    Unknown,
+}
