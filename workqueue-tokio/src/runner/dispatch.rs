@@ -370,6 +370,7 @@ where
         // for it rather than wait (see `jobs`).
         if self.outside
             && self.first_polls_pending()
+            && !self.jobs.stalled()
             && jobs::spin_until(|| self.engine.ends.any() || !self.first_polls_pending())
             && self.engine.ends.any()
         {

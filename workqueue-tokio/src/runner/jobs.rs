@@ -36,7 +36,11 @@
 //! costs more than a first poll: a poller that runs out of jobs while the dispatcher is at work,
 //! and a dispatcher outside the worker threads while first polls are due, spin for up to
 //! [`SPIN`] first (giving the CPU away between looks), which in a busy runner is enough for the
-//! other's next hand-off.
+//! other's next hand-off. Neither spins while a poller is stalled ([`Jobs::stalled`]): the
+//! stalled poller holds a CPU, so the spinner may well share the CPU left with the thread it
+//! waits for, and giving it away between looks hands it to any other runnable thread, often for
+//! a whole scheduler tick (a millisecond), during which nothing is handed out; waiting instead,
+//! each side is woken by the other's hand-off.
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
@@ -54,8 +58,10 @@ use super::catch;
 /// its end.
 pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// How often the [`watch`] looks for stalled pollers while jobs wait.
-const TICK: Duration = Duration::from_millis(1);
+/// How often the [`watch`] looks for stalled pollers while jobs wait: short, since the jobs
+/// behind a stalled poller wait up to a tick for help; a look is a lock and a few loads, and the
+/// watch sleeps while no job waits.
+const TICK: Duration = Duration::from_micros(250);
 
 /// How long a first poll runs before its poller counts as stalled (a first poll that returns at
 /// once takes a few microseconds): jobs handed out then wake another poller, and so does the
@@ -241,18 +247,25 @@ impl Jobs {
     /// run for more than [`STALL`].
     fn at_work(&self, state: &JobsState) -> bool {
         let awake = state.pollers.saturating_sub(state.idle.len());
-        if awake == 0 {
-            return false;
-        }
+        awake > 0 && awake > self.stalled_pollers(state)
+    }
+
+    /// Whether a poller is in a first poll that has run for more than [`STALL`]: then the
+    /// dispatcher and the pollers do not spin (see the module docs).
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled_pollers(&self.lock()) > 0
+    }
+
+    /// How many pollers are in a first poll that has run for more than [`STALL`].
+    fn stalled_pollers(&self, state: &JobsState) -> usize {
         let now = self.now();
         let stall = u64::try_from(STALL.as_nanos()).unwrap_or(u64::MAX);
-        let stalled = state
+        state
             .busy
             .iter()
             .map(|b| b.0.load(Ordering::Relaxed))
             .filter(|&began| began != 0 && now.saturating_sub(began) > stall)
-            .count();
-        awake > stalled
+            .count()
     }
 
     /// Waits (the watch's thread) until a job waits; `false` once closed.
@@ -328,6 +341,7 @@ pub(crate) async fn poller(
                 // for those ends to hand out more) as this poller waits.
                 ends.flush();
                 if spin
+                    && !jobs.stalled()
                     && spin_until(|| {
                         jobs.queued.load(Ordering::Relaxed) > 0
                             || !jobs.dispatching.load(Ordering::Relaxed)
@@ -513,5 +527,34 @@ impl<M: Send> Flush for Ends<M> {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poller_counts_as_stalled_once_its_first_poll_ran_past_stall() {
+        let jobs = Jobs::new();
+        let busy = jobs
+            .add_poller(true)
+            .expect("a timed poller publishes its polls");
+        let _untimed = jobs.add_poller(false);
+        assert!(!jobs.stalled(), "no first poll runs");
+        std::thread::sleep(STALL * 3);
+        busy.0.store(jobs.now(), Ordering::Relaxed);
+        assert!(!jobs.stalled(), "a first poll that just began");
+        busy.0.store(1, Ordering::Relaxed);
+        assert!(
+            jobs.stalled(),
+            "a first poll that began more than STALL ago"
+        );
+        assert!(
+            jobs.at_work(&jobs.lock()),
+            "the other poller is awake and not stalled"
+        );
+        busy.0.store(0, Ordering::Relaxed);
+        assert!(!jobs.stalled(), "between first polls");
     }
 }
