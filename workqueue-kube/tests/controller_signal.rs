@@ -105,6 +105,10 @@ async fn sigterm_shuts_down_gracefully_and_in_flight_reconciles_finish() {
     if !watch.0.load(SeqCst) {
         timeout(guard, requested).await.expect("the signal is seen");
     }
+    // The log line comes just before its effect (the shutdown future completes, and the runner's
+    // intake closes on another task): a release in between could let the next key start, not
+    // because the shutdown lets it, but because it has not begun yet. Give it time to begin.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     release.notify_waiters();
     let items = timeout(guard, run).await.expect("the stream ends").unwrap();
     assert_eq!(items.len(), 1, "the reconcile in flight is reported");
