@@ -157,6 +157,12 @@ fn sharded(identity: &str) -> LeaseConfig {
     LeaseConfig::new(CONTROLLER, NAMESPACE, identity)
 }
 
+fn sharded_in(identity: &str, shards: u32) -> LeaseConfig {
+    let mut config = sharded(identity);
+    config.shards = shards;
+    config
+}
+
 /// The shards each replica holds, as the server's Leases say.
 fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
     let mut held = BTreeMap::new();
@@ -177,12 +183,12 @@ fn holders(server: &ApiServer) -> BTreeMap<String, u32> {
     held
 }
 
-/// Whether `replicas` hold all 32 shards, each within one of a fair share.
-fn fair(server: &ApiServer, replicas: &[&str]) -> bool {
+/// Whether `replicas` hold all `shards` shards, each within one of a fair share.
+fn fair(server: &ApiServer, replicas: &[&str], shards: u32) -> bool {
     let held = holders(server);
     let k = replicas.len() as u32;
-    let (floor, ceil) = (32 / k, 32u32.div_ceil(k));
-    held.values().sum::<u32>() == 32
+    let (floor, ceil) = (shards / k, shards.div_ceil(k));
+    held.values().sum::<u32>() == shards
         && held.keys().all(|h| replicas.contains(&h.as_str()))
         && replicas
             .iter()
@@ -546,11 +552,18 @@ async fn a_slow_consumer_does_not_delay_the_aborts_of_a_partitioned_leader() {
     r2.shut_down().await;
 }
 
-/// Rebalance with 32 shards, 1 → 3 → 2 replicas: after each change each replica holds within one
-/// of a fair share, the objects of the shards that moved are reconciled by their new owner, and
-/// a change of every object then is reconciled once, by the replica holding its shard.
+/// Rebalance with 32 and with 256 shards, 1 → 3 → 2 replicas: after each change each replica
+/// holds within one of a fair share, the objects of the shards that moved are reconciled by their
+/// new owner, and a change of every object then is reconciled once, by the replica holding its
+/// shard.
 #[tokio::test(start_paused = true)]
 async fn rebalance_one_three_two_loses_nothing() {
+    for shards in [32, 256] {
+        rebalance_one_three_two(shards).await;
+    }
+}
+
+async fn rebalance_one_three_two(shards: u32) {
     let server = ApiServer::new();
     const OBJECTS: usize = 200;
     for i in 0..OBJECTS {
@@ -564,8 +577,11 @@ async fn rebalance_one_three_two_loses_nothing() {
             server.put(&cm(&format!("cm-{i:03}"), &version.to_string()));
         }
     };
-    let r1 = Replica::start(&server, &ledger, 0, sharded("r1"), millis(10), 4);
-    until(secs(30), "r1 holds everything", || fair(&server, &["r1"])).await;
+    let r1 = Replica::start(&server, &ledger, 0, sharded_in("r1", shards), millis(10), 4);
+    until(secs(30), "r1 holds everything", || {
+        fair(&server, &["r1"], shards)
+    })
+    .await;
     until(secs(30), "every object reconciled", || {
         ledger.started_since(Instant::now() - secs(60)).len() == OBJECTS
     })
@@ -576,14 +592,14 @@ async fn rebalance_one_three_two_loses_nothing() {
             &server,
             &ledger,
             index,
-            sharded(name),
+            sharded_in(name, shards),
             millis(10),
             4,
         ));
     }
     let joined = Instant::now();
     until(secs(30), "three replicas settle", || {
-        fair(&server, &["r1", "r2", "r3"])
+        fair(&server, &["r1", "r2", "r3"], shards)
     })
     .await;
     sleep(secs(5)).await;
@@ -603,7 +619,7 @@ async fn rebalance_one_three_two_loses_nothing() {
             let r3 = replicas.pop().unwrap();
             r3.kill(&ledger);
             until(secs(60), "two replicas settle", || {
-                fair(&server, &["r1", "r2"])
+                fair(&server, &["r1", "r2"], shards)
             })
             .await;
             sleep(secs(5)).await;
@@ -632,9 +648,16 @@ async fn rebalance_one_three_two_loses_nothing() {
 }
 
 /// Scale: replicas started and settled first, then 10,000 objects created; reconciles of 10 ms,
-/// concurrency 4 per replica. The time until all are reconciled, with 1, 2 and 4 replicas.
+/// concurrency 4 per replica. The time until all are reconciled, with 1, 2 and 4 replicas, with
+/// 32 and with 256 shards.
 #[tokio::test(start_paused = true)]
 async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
+    for shards in [32, 256] {
+        scale_over_one_two_and_four(shards).await;
+    }
+}
+
+async fn scale_over_one_two_and_four(shards: u32) {
     const OBJECTS: usize = 10_000;
     let mut times = Vec::new();
     for k in [1usize, 2, 4] {
@@ -644,10 +667,13 @@ async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
         let replicas: Vec<Replica> = names
             .iter()
             .enumerate()
-            .map(|(i, n)| Replica::start(&server, &ledger, i, sharded(n), millis(10), 4))
+            .map(|(i, n)| Replica::start(&server, &ledger, i, sharded_in(n, shards), millis(10), 4))
             .collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        until(secs(60), "the replicas settle", || fair(&server, &refs)).await;
+        until(secs(60), "the replicas settle", || {
+            fair(&server, &refs, shards)
+        })
+        .await;
         let created = Instant::now();
         for i in 0..OBJECTS {
             server.put(&cm(&format!("cm-{i:05}"), "1"));
@@ -657,13 +683,13 @@ async fn scale_ten_thousand_objects_over_one_two_and_four_replicas() {
         })
         .await;
         ledger.assert_never_two_at_once();
-        println!("{k} replica(s): all {OBJECTS} reconciled in {took:?}");
+        println!("{shards} shards, {k} replica(s): all {OBJECTS} reconciled in {took:?}");
         times.push(took);
         for replica in replicas {
             replica.shut_down().await;
         }
     }
     let ratio = times[2].as_secs_f64() / times[0].as_secs_f64();
-    println!("4 replicas / 1 replica: {ratio:.2}x");
+    println!("{shards} shards: 4 replicas / 1 replica: {ratio:.2}x");
     assert!(ratio <= 0.35, "4 replicas took {ratio:.2}x of 1: {times:?}");
 }
