@@ -36,7 +36,7 @@
 //! costs more than a first poll: a poller that runs out of jobs while the dispatcher is at work,
 //! and a dispatcher outside the worker threads while first polls are due, spin for up to
 //! [`SPIN`] first (giving the CPU away between looks), which in a busy runner is enough for the
-//! other's next hand-off. Neither spins while a poller is stalled ([`Jobs::stalled`]): the
+//! other's next hand-off. Neither spins while a poller or a helper is stalled ([`Jobs::stalled`]): the
 //! stalled poller holds a CPU, so the spinner may well share the CPU left with the thread it
 //! waits for, and giving it away between looks hands it to any other runnable thread, often for
 //! a whole scheduler tick (a millisecond), during which nothing is handed out; waiting instead,
@@ -116,6 +116,9 @@ struct JobsState {
     pollers: usize,
     /// For each poller of a multi-thread runtime: when its current first poll began.
     busy: Vec<Arc<Busy>>,
+    /// For each helper alive: when its current first poll began (helpers are not pollers: they
+    /// count only for [`Jobs::stalled`]).
+    helping: Vec<Arc<Busy>>,
     /// Whether the [`watch`] waits on `queued_again`.
     watch_waits: bool,
     closed: bool,
@@ -144,6 +147,7 @@ impl Jobs {
                 idle: Vec::new(),
                 pollers: 0,
                 busy: Vec::new(),
+                helping: Vec::new(),
                 watch_waits: false,
                 closed: false,
             }),
@@ -250,19 +254,23 @@ impl Jobs {
         awake > 0 && awake > self.stalled_pollers(state)
     }
 
-    /// Whether a poller is in a first poll that has run for more than [`STALL`]: then the
-    /// dispatcher and the pollers do not spin (see the module docs).
+    /// Whether a poller or a helper is in a first poll that has run for more than [`STALL`]:
+    /// then the dispatcher and the pollers do not spin (see the module docs).
     pub(crate) fn stalled(&self) -> bool {
-        self.stalled_pollers(&self.lock()) > 0
+        let state = self.lock();
+        self.stalled_in(&state.busy) + self.stalled_in(&state.helping) > 0
     }
 
     /// How many pollers are in a first poll that has run for more than [`STALL`].
     fn stalled_pollers(&self, state: &JobsState) -> usize {
+        self.stalled_in(&state.busy)
+    }
+
+    /// How many of `busy` are in a first poll that has run for more than [`STALL`].
+    fn stalled_in(&self, busy: &[Arc<Busy>]) -> usize {
         let now = self.now();
         let stall = u64::try_from(STALL.as_nanos()).unwrap_or(u64::MAX);
-        state
-            .busy
-            .iter()
+        busy.iter()
             .map(|b| b.0.load(Ordering::Relaxed))
             .filter(|&began| began != 0 && now.saturating_sub(began) > stall)
             .count()
@@ -396,10 +404,17 @@ pub(crate) fn watch(jobs: Arc<Jobs>, ends: Arc<dyn Flush>, runtime: tokio::runti
 
 /// A helper: a poller for as long as jobs wait (see [`watch`]).
 async fn helper(jobs: Arc<Jobs>, ends: Arc<dyn Flush>) {
+    // It publishes its first polls' starts as pollers do, so that a stall in a helper also stops
+    // the spinning (see the module docs).
+    let busy = Arc::new(Busy::default());
+    jobs.lock().helping.push(busy.clone());
     while let Some(job) = jobs.try_pop() {
+        busy.0.store(jobs.now(), Ordering::Relaxed);
         first_poll(job);
+        busy.0.store(0, Ordering::Relaxed);
         jobs.progress.fetch_add(1, Ordering::Relaxed);
     }
+    jobs.lock().helping.retain(|b| !Arc::ptr_eq(b, &busy));
     ends.flush();
 }
 
