@@ -45,17 +45,25 @@ impl Failures {
         }
     }
 
-    /// A request failed: logged always, told if its verb was not failing already.
+    /// A request failed: told (and logged as a warning) if its verb was not failing already,
+    /// logged at debug level otherwise.
     pub(crate) fn failed(&mut self, failure: RequestFailed) {
+        if !self.failing.insert(failure.verb) {
+            tracing::debug!(
+                verb = failure.verb,
+                lease = %failure.lease,
+                error = %failure.message,
+                "a Lease request failed again"
+            );
+            return;
+        }
         tracing::warn!(
             verb = failure.verb,
             lease = %failure.lease,
             error = %failure.message,
             "a Lease request failed"
         );
-        if self.failing.insert(failure.verb)
-            && let Some(tell) = &self.tell
-        {
+        if let Some(tell) = &self.tell {
             tell(failure);
         }
     }
