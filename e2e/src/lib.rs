@@ -8,6 +8,7 @@ pub mod counting;
 #[cfg(feature = "control-plane")]
 pub mod outage;
 pub mod replica;
+pub mod running;
 
 use std::time::{Duration, Instant};
 

@@ -9,10 +9,9 @@
 mod controller;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -21,7 +20,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use tokio::sync::oneshot;
+use workqueue_e2e::running::Running;
 use workqueue_e2e::until;
 use workqueue_kube::controller::Controller;
 use workqueue_test_support::control_plane::ControlPlane;
@@ -82,18 +81,6 @@ fn deployment(owner: &ConfigMap) -> Deployment {
         },
         ..Default::default()
     }
-}
-
-/// An error and its sources, in one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// A namespace with the README's Role minus `missing` (group, resource, verb), bound to a user
@@ -162,12 +149,6 @@ async fn setup(prefix: &str, missing: Option<(&str, &str, &str)>) -> (String, ku
 
 /// The counter controller, wired as its `main` wires it, on `config`'s user in `ns`; what its
 /// stream says is collected (each error with its sources).
-struct Running {
-    said: Arc<Mutex<Vec<String>>>,
-    stop: oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<()>,
-}
-
 fn start(ns: &str, config: kube::Config) -> Running {
     let client = kube::Client::try_from(config).unwrap();
     let reporter = Reporter {
@@ -179,45 +160,12 @@ fn start(ns: &str, config: kube::Config) -> Running {
         client: client.clone(),
     });
     let wc = watcher::Config::default();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let said = Arc::new(Mutex::new(Vec::new()));
-    let log = said.clone();
-    let stream = Controller::new(Api::<ConfigMap>::namespaced(client.clone(), ns), wc.clone())
-        .owns(Api::<Deployment>::namespaced(client, ns), wc)
-        .graceful_shutdown_on(async move {
-            let _ = stopped.await;
-        })
-        .run(controller::reconcile, controller::error_policy, state)
-        .for_each(move |item| {
-            let line = match item {
-                Ok((object, _)) => format!("ok {}", object.name),
-                Err(e) => chain(&e),
-            };
-            log.lock().unwrap().push(line);
-            async {}
-        });
-    Running {
-        said,
-        stop,
-        run: tokio::spawn(stream),
-    }
-}
-
-impl Running {
-    fn said(&self) -> Vec<String> {
-        self.said.lock().unwrap().clone()
-    }
-
-    /// Stops it; it must stop within its shutdown grace (30 s) and must not have panicked.
-    async fn stop(self) -> Duration {
-        let start = Instant::now();
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(40), self.run)
-            .await
-            .expect("the controller did not stop")
-            .expect("the controller's task panicked");
-        start.elapsed()
-    }
+    Running::start(|stopped| {
+        Controller::new(Api::<ConfigMap>::namespaced(client.clone(), ns), wc.clone())
+            .owns(Api::<Deployment>::namespaced(client, ns), wc)
+            .graceful_shutdown_on(stopped)
+            .run(controller::reconcile, controller::error_policy, state)
+    })
 }
 
 /// With the whole documented Role it works: `web` scaled and its `applied` annotation written,
@@ -277,7 +225,7 @@ async fn each_missing_verb_is_reported_by_name() {
             })
             .await;
             assert!(
-                !c.run.is_finished(),
+                !c.is_finished(),
                 "{verb} {resource}: the controller stopped: {:#?}",
                 c.said()
             );

@@ -8,17 +8,16 @@
 //! after a previous replica (the administrator, another identity) ran and left, so that its
 //! vacated membership Lease is there to collect.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::oneshot;
+use workqueue_e2e::running::Running;
 use workqueue_e2e::until;
 use workqueue_kube::controller::{Action, Controller};
 use workqueue_kube::lease::LeaseConfig;
@@ -47,18 +46,6 @@ fn lease_config(lease_ns: &str, identity: &str) -> LeaseConfig {
     config.retry_period = Duration::from_secs(1);
     config.hand_over_timeout = Duration::from_secs(3);
     config
-}
-
-/// An error and its sources, in one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 fn role(ns: &str, rules: &[(&str, &str, &[&str])], missing: Option<(&str, &str, &str)>) -> Role {
@@ -144,61 +131,21 @@ async fn reconcile(cm: Arc<ConfigMap>, client: Arc<kube::Client>) -> Result<Acti
 }
 
 /// The sharded controller on `config`'s user; what its stream says is collected.
-struct Running {
-    said: Arc<Mutex<Vec<String>>>,
-    stop: oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<()>,
-}
-
 fn start(ns: &str, lease_ns: &str, identity: &str, config: kube::Config) -> Running {
     let client = kube::Client::try_from(config).unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let said = Arc::new(Mutex::new(Vec::new()));
-    let log = said.clone();
-    let stream = Controller::new(
-        Api::<ConfigMap>::namespaced(client.clone(), ns),
-        watcher::Config::default(),
-    )
-    .leases(lease_config(lease_ns, identity))
-    .graceful_shutdown_on(async move {
-        let _ = stopped.await;
+    Running::start(|stopped| {
+        Controller::new(
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+        )
+        .leases(lease_config(lease_ns, identity))
+        .graceful_shutdown_on(stopped)
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_secs(1)),
+            Arc::new(client),
+        )
     })
-    .run(
-        reconcile,
-        |_, _, _| Action::requeue(Duration::from_secs(1)),
-        Arc::new(client),
-    )
-    .for_each(move |item| {
-        let line = match item {
-            Ok((object, _)) => format!("ok {}", object.name),
-            Err(e) => chain(&e),
-        };
-        log.lock().unwrap().push(line);
-        async {}
-    });
-    Running {
-        said,
-        stop,
-        run: tokio::spawn(stream),
-    }
-}
-
-impl Running {
-    fn said(&self) -> Vec<String> {
-        self.said.lock().unwrap().clone()
-    }
-
-    /// Stops it; it must stop within its shutdown grace and hand-over (40 s) and must not have
-    /// panicked.
-    async fn stop(self) -> Duration {
-        let start = Instant::now();
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(40), self.run)
-            .await
-            .expect("the controller did not stop")
-            .expect("the controller's task panicked");
-        start.elapsed()
-    }
 }
 
 /// How many of `ns`'s ConfigMaps carry the reconcile's annotation.
@@ -301,7 +248,7 @@ async fn each_missing_lease_verb_is_reported_by_name() {
         })
         .await;
         assert!(
-            !c.run.is_finished(),
+            !c.is_finished(),
             "{verb} leases: the controller stopped: {:#?}",
             c.said()
         );
