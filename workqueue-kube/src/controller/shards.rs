@@ -92,12 +92,9 @@ impl Leases {
     /// reconcile: its shard and this replica's published holdings.
     pub(crate) fn held<K: Resource>(&self) -> impl Fn(&ObjectRef<K>) -> Held + Send + use<K> {
         let assignment = self.assignment.clone();
-        move |key| {
-            let shards = assignment.borrow().shard_count().max(1);
-            Held {
-                shard: shard_of(key.namespace.as_deref(), &key.name, shards),
-                assignment: assignment.clone(),
-            }
+        move |key| Held {
+            shard: key_shard(key, assignment.borrow().shard_count()),
+            assignment: assignment.clone(),
         }
     }
 
@@ -147,14 +144,15 @@ impl Leases {
     }
 }
 
+/// The shard of `key` among `shards` (at least one): the one rule the source filter, the
+/// watchdog and `lease::deadline` share.
+fn key_shard<K: Resource>(key: &ObjectRef<K>, shards: u32) -> u32 {
+    shard_of(key.namespace.as_deref(), &key.name, shards.max(1))
+}
+
 /// Whether `key`'s shard is held and valid now, by `assignment`.
 fn owns<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
-    let shard = shard_of(
-        key.namespace.as_deref(),
-        &key.name,
-        assignment.shard_count().max(1),
-    );
-    assignment.accepts(shard, Instant::now())
+    assignment.accepts(key_shard(key, assignment.shard_count()), Instant::now())
 }
 
 /// A shard whose work is stopping.
@@ -251,17 +249,13 @@ where
 
     /// The shard of `key`.
     fn shard_of(&self, key: &ObjectRef<K>) -> u32 {
-        shard_of(
-            key.namespace.as_deref(),
-            &key.name,
-            self.seen.shard_count().max(1),
-        )
+        key_shard(key, self.seen.shard_count())
     }
 
     /// A predicate on the keys of `shard`.
     fn keys_of(&self, shard: u32) -> impl Fn(&ObjectRef<K>) -> bool + Send + 'static + use<K> {
-        let count = self.seen.shard_count().max(1);
-        move |key: &ObjectRef<K>| shard_of(key.namespace.as_deref(), &key.name, count) == shard
+        let count = self.seen.shard_count();
+        move |key: &ObjectRef<K>| key_shard(key, count) == shard
     }
 
     /// The assignment changed: enqueues the objects of each shard taken, stops each shard that
