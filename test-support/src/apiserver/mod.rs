@@ -179,9 +179,11 @@ impl ApiServer {
 
     /// Sets a client's link: [`Partition::Refused`] fails its requests and open watches at
     /// once, [`Partition::Blackholed`] holds them until the link is
-    /// [`Partition::Connected`] again and then fails them. A response the server produced
-    /// while the link went down is lost on the way back (the write happened; the client sees
-    /// a transport error). The name need not have a client yet.
+    /// [`Partition::Connected`] again and then fails them, [`Partition::WatchesHang`] stalls
+    /// its watches silently, [`Partition::ReadsFail`] fails its reads and lets its writes
+    /// through. A response the server produced while the link went down is lost on the way
+    /// back (the write happened; the client sees a transport error). The name need not have a
+    /// client yet.
     pub fn set_partition(&self, client: &str, partition: Partition) {
         self.link(client).partition.send_replace(partition);
     }

@@ -25,6 +25,13 @@ pub enum Partition {
     /// transport error when the partition heals. A client with its own timeouts (as a leader
     /// elector's renew deadline) sees those fire first.
     Blackholed,
+    /// Watches stall silently: their connections stay open, nothing arrives and nothing
+    /// fails (a proxy that holds the stream). What they hold back arrives, in order, once the
+    /// link is connected again. Every other request, lists included, works.
+    WatchesHang,
+    /// Reads fail: every GET (lists and watches) fails at once with a transport error, and open
+    /// watches break. Writes work.
+    ReadsFail,
 }
 
 /// One request as a client sent it.
@@ -110,11 +117,13 @@ impl ClientLink {
         Box::new(error)
     }
 
-    /// Passes if the link is up now; otherwise the error the client sees.
-    async fn cross(&self) -> Result<(), BoxError> {
+    /// Passes if the link is up now for a request with `method`; otherwise the error the
+    /// client sees.
+    async fn cross(&self, method: &Method) -> Result<(), BoxError> {
         let now = *self.partition.borrow();
         match now {
-            Partition::Connected => Ok(()),
+            Partition::Connected | Partition::WatchesHang => Ok(()),
+            Partition::ReadsFail if *method != Method::GET => Ok(()),
             other => Err(self.fail(other).await),
         }
     }
@@ -158,18 +167,19 @@ impl ApiServer {
             });
             inner.log.len() - 1
         };
+        let method = request.method().clone();
         let (to_server, to_client) = link.latency();
         if !to_server.is_zero() {
             sleep(to_server).await;
         }
-        link.cross().await?;
+        link.cross(&method).await?;
         self.lock().log[entry].reached = true;
         let response = self.handle(link, request).await;
         self.lock().log[entry].status = Some(response.status().as_u16());
         if !to_client.is_zero() {
             sleep(to_client).await;
         }
-        link.cross().await?;
+        link.cross(&method).await?;
         Ok(response)
     }
 }

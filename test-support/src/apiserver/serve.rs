@@ -436,6 +436,11 @@ fn watch_body(
         let (mut rx, mut partition, link) = state?;
         loop {
             let now = *partition.borrow_and_update();
+            if now == Partition::WatchesHang {
+                // Held open, silent: the lines wait in the channel.
+                let _ = partition.changed().await;
+                continue;
+            }
             if now != Partition::Connected {
                 let error = link.fail(now).await;
                 return Some((Err(error), None));
@@ -450,7 +455,16 @@ fn watch_body(
             if !latency.is_zero() {
                 sleep_until(line.sent + latency).await;
             }
-            if *partition.borrow() != Partition::Connected {
+            let mut link_now = *partition.borrow();
+            if link_now == Partition::WatchesHang {
+                // Held until the link is connected again, then delivered first.
+                let mut held = partition.clone();
+                link_now = held
+                    .wait_for(|p| *p != Partition::WatchesHang)
+                    .await
+                    .map_or(Partition::Refused, |p| *p);
+            }
+            if link_now != Partition::Connected {
                 continue; // the line is lost with the connection
             }
             return Some((Ok(Frame::data(line.line)), Some((rx, partition, link))));

@@ -78,6 +78,42 @@ pub enum RunnerError {
         /// What the API server (or the client) said.
         message: String,
     },
+    /// The Lease watch did not show a renewal the API server had stored within the retry
+    /// period (a watch that stalls with its connection open): it was replaced by a new list and
+    /// watch, and the protocol goes on from what the list shows. Reported once until a watch
+    /// delivers again. If it repeats, look for what holds the watch's connection (a proxy, a
+    /// load balancer, an overloaded API server).
+    #[error("the Lease watch ({selector}) was stale: it was replaced by a new list and watch")]
+    LeaseWatchStale {
+        /// The label selector of the Lease watch.
+        selector: String,
+    },
+    /// Renewals of this replica's membership Lease were stored by the API server but not read
+    /// back within the renew deadline (its reads fail, or come back later than the renew
+    /// deadline): this replica could not believe it holds anything, so it stopped renewing,
+    /// and another replica takes its shards over once its Lease expires. It joins again under
+    /// a new instance once it reads its membership Lease fenced. Look at this replica's
+    /// connection to the API server and at the `list` and `watch` permissions on Leases.
+    #[error(
+        "this replica's Lease renewals were not read back within the renew deadline: it stepped down so that another replica takes its shards"
+    )]
+    LeaseSteppedDown,
+    /// A member's Lease carries a lease duration unlike this replica's: replicas run with
+    /// other `LeaseConfig` durations (a rollout that changes them), or someone edited
+    /// `leaseDurationSeconds`. Safe: expiry is judged by the longer of the two, so a replica
+    /// with the shorter duration waits longer to take over. Give every replica the same
+    /// durations. Reported once for each holder.
+    #[error(
+        "the Lease of member {holder} carries a lease duration of {lease_duration:?}, this replica's is {ours:?}"
+    )]
+    LeaseTimingMismatch {
+        /// The member's holder (`{identity}_{instance}`).
+        holder: String,
+        /// The lease duration its Lease carries.
+        lease_duration: std::time::Duration,
+        /// This replica's lease duration.
+        ours: std::time::Duration,
+    },
     /// [`Controller::leases`](super::Controller::leases) on a controller made without an `Api`
     /// (`for_stream`): the Leases need a client. Use `Controller::new`.
     #[error("a controller on Leases needs a client: build it with Controller::new")]

@@ -37,8 +37,8 @@ use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
 use super::error::RunnerError;
 use super::triggers::Reports;
 use crate::lease::{
-    Assignment, Ended, HandOver, Held, LeaseClock, LeaseConfig, RequestFailed, ShardChange,
-    ShardLeases, shard_of,
+    Assignment, Ended, HandOver, Held, LeaseClock, LeaseConfig, Report, ShardChange, ShardLeases,
+    shard_of,
 };
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
@@ -73,11 +73,24 @@ impl Leases {
         };
         // A failed Lease request goes on the controller's stream (each verb once, until it works
         // again): a missing permission must not look like a replica that holds nothing.
-        let protocol = protocol.with_failures(Arc::new(move |failed: RequestFailed| {
-            reports.send(RunnerError::LeaseRequestFailed {
-                verb: failed.verb,
-                lease: failed.lease,
-                message: failed.message,
+        let protocol = protocol.with_reports(Arc::new(move |report: Report| {
+            reports.send(match report {
+                Report::Failed(failed) => RunnerError::LeaseRequestFailed {
+                    verb: failed.verb,
+                    lease: failed.lease,
+                    message: failed.message,
+                },
+                Report::WatchStale { selector } => RunnerError::LeaseWatchStale { selector },
+                Report::SteppedDown => RunnerError::LeaseSteppedDown,
+                Report::Timing {
+                    holder,
+                    duration,
+                    ours,
+                } => RunnerError::LeaseTimingMismatch {
+                    holder,
+                    lease_duration: duration,
+                    ours,
+                },
             });
         }));
         Ok(Leases {
@@ -404,7 +417,7 @@ where
     /// too, so that the process can exit.
     fn on_protocol_ended(&mut self, ended: Option<Ended>) {
         if let Some(Ended::Lost { shard }) = ended {
-            tracing::warn!(shard, "a Lease was lost: the controller shuts down");
+            tracing::warn!(?shard, "a Lease was lost: the controller shuts down");
             self.shutdown.cancel();
         }
     }

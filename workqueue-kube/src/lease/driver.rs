@@ -22,7 +22,7 @@ use super::LABEL_CONTROLLER;
 use super::assignment::{Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardState};
 use super::clock::LeaseClock;
 use super::config::LeaseConfig;
-use super::failures::{Failures, RequestFailed, Tell};
+use super::failures::{Failures, Report, RequestFailed, Tell};
 use super::protocol::Ended;
 use super::state::{
     Answer, Config, Decision, Ending, LeaseName, Names, Op, Output, Reason, Record, ReplicaState,
@@ -55,6 +55,11 @@ pub(crate) struct Driver {
     ended: Option<Ended>,
     first_lost: Option<u32>,
     failures: Failures,
+    tell: Option<Tell>,
+    /// The watch is to be replaced (the state machine found it stale).
+    rewatch: bool,
+    /// A stale watch was told and no watch delivered since: told once per episode.
+    stale_told: bool,
 }
 
 /// A seed for the instance ids: random per process.
@@ -85,7 +90,10 @@ impl Driver {
             stats: LeaseStats::default(),
             ended: None,
             first_lost: None,
-            failures: Failures::new(tell),
+            failures: Failures::new(tell.clone()),
+            tell,
+            rewatch: false,
+            stale_told: false,
         }
     }
 
@@ -96,6 +104,7 @@ impl Driver {
         let mut shutdown_seen = false;
         let mut give_up: Option<Instant> = None;
         let mut watch = self.watch();
+        let mut watch_started = Instant::now();
         let mut listing: Option<Vec<(LeaseName, Record)>> = None;
         let mut watch_paused: Option<Instant> = None;
         let mut watch_retry = WATCH_RETRY;
@@ -103,6 +112,18 @@ impl Driver {
             self.flush();
             if let Some(ended) = self.ended {
                 return ended;
+            }
+            // A stale watch: a new one, which lists first (a consistent read); a pause of the
+            // old one's errors does not hold it back. Not while the list of a new one is under
+            // way (it shows what the stale one did not), unless that list takes past the renew
+            // deadline itself.
+            let listing_now =
+                listing.is_some() && watch_started.elapsed() < self.config.renew_deadline;
+            if std::mem::take(&mut self.rewatch) && !listing_now {
+                watch = self.watch();
+                watch_started = Instant::now();
+                listing = None;
+                watch_paused = None;
             }
             if let (Some(ending), None) = (self.state.ending(), give_up) {
                 // Shutting down: the drains, then the vacating write. After a loss nothing is
@@ -170,6 +191,7 @@ impl Driver {
                     }
                     None => {
                         watch = self.watch();
+                        watch_started = Instant::now();
                     }
                 },
                 () = sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
@@ -211,12 +233,14 @@ impl Driver {
             }
             watcher::Event::Apply(lease) => {
                 self.failures.succeeded("watch");
+                self.stale_told = false;
                 if let Some((name, record)) = read(&lease) {
                     self.state.applied(name, record, self.clock.now());
                 }
             }
             watcher::Event::Delete(lease) => {
                 self.failures.succeeded("watch");
+                self.stale_told = false;
                 let name = lease
                     .metadata
                     .name
@@ -337,16 +361,56 @@ impl Driver {
                 ours = self.config.shards,
                 "a replica that may be alive runs another number of shards or another protocol: no shard moves until it is gone"
             ),
+            Decision::WatchStale => {
+                self.rewatch = true;
+                if !std::mem::replace(&mut self.stale_told, true) {
+                    tracing::warn!(
+                        "the Lease watch did not show a renewal the API server stored within the retry period: it is replaced by a new list and watch"
+                    );
+                    self.tell(Report::WatchStale {
+                        selector: self.selector(),
+                    });
+                } else {
+                    tracing::debug!("the Lease watch is stale again: a new list and watch");
+                }
+            }
+            Decision::SteppedDown => {
+                tracing::error!(
+                    renew_deadline = ?self.config.renew_deadline,
+                    "renewals the API server stored were not read back within the renew deadline: this replica stopped renewing, so that another replica takes its shards over; it joins again once it reads its membership Lease"
+                );
+                self.tell(Report::SteppedDown);
+            }
+            Decision::Timing { holder, duration } => {
+                let ours = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+                tracing::warn!(
+                    %holder,
+                    ?duration,
+                    ?ours,
+                    "a member's Lease carries another lease duration: expiry is judged by the longer of the two"
+                );
+                self.tell(Report::Timing {
+                    holder: holder.to_string(),
+                    duration,
+                    ours,
+                });
+            }
             Decision::Ended(ending) => self.ended = Some(self.ended_by(ending)),
+        }
+    }
+
+    fn tell(&self, report: Report) {
+        if let Some(tell) = &self.tell {
+            tell(report);
         }
     }
 
     fn ended_by(&self, ending: Ending) -> Ended {
         match ending {
             Ending::Shutdown => Ended::Shutdown,
-            Ending::Lost { shard } => Ended::Lost { shard },
+            Ending::Lost { shard } => Ended::Lost { shard: Some(shard) },
             Ending::LostMembership => Ended::Lost {
-                shard: self.first_lost.unwrap_or(0),
+                shard: self.first_lost,
             },
         }
     }

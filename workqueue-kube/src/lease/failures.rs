@@ -27,8 +27,33 @@ impl fmt::Display for RequestFailed {
     }
 }
 
-/// Where failures are told.
-pub(crate) type Tell = Arc<dyn Fn(RequestFailed) + Send + Sync>;
+/// What the protocol tells whoever runs it (the controller puts each on its stream).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// A request failed (each verb once, until it succeeds again).
+    Failed(RequestFailed),
+    /// The watch did not show a write the server stored within a retry period: it was
+    /// replaced by a new list and watch. Told once until a watch delivers again.
+    WatchStale {
+        /// The label selector of the watch.
+        selector: String,
+    },
+    /// Stored renewals were not shown within the renew deadline: this replica stopped
+    /// renewing so that another takes its shards over.
+    SteppedDown,
+    /// A member's record carries a lease duration unlike this replica's.
+    Timing {
+        /// The member's holder token.
+        holder: String,
+        /// The duration its record carries.
+        duration: std::time::Duration,
+        /// This replica's.
+        ours: std::time::Duration,
+    },
+}
+
+/// Where reports are told.
+pub(crate) type Tell = Arc<dyn Fn(Report) + Send + Sync>;
 
 /// The verbs failing now; invariant: a verb is in `failing` from its first failure that was
 /// told until a request with that verb succeeds.
@@ -64,7 +89,7 @@ impl Failures {
             "a Lease request failed"
         );
         if let Some(tell) = &self.tell {
-            tell(failure);
+            tell(Report::Failed(failure));
         }
     }
 
@@ -93,7 +118,10 @@ mod tests {
         let told = Arc::new(Mutex::new(Vec::new()));
         let tell: Tell = {
             let told = told.clone();
-            Arc::new(move |f: RequestFailed| told.lock().unwrap().push(f.verb))
+            Arc::new(move |r: Report| match r {
+                Report::Failed(f) => told.lock().unwrap().push(f.verb),
+                other => panic!("only failures are told here: {other:?}"),
+            })
         };
         let mut failures = Failures::new(Some(tell));
         failures.failed(failure("update"));

@@ -33,23 +33,44 @@
 //! every write makes a new resourceVersion whatever the wall clock does.
 //!
 //! **Reading.** A replica watches the controller's Leases (by label); it lists them only when its
-//! watch starts or breaks, and every list is a consistent read.
+//! watch starts or breaks, and every list is a consistent read. A watch can stall without an
+//! error (a proxy or load balancer that holds the connection open): a renewal the API server
+//! stored and the watch did not show within a retry period of its answer, or a write refused
+//! with 409 whose newer version the watch did not show within a retry period, proves the watch
+//! stale, and the replica replaces it with a new list and watch (reported once on the
+//! controller's stream, [`RunnerError::LeaseWatchStale`](crate::controller::RunnerError::LeaseWatchStale),
+//! until a watch delivers again). An answer alone never extends a belief (step 5 below): it
+//! proves what the membership Lease holds, not what the shards' Leases hold, which a stale view
+//! may show wrong (one deleted and taken since, step 7).
 //!
-//! **Who holds what.** The live members (membership Leases that changed within their lease
-//! duration, by the observer's clock, and are not leaving) each have a share of the shards,
+//! **Who holds what.** The live members (membership Leases whose record changed within their
+//! lease duration, by the observer's clock, and are not leaving) each have a share of the shards,
 //! within one of each other, by rendezvous hashing: every replica computes the same shares from
 //! the same members, and a join or a leave moves about `shards / members` shards. A member takes
 //! a free shard of its share (one write naming it) and hands over a shard of another's share:
 //! its controller drains the shard (a *hand-over*), then the giver writes the taker's token into
 //! the shard's Lease. With one shard, a live leader stays the leader: a joining replica never
 //! takes leadership from it. A member takes or is given shards only once its membership Lease
-//! says it may hold some (`workqueue-kube/held`, written by its first renewal after joining, a
-//! retry period later), so replicas started together see each other before they take shards.
+//! says it may hold some (`workqueue-kube/held`, written by its first renewal after joining
+//! that it could read back within the renew deadline, a retry period later), so replicas
+//! started together see each other before they take shards, and a replica too slow to believe
+//! anything is given nothing. A member that has not said so within the renew deadline and a
+//! retry period of joining is no target either: the free shards it would get go to others.
 //!
-//! **Fencing.** A replica whose membership Lease another replica saw unchanged for its lease
+//! **Fencing.** A replica whose membership record another replica saw unchanged for its lease
 //! duration is fenced: the observer writes its membership Lease vacant, conditional on the
-//! resourceVersion it saw unchanged, naming the fenced token as the Lease's
-//! `workqueue-kube/previous-holder`. Every shard naming a fenced token is free. A replica that
+//! latest resourceVersion it saw, naming the fenced token as the Lease's
+//! `workqueue-kube/previous-holder`. A record is its holder and its counter (which every write
+//! of the protocol raises): a third party's label or annotation makes a new resourceVersion but
+//! keeps nobody alive (client-go also compares the record, not the version). An observer judges
+//! a record by the longest of its own lease duration, the duration the record carries and the
+//! longest it saw its holder write: a third party that lowers `leaseDurationSeconds` cannot make
+//! anyone judge the holder dead sooner. A member whose record carries another duration than the
+//! observer's is reported ([`RunnerError::LeaseTimingMismatch`](crate::controller::RunnerError::LeaseTimingMismatch)):
+//! replicas may run different durations (a rollout that changes them) safely, each judged by
+//! the duration it writes, but a third party that lowers the duration of a replica with longer
+//! durations than an observer's before that observer ever saw the true one is not caught. Give
+//! every replica the same durations. Every shard naming a fenced token is free. A replica that
 //! finds its own membership Lease changed by another (fenced, deleted, taken over) has lost
 //! every shard; it joins again under a new token ([`OnLoss::Rejoin`]) or stops
 //! ([`OnLoss::Stop`]).
@@ -66,22 +87,55 @@
 //! A process restarted under its identity takes its membership Lease over once it has expired
 //! (a lease duration after it first saw it), or at once if its predecessor vacated it.
 //!
+//! # Why someone makes progress, within what bound
+//!
+//! A replica that renews but cannot believe (its reads fail, or come back later than the renew
+//! deadline) would keep its shards from everyone while running none of their work. So:
+//!
+//! - a stale watch is replaced (see *Reading*): a replica whose watch stalls for good lives on
+//!   a new list about every two retry periods, believing throughout, at one membership write
+//!   per retry period;
+//! - a replica whose membership records say it may hold shards *steps down* when a renewal the
+//!   API server stored has not let it believe by the later of the renew deadline after the
+//!   renewal's start and two retry periods after its answer (or its read-back): it stops
+//!   renewing, reports it
+//!   ([`RunnerError::LeaseSteppedDown`](crate::controller::RunnerError::LeaseSteppedDown)), is
+//!   fenced by another a lease duration after its last renewal, and joins again under a new
+//!   token once it reads the fence (or two lease durations after its last write, if it never
+//!   does and nobody fences it).
+//!
+//! Hence, while another replica can read and write, the shards of a replica whose reads fail
+//! or lag past the renew deadline are believed by another within **lease duration + renew
+//! deadline + 3 retry periods** of the fault (31 s with the defaults), plus the round trip of
+//! the slow replica's last renewal. A dead replica's shards (whatever third parties write to
+//! its Leases' labels and annotations) are taken within the lease duration and two retry
+//! periods of its last renewal. A replica too slow to believe is given no shard while it stays
+//! that slow.
+//!
 //! # Why no two replicas ever believe they hold one shard at once
 //!
 //! A replica *believes* it holds a shard exactly while (1) its view (its watch) shows the shard's
 //! Lease naming its token, (2) it is before its *deadline*: the start of its latest membership
 //! renewal that its view has shown, plus the renew deadline, by its own clock, and (3) it is not
 //! giving the shard away. The controller takes a shard's keys and runs its work only while it
-//! believes so: every reconcile of a shard is dropped by the deadline, whatever the application
-//! does.
+//! believes so: a lost shard's reconciles still running are aborted (their futures dropped)
+//! within `(lease_duration - renew_deadline) / 2` of the deadline, well inside the slack step 3
+//! leaves before another replica may take the shard.
 //!
 //! It assumes: (A1) the API server orders the writes to one Lease (etcd), refuses a write whose
 //! resourceVersion precondition is stale, makes no new resourceVersion for a write that
 //! changes nothing, delivers one watch's events in resourceVersion order, and serves lists
 //! consistently; (A2) with `r` the largest ratio of two replicas' clock rates,
 //! `renew_deadline * r < lease_duration` (with the defaults, 10 s and 15 s: any `r` under 1.5;
-//! offsets do not matter); (A3) nobody but the protocol writes a Lease's holder (deleting the
-//! Leases is safe, see step 7; editing a holder by hand is not).
+//! offsets do not matter). A replica judges time by tokio's clock, which reads the monotonic
+//! clock (`CLOCK_MONOTONIC` on Linux): it does not advance while the machine is suspended (a
+//! laptop asleep, a VM paused by its host), so a replica on a suspended machine is a clock
+//! rate of zero, outside A2: after the resume it may believe for up to the renew deadline in
+//! shards that moved while it slept. A process stopped by a signal or a pause of its own
+//! (SIGSTOP, a debugger, a long GC) is inside A2: its clock runs on; (A3) nobody but the
+//! protocol writes a Lease's holder or the protocol's annotations (deleting the Leases is
+//! safe, see step 7; labels, other annotations and `leaseDurationSeconds` may be written by
+//! anyone; editing a holder or the counter by hand is not safe).
 //!
 //! 1. *A shard's Lease names one token at a time* (A1), and a replica's belief needs its view to
 //!    show its token there; a view shows the writes in the order they were made (A1), so a
@@ -93,10 +147,11 @@
 //!    conditional on the version its writer saw, so it succeeds only if nobody wrote in between
 //!    (A1).
 //! 3. *A fence ends every belief of the fenced token first.* Say `q` fences `t`'s membership Lease
-//!    under resourceVersion `v`, having seen `v` unchanged for the lease duration since it first
-//!    saw it. The write that made `v` was stored before `q` first saw it, so it started before;
-//!    no later write of `t` was stored, as each is conditional on `t`'s latest version and the
-//!    fence changed it (and `t` never writes under a version that is not its own). `t`'s deadline
+//!    under resourceVersion `v`, having seen `t`'s record (holder and counter `c`) unchanged for
+//!    the lease duration since it first saw it, `v` its latest version. The write of `t` that
+//!    made counter `c` was stored before `q` first saw it, so it started before; no later write
+//!    of `t` was stored before `v`, as it would have raised the counter (A3), nor after, as each
+//!    is conditional on the version it read and the fence changed it. `t`'s deadline
 //!    is therefore at most that write's start plus the renew deadline, and by A2 it passes before
 //!    `q`'s lease duration does: at least `lease_duration / (1 + e) - renew_deadline / (1 - e)`
 //!    before the fence, for clock rates within `1 ± e` (4.7 s with the defaults and 1%).
@@ -138,7 +193,9 @@
 //! server-side apply or a create is not. A reconcile reads its shard's deadline with
 //! [`deadline`] (before a long computation or a write, to skip what would not finish in time);
 //! one that must not write after its shard moved makes its writes conditional on the
-//! resourceVersion it read.
+//! resourceVersion it read. A network also delivers late: a write sent before the deadline
+//! can be stored after it (a partition that heals delivers what was in flight), and only its
+//! precondition fences it then.
 //!
 //! **Hand-overs and caches.** The taker reconciles a taken shard's objects from its own cache,
 //! which may not yet show the giver's last writes. The protocol does not wait for it: a single
@@ -189,7 +246,7 @@ mod wire;
 pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, LeaseConfig, OnLoss};
-pub(crate) use failures::RequestFailed;
+pub(crate) use failures::Report;
 pub use fence::deadline;
 pub(crate) use fence::{Held, scope};
 pub(crate) use protocol::{Ended, ShardLeases};

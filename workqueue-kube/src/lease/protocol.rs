@@ -23,8 +23,9 @@ pub(crate) enum Ended {
     /// A shard (or the membership) was lost and the configuration says
     /// [`OnLoss::Stop`](super::OnLoss::Stop).
     Lost {
-        /// The first shard lost.
-        shard: u32,
+        /// The first shard lost; `None` when the membership was lost while no shard was
+        /// believed.
+        shard: Option<u32>,
     },
 }
 
@@ -83,8 +84,9 @@ impl ShardLeases {
         self
     }
 
-    /// Tells failed requests to `tell`: each verb once, until a request with that verb succeeds.
-    pub(crate) fn with_failures(mut self, tell: Tell) -> Self {
+    /// Tells what the protocol reports to `tell`: failed requests (each verb once, until a
+    /// request with that verb succeeds), a stale watch, a step-down, another lease duration.
+    pub(crate) fn with_reports(mut self, tell: Tell) -> Self {
         self.tell = Some(tell);
         self
     }

@@ -56,6 +56,18 @@ pub(crate) enum Decision {
         shards: Option<u32>,
         protocol: Option<u32>,
     },
+    /// A write the server stored was not shown by the view within a retry period: the watch
+    /// is stale. The driver reads afresh (a new list and watch).
+    WatchStale,
+    /// Stored renewals were not shown within the renew deadline (reads fail, or come back too
+    /// late): this replica stopped renewing so that another fences it and takes its shards.
+    SteppedDown,
+    /// A member's record carries a lease duration unlike this replica's (another
+    /// configuration, or a third party's edit). Expiry is judged by the longer of the two.
+    Timing {
+        holder: Token,
+        duration: std::time::Duration,
+    },
     /// Done: nothing held, nothing more to write.
     Ended(Ending),
 }

@@ -10,7 +10,25 @@
 //!   resourceVersion never shows up as a new record, so it extends nothing.
 //! - A view that no longer shows the membership Lease naming the current token ends the
 //!   membership (`Lost`): the token is never used again; a rejoin draws a new one.
-//! - At most one write of the membership Lease is in flight.
+//! - At most [`IN_FLIGHT`] writes of the membership Lease are in flight, each conditional on a
+//!   resourceVersion; two under one resourceVersion are never sent within a retry period of
+//!   each other, so at most one of those is stored.
+//! - A write the server stored is expected in the view within a retry period of its answer
+//!   (`expected`), and a write refused with 409 is expected to show the record changed
+//!   (`expected_change`): past that the view is stale ([`Membership::stale`]) and the driver
+//!   reads afresh (a list is a consistent read).
+//! - A token whose records said it may hold shards (`held_sent`) steps down for good once a
+//!   write of it that the server stored (`unseen`: answered as stored, or read back only after
+//!   the renew deadline) has not made it believe (the view showing
+//!   it or a later write while the belief it extends is still valid) by the later of the renew
+//!   deadline after its start and two retry periods after its answer (time for a fresh read:
+//!   a process that was paused finds the answers and the events that show them queued
+//!   together). It renews no more, so its peers fence it a lease duration after its last
+//!   stored write and take its shards; its own beliefs have ended by then (they end at
+//!   `confirmed` + renew deadline, and `confirmed` is the start of an earlier write). It joins
+//!   again once it reads the fence, or two lease durations after its last write if it never
+//!   does (with no peer to fence it, a single replica would wait for ever). A replica that renews but cannot believe would otherwise
+//!   hold its shards for ever while running none of their work.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -50,6 +68,9 @@ pub(crate) enum Change {
     Collision {
         other: Token,
     },
+    /// Its stored renewals are not shown within the renew deadline: it stopped renewing, so
+    /// that another replica fences it and takes its shards.
+    SteppedDown,
 }
 
 /// A write of the membership Lease to send.
@@ -86,7 +107,8 @@ const IN_FLIGHT: usize = 5;
 #[derive(Clone, Debug)]
 struct Blocker {
     token: Token,
-    rv: Rv,
+    /// Its counter last seen: a renewal raises it (a third party's write does not).
+    counter: u64,
     renewals: u32,
 }
 
@@ -125,6 +147,22 @@ pub(crate) struct Membership {
     leaving_sent: bool,
     blocker: Option<Blocker>,
     reported: Vec<Token>,
+    /// The highest counter of the current token the view has shown.
+    shown: u64,
+    /// A stored write not shown yet: its counter and when its answer came plus a retry
+    /// period (past that the view is stale).
+    expected: Option<(u64, LocalInstant)>,
+    /// A resourceVersion a write was refused under (409), expected to be replaced in the view
+    /// by the instant with it.
+    expected_change: Option<(Rv, LocalInstant)>,
+    /// The earliest stored write not yet read back in time to believe on it (or a later one):
+    /// its counter, start and the answer's arrival.
+    unseen: Option<(u64, LocalInstant, LocalInstant)>,
+    /// Whether a write of the current token said it may hold shards (it then says so until the
+    /// token ends: peers may be waiting for it).
+    held_sent: bool,
+    /// Stopped renewing for good (see the invariants).
+    stepped_down: bool,
 }
 
 /// At most this many unseen writes are remembered (each one is a retry period apart).
@@ -154,6 +192,12 @@ impl Membership {
             leaving_sent: false,
             blocker: None,
             reported: Vec::new(),
+            shown: 0,
+            expected: None,
+            expected_change: None,
+            unseen: None,
+            held_sent: false,
+            stepped_down: false,
         }
     }
 
@@ -185,6 +229,67 @@ impl Membership {
         self.phase == Phase::Member && self.valid_until().is_some_and(|v| now < v)
     }
 
+    fn serving_or_leaving(&self, now: LocalInstant) -> bool {
+        matches!(self.phase, Phase::Member | Phase::Leaving)
+            && self.valid_until().is_some_and(|v| now < v)
+    }
+
+    /// Whether the view is stale: a stored write of the current token was not shown within a
+    /// retry period of its answer. Reported once per write; the driver then reads afresh (a
+    /// list is a consistent read, which shows it).
+    pub(crate) fn stale(&mut self, now: LocalInstant) -> bool {
+        let stored = self.expected.is_some_and(|(_, due)| now >= due);
+        let refused = self
+            .expected_change
+            .as_ref()
+            .is_some_and(|(_, due)| now >= *due);
+        if stored {
+            self.expected = None;
+        }
+        if refused {
+            self.expected_change = None;
+        }
+        stored || refused
+    }
+
+    /// Steps down when a stored write has not been shown within the renew deadline of its
+    /// start while its records say it may hold shards (see the invariants).
+    pub(crate) fn step_down(&mut self, now: LocalInstant) -> Option<Change> {
+        // Believing again on that write or a later one: it was read back in time.
+        if let Some((_, start, _)) = self.unseen
+            && self.confirmed.is_some_and(|c| c >= start)
+            && self.valid_until().is_some_and(|v| now < v)
+        {
+            self.unseen = None;
+        }
+        if let Some(at) = self.give_up_at() {
+            return (now >= at).then(|| self.lose());
+        }
+        let due = self.step_down_at()?;
+        if now < due {
+            return None;
+        }
+        self.stepped_down = true;
+        Some(Change::SteppedDown)
+    }
+
+    /// When a stepped-down token is given up by its own process, if no fence was read by then:
+    /// two lease durations after its last write went out, so that a peer's fence comes first
+    /// where there is a peer (its beliefs ended long before).
+    fn give_up_at(&self) -> Option<LocalInstant> {
+        let (_, last) = self.last_write.as_ref().filter(|_| self.stepped_down)?;
+        Some(*last + self.settings.duration * 2)
+    }
+
+    /// When it steps down unless the view shows its stored writes before.
+    fn step_down_at(&self) -> Option<LocalInstant> {
+        let (_, start, answered) = self.unseen?;
+        let member = matches!(self.phase, Phase::Member | Phase::Leaving);
+        (member && self.held_sent && !self.stepped_down).then(|| {
+            (start + self.settings.renew_deadline).max(answered + self.settings.retry_period * 2)
+        })
+    }
+
     /// Shutting down: renewals say `leaving` from now on.
     pub(crate) fn leave(&mut self) {
         match self.phase {
@@ -209,10 +314,21 @@ impl Membership {
     }
 
     /// Reads this identity's membership record as the view shows it now.
-    pub(crate) fn observe(&mut self, seen: Option<&Seen>) -> Option<Change> {
+    pub(crate) fn observe(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<Change> {
         let record = seen.map(|s| &s.record);
+        if self
+            .expected_change
+            .as_ref()
+            .is_some_and(|(rv, _)| record.is_none_or(|r| r.rv != *rv))
+        {
+            self.expected_change = None;
+        }
         if let Some(record) = record.filter(|r| r.holder() == Some(&self.token)) {
             let counter = record.content.counter;
+            self.shown = self.shown.max(counter);
+            if self.expected.is_some_and(|(c, _)| c <= counter) {
+                self.expected = None;
+            }
             while let Some(&(c, start)) = self.sent.front() {
                 if c > counter {
                     break;
@@ -221,6 +337,11 @@ impl Membership {
                 if c == counter {
                     self.confirmed = Some(self.confirmed.map_or(start, |s| s.max(start)));
                     self.stored(start);
+                    // Read back too late to believe on: stored, but its answers may never
+                    // have come (they time out at the renew deadline too).
+                    if now >= start + self.settings.renew_deadline && self.unseen.is_none() {
+                        self.unseen = Some((c, start, now));
+                    }
                 }
             }
             let newer = self.base.as_ref().is_none_or(|(_, c)| counter >= *c);
@@ -259,18 +380,18 @@ impl Membership {
             self.blocker = None;
             return None;
         };
-        let rv = record.map(|r| r.rv.clone())?;
+        let counter = record.map(|r| r.content.counter)?;
         match &mut self.blocker {
             Some(b) if b.token == *other => {
-                if b.rv != rv {
-                    b.rv = rv;
+                if b.counter != counter {
+                    b.counter = counter;
                     b.renewals += 1;
                 }
             }
             _ => {
                 self.blocker = Some(Blocker {
                     token: other.clone(),
-                    rv,
+                    counter,
                     renewals: 0,
                 });
             }
@@ -304,6 +425,12 @@ impl Membership {
         self.refused = None;
         self.stored_start = None;
         self.first_join = None;
+        self.shown = 0;
+        self.expected = None;
+        self.expected_change = None;
+        self.unseen = None;
+        self.held_sent = false;
+        self.stepped_down = false;
         self.phase = match self.phase {
             Phase::Leaving | Phase::Vacating | Phase::Left => Phase::Left,
             Phase::Joining | Phase::Member => Phase::Joining,
@@ -330,6 +457,9 @@ impl Membership {
         }
         let record = seen.map(|s| &s.record);
         let rp = self.settings.retry_period;
+        // Says it may hold shards once it could believe when it wrote: a replica whose own
+        // writes come back later than the renew deadline is never given any.
+        self.held_sent |= self.serving_or_leaving(now);
         let due = self.stored_start.is_none_or(|t| now >= t + rp);
         let write = match self.phase {
             Phase::Joining if self.last_join.is_none_or(|t| now >= t + rp) => {
@@ -338,7 +468,8 @@ impl Membership {
                 write
             }
             Phase::Member | Phase::Leaving
-                if due || (self.phase == Phase::Leaving && !self.leaving_sent) =>
+                if !self.stepped_down
+                    && (due || (self.phase == Phase::Leaving && !self.leaving_sent)) =>
             {
                 let rv = self.write_base(record)?;
                 let previous = record.and_then(|r| r.content.previous.clone());
@@ -455,8 +586,9 @@ impl Membership {
                 shards: Some(self.settings.shards),
                 protocol: Some(PROTOCOL),
                 leaving: matches!(self.phase, Phase::Leaving),
-                // Joining: holds nothing yet. Its first renewal as a member says it may.
-                held: matches!(self.phase, Phase::Member | Phase::Leaving),
+                // Joining: holds nothing yet. Its first renewal as a member that could believe
+                // says it may (and every later one).
+                held: self.held_sent && matches!(self.phase, Phase::Member | Phase::Leaving),
                 duration: self.settings.duration,
             },
         }
@@ -464,7 +596,12 @@ impl Membership {
 
     /// The answer to the write in flight: the stored record, `Conflict` (409), `NotFound`
     /// (404), or no answer / an error (`None`: it may or may not have been written).
-    pub(crate) fn answered(&mut self, counter: u64, answer: Answered) -> Option<Change> {
+    pub(crate) fn answered(
+        &mut self,
+        counter: u64,
+        answer: Answered,
+        now: LocalInstant,
+    ) -> Option<Change> {
         let i = self.in_flight.iter().position(|w| w.counter == counter)?;
         let write = self.in_flight.remove(i);
         let vacated = write.vacate;
@@ -472,6 +609,15 @@ impl Membership {
             Answered::Stored { rv, counter } => {
                 if self.base.as_ref().is_none_or(|(_, c)| counter >= *c) {
                     self.base = Some((rv, counter));
+                }
+                if counter > self.shown && !vacated {
+                    // The earliest unshown write's: later answers do not push it back.
+                    if self.expected.is_none() {
+                        self.expected = Some((counter, now + self.settings.retry_period));
+                    }
+                }
+                if self.unseen.is_none() && !vacated {
+                    self.unseen = Some((counter, write.start, now));
                 }
                 self.stored(write.start);
                 if vacated && self.phase == Phase::Vacating {
@@ -483,6 +629,9 @@ impl Membership {
             Answered::Conflict { under } => {
                 if self.base.as_ref().map(|(rv, _)| rv) == under.as_ref() {
                     self.base = None;
+                }
+                if let Some(rv) = under.clone() {
+                    self.expected_change = Some((rv, now + self.settings.retry_period));
                 }
                 self.refused = under;
                 None
@@ -506,6 +655,10 @@ impl Membership {
     /// have passed).
     pub(crate) fn next_wakes(&self, seen: Option<&Seen>) -> Vec<LocalInstant> {
         let mut wakes: Vec<LocalInstant> = self.valid_until().into_iter().collect();
+        wakes.extend(self.expected.map(|(_, due)| due));
+        wakes.extend(self.expected_change.as_ref().map(|(_, due)| *due));
+        wakes.extend(self.step_down_at());
+        wakes.extend(self.give_up_at());
         if self.in_flight.len() >= IN_FLIGHT || self.phase == Phase::Left {
             return wakes;
         }

@@ -25,6 +25,8 @@ mod view;
 mod sim;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_liveness;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -87,7 +89,9 @@ pub(crate) struct ReplicaState {
     member: Membership,
     slots: Vec<Slot>,
     targets: Targets,
-    /// Requests in flight, and the Leases they write (one at a time per Lease).
+    /// Requests in flight, and the Leases they write: one at a time for a shard Lease or another
+    /// member's (`busy`); this replica's membership Lease is the membership's to pace (up to
+    /// `member::IN_FLIGHT` renewals, at most one stored per resourceVersion).
     requests: HashMap<u64, (LeaseName, Purpose)>,
     busy: BTreeSet<LeaseName>,
     next_id: u64,
@@ -99,6 +103,8 @@ pub(crate) struct ReplicaState {
     ending: Option<Ending>,
     ended: bool,
     mismatched: BTreeSet<Token>,
+    /// The holders whose lease duration unlike ours was reported.
+    timing_reported: BTreeSet<Token>,
     /// The last fence or collection of each Lease: its precondition and when; not repeated
     /// within a retry period (a write refused at once is not retried at once).
     recent: BTreeMap<LeaseName, (Rv, LocalInstant)>,
@@ -127,6 +133,7 @@ impl ReplicaState {
             ending: None,
             ended: false,
             mismatched: BTreeSet::new(),
+            timing_reported: BTreeSet::new(),
             recent: BTreeMap::new(),
             config,
         }
@@ -172,7 +179,7 @@ impl ReplicaState {
                     Answer::Conflict => Answered::Conflict { under },
                     Answer::NotFound => Answered::NotFound,
                 };
-                if let Some(change) = self.member.answered(counter, answered) {
+                if let Some(change) = self.member.answered(counter, answered, now) {
                     self.on_member_change(change);
                 }
             }
@@ -295,6 +302,11 @@ impl ReplicaState {
                 None => seen.since + self.config.lease_duration,
             };
             at(at_ + Duration::from_nanos(1));
+            if seen.record.holder().is_some() && !seen.record.content.held {
+                // A member not saying it may hold shards stops being a target then.
+                let grace = self.config.renew_deadline + self.config.retry_period;
+                at(seen.holder_since + grace + Duration::from_nanos(1));
+            }
         }
         for slot in &self.slots {
             if let Some(t) = slot.retry_at() {
@@ -314,9 +326,16 @@ impl ReplicaState {
             return;
         }
         let me = self.view.member(self.member.identity()).cloned();
-        if let Some(change) = self.member.observe(me.as_ref()) {
+        if let Some(change) = self.member.observe(me.as_ref(), now) {
             self.on_member_change(change);
         }
+        if let Some(change) = self.member.step_down(now) {
+            self.on_member_change(change);
+        }
+        if self.member.stale(now) {
+            self.out.push_back(Output::Decision(Decision::WatchStale));
+        }
+        self.report_timing();
         self.bury(now);
         self.settle_gifts(now);
         self.update_beliefs(now);
@@ -341,6 +360,25 @@ impl ReplicaState {
         }
     }
 
+    /// Reports each holder whose record carries a lease duration unlike this replica's, once.
+    fn report_timing(&mut self) {
+        let ours = self.config.lease_duration;
+        let mut found = Vec::new();
+        for (_, seen) in self.view.members() {
+            if let Some(holder) = seen.record.holder()
+                && seen.record.content.duration != ours
+                && !self.timing_reported.contains(holder)
+            {
+                found.push((holder.clone(), seen.record.content.duration));
+            }
+        }
+        for (holder, duration) in found {
+            self.timing_reported.insert(holder.clone());
+            self.out
+                .push_back(Output::Decision(Decision::Timing { holder, duration }));
+        }
+    }
+
     fn on_member_change(&mut self, change: Change) {
         let decision = match change {
             Change::Joined => Decision::Joined {
@@ -355,6 +393,7 @@ impl ReplicaState {
             }
             Change::Left => return,
             Change::Collision { other } => Decision::Collision { other },
+            Change::SteppedDown => Decision::SteppedDown,
         };
         self.out.push_back(Output::Decision(decision));
     }

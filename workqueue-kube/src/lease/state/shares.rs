@@ -13,7 +13,10 @@ use super::{
 
 impl ReplicaState {
     /// The members eligible as targets: live by this replica's clock, not leaving, on this
-    /// number of shards and protocol; this replica itself while it serves.
+    /// number of shards and protocol, and saying they may hold shards, or joined within the
+    /// renew deadline and a retry period (a member says so at its first renewal that it could
+    /// read back in time: one that cannot is never a target for long, so the free shards it
+    /// would get are taken by others); this replica itself while it serves.
     fn eligible(&self, now: LocalInstant) -> Vec<Arc<str>> {
         let me = self.member.identity();
         let mut out = Vec::new();
@@ -22,9 +25,11 @@ impl ReplicaState {
             let ok = if id == me {
                 seen.record.holder() == Some(self.member.token()) && self.member.serving(now)
             } else {
+                let grace = self.config.renew_deadline + self.config.retry_period;
                 c.holder.is_some()
                     && !c.leaving
                     && now <= seen.expires()
+                    && (c.held || now <= seen.holder_since + grace)
                     && c.shards == Some(self.config.shards)
                     && c.protocol == Some(PROTOCOL)
             };

@@ -9,10 +9,10 @@ use proptest::prelude::*;
 use super::sim::{Fault, Plan, World};
 use super::{Content, Decision, LeaseName, Op, PROTOCOL, Token};
 
-const S: u64 = 1_000_000_000;
-const MS: u64 = 1_000_000;
+pub(super) const S: u64 = 1_000_000_000;
+pub(super) const MS: u64 = 1_000_000;
 
-fn settle(plan: Plan, secs: u64) -> World {
+pub(super) fn settle(plan: Plan, secs: u64) -> World {
     let mut world = World::new(plan);
     world.run_until(secs * S);
     world
@@ -42,7 +42,11 @@ fn check(world: &mut World) -> usize {
 }
 
 /// Runs until `done` holds (checking every 100 ms), up to `limit` from now; returns how long.
-fn until(world: &mut World, limit: Duration, mut done: impl FnMut(&World) -> bool) -> Option<u64> {
+pub(super) fn until(
+    world: &mut World,
+    limit: Duration,
+    mut done: impl FnMut(&World) -> bool,
+) -> Option<u64> {
     let start = world.now();
     while !done(world) {
         if world.now() - start > limit.as_nanos() as u64 {
@@ -53,12 +57,12 @@ fn until(world: &mut World, limit: Duration, mut done: impl FnMut(&World) -> boo
     Some(world.now() - start)
 }
 
-fn all_held(world: &World) -> bool {
+pub(super) fn all_held(world: &World) -> bool {
     let held: usize = world.held().iter().map(Vec::len).sum();
     held == world.plan.shards as usize
 }
 
-fn writes_between(
+pub(super) fn writes_between(
     before: &[BTreeMap<&str, u64>],
     after: &[BTreeMap<&str, u64>],
 ) -> Vec<BTreeMap<String, u64>> {
@@ -437,8 +441,17 @@ fn fault() -> impl Strategy<Value = (u64, Fault)> {
         (replica.clone(), 0u64..40_000).prop_map(|(replica, ms)| Fault::Partition { replica, ms }),
         (replica.clone(), 0u64..40_000).prop_map(|(replica, ms)| Fault::Refuse { replica, ms }),
         (replica.clone(), 0u64..12_000).prop_map(|(replica, ms)| Fault::Stall { replica, ms }),
-        replica.prop_map(|replica| Fault::BreakWatch { replica }),
+        replica
+            .clone()
+            .prop_map(|replica| Fault::BreakWatch { replica }),
         (0usize..64).prop_map(|pick| Fault::Delete { pick }),
+        (replica.clone(), 0u64..60_000).prop_map(|(replica, ms)| Fault::HangWatch { replica, ms }),
+        (replica.clone(), 0u64..60_000).prop_map(|(replica, ms)| Fault::ReadsFail { replica, ms }),
+        (replica, 0u64..60_000, 0u64..7_000).prop_map(|(replica, ms, each_way)| Fault::Slow {
+            replica,
+            ms,
+            each_way
+        }),
     ];
     (at, kind)
 }
@@ -474,6 +487,9 @@ fn plan() -> impl Strategy<Value = Plan> {
                             | Fault::Partition { replica, .. }
                             | Fault::Refuse { replica, .. }
                             | Fault::Stall { replica, .. }
+                            | Fault::HangWatch { replica, .. }
+                            | Fault::ReadsFail { replica, .. }
+                            | Fault::Slow { replica, .. }
                             | Fault::BreakWatch { replica } => *replica %= replicas,
                             Fault::Delete { .. } => {}
                         }

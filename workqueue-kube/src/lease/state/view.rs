@@ -3,8 +3,15 @@
 //!
 //! Invariants:
 //! - Every record carries `since`, the local instant this replica first saw its current
-//!   resourceVersion: a member record is expired once `since + duration` has passed without a
-//!   change (client-go's rule; the observer's own clock, never the record's times).
+//!   protocol record: its holder and counter, which every write of the protocol changes and
+//!   nothing else does (A3). A member record is expired once `since + duration` has passed
+//!   without such a change (client-go's rule, which compares the record, not its
+//!   resourceVersion; the observer's own clock, never the record's times). A third party's
+//!   label or annotation makes a new resourceVersion but keeps nobody alive.
+//! - `duration` is never below this replica's own lease duration nor below the longest
+//!   duration this replica saw the same holder write: a third party that lowers a record's
+//!   `leaseDurationSeconds` cannot make an observer judge its holder dead sooner than the
+//!   holder's own configuration promises.
 //! - A holder token is [`Status::Live`] while its identity's member record names it,
 //!   [`Status::Dead`] once a member record's history proves it stopped (the record names it as
 //!   `previous`, or this replica saw it happen), and [`Status::Vanishing`] otherwise: no member
@@ -27,13 +34,25 @@ use super::record::{LeaseName, Record, Token};
 #[derive(Clone, Debug)]
 pub(crate) struct Seen {
     pub(crate) record: Record,
+    /// When this replica first saw the record's holder and counter.
     pub(crate) since: LocalInstant,
+    /// When this replica first saw the record name its holder.
+    pub(crate) holder_since: LocalInstant,
+    /// The lease duration it judges the record by (see the invariants).
+    pub(crate) duration: Duration,
 }
 
 impl Seen {
     /// When a member record expires, unless it changes before.
     pub(crate) fn expires(&self) -> LocalInstant {
-        self.since + self.record.content.duration
+        self.since + self.duration
+    }
+
+    /// Whether `record` is the same protocol record as this one (a third party's write does
+    /// not change it).
+    fn same_record(&self, record: &Record) -> bool {
+        self.record.content.holder == record.content.holder
+            && self.record.content.counter == record.content.counter
     }
 }
 
@@ -348,13 +367,33 @@ impl View {
         self.vanished.retain(|t, at| !stale(t, at));
     }
 
-    /// `record` with its first sight: kept from `before` when the version is the same.
+    /// `record` with its first sight, kept from `before` when the protocol record is the same
+    /// (only its resourceVersion or fields the protocol does not write changed), and the
+    /// duration it is judged by.
     fn seen(&self, before: Option<&Seen>, record: Record, now: LocalInstant) -> Seen {
         let since = match before {
-            Some(b) if b.record.rv == record.rv => b.since,
+            Some(b) if b.same_record(&record) => b.since,
             _ => now,
         };
-        Seen { record, since }
+        // The longest duration its holder was seen to write: a third party's lower value does
+        // not shorten it.
+        let before_duration = before
+            .filter(|b| b.record.content.holder == record.content.holder)
+            .map_or(Duration::ZERO, |b| b.duration);
+        let duration = record
+            .content
+            .duration
+            .max(self.lease_duration)
+            .max(before_duration);
+        let holder_since = before
+            .filter(|b| b.record.content.holder == record.content.holder)
+            .map_or(now, |b| b.holder_since);
+        Seen {
+            record,
+            since,
+            holder_since,
+            duration,
+        }
     }
 
     /// Learns from a member record's change what it proves about its holders.

@@ -219,7 +219,7 @@ async fn a_leader_set_to_stop_on_loss_returns_lost() {
     let cut = Instant::now();
     server.set_partition("r1", Partition::Refused);
     let ended = (&mut r1.task).await.unwrap();
-    assert_eq!(ended, Ended::Lost { shard: 0 });
+    assert_eq!(ended, Ended::Lost { shard: Some(0) });
     let took = cut.elapsed();
     println!("stopped {took:?} after the partition");
     assert!(took <= secs(RENEW + RETRY), "{took:?}");

@@ -8,5 +8,6 @@ mod chaos;
 mod config;
 mod election;
 mod faults;
+mod liveness;
 mod shards;
 mod support;

@@ -4,6 +4,7 @@
 //! them, to check that no two replicas ever believe they hold one shard at the same instant.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -15,7 +16,8 @@ use tokio::time::{Instant, sleep};
 use workqueue_test_support::apiserver::ApiServer;
 
 use crate::lease::{
-    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, ShardLeases, SkewedClock, acknowledge_all,
+    Assignment, Ended, HandOver, LeaseClock, LeaseConfig, Report, ShardLeases, SkewedClock,
+    acknowledge_all,
 };
 
 pub const NAMESPACE: &str = "default";
@@ -69,6 +71,8 @@ pub struct Replica {
     shutdown: Option<oneshot::Sender<()>>,
     process: usize,
     ledger: Ledger,
+    /// What its protocol reported (as a controller's stream would show it), in order.
+    pub reports: Arc<Mutex<Vec<Report>>>,
 }
 
 impl Replica {
@@ -115,7 +119,11 @@ pub fn start(
 ) -> Replica {
     let name = config.identity.clone();
     let (leases, events) = ShardLeases::new(server.client_named(&name), config).unwrap();
-    let leases = leases.with_clock(clock);
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let leases = leases.with_clock(clock).with_reports({
+        let reports = reports.clone();
+        Arc::new(move |report| reports.lock().unwrap().push(report))
+    });
     match controller {
         Controller::AcksAtOnce => {
             tokio::spawn(acknowledge_all(events.hand_overs));
@@ -153,6 +161,7 @@ pub fn start(
         shutdown: Some(tx),
         process,
         ledger: ledger.clone(),
+        reports,
     }
 }
 

@@ -36,6 +36,18 @@ pub(crate) enum Fault {
     BreakWatch { replica: usize },
     /// A third party deletes one of the Leases (the `pick`-th, in name order).
     Delete { pick: usize },
+    /// Its watch delivers nothing for `ms` ms, with no error (a connection held open by a
+    /// proxy); what it holds back arrives afterwards, in order. Lists and writes work.
+    HangWatch { replica: usize, ms: u64 },
+    /// Its reads fail for `ms` ms: its watch is broken and every list fails (retried every
+    /// second); its writes work.
+    ReadsFail { replica: usize, ms: u64 },
+    /// `each_way` ms more latency on everything it sends and receives, for `ms` ms.
+    Slow {
+        replica: usize,
+        ms: u64,
+        each_way: u64,
+    },
 }
 
 impl Fault {
@@ -43,7 +55,12 @@ impl Fault {
     fn lasts(&self) -> u64 {
         match *self {
             Fault::Crash { down, .. } | Fault::Shutdown { down, .. } => down,
-            Fault::Partition { ms, .. } | Fault::Refuse { ms, .. } | Fault::Stall { ms, .. } => ms,
+            Fault::Partition { ms, .. }
+            | Fault::Refuse { ms, .. }
+            | Fault::Stall { ms, .. }
+            | Fault::HangWatch { ms, .. }
+            | Fault::ReadsFail { ms, .. }
+            | Fault::Slow { ms, .. } => ms,
             Fault::BreakWatch { .. } => 2_000,
             Fault::Delete { .. } => 0,
         }
@@ -74,6 +91,9 @@ pub(crate) struct Plan {
     pub(crate) faults: Vec<(u64, Fault)>,
     /// How long the world runs after the last fault's effects end (ms).
     pub(crate) calm: u64,
+    /// Replicas configured with other durations: lease duration, renew deadline and retry
+    /// period, by replica.
+    pub(crate) timing: BTreeMap<usize, (Duration, Duration, Duration)>,
 }
 
 impl Plan {
@@ -92,6 +112,7 @@ impl Plan {
             seed: 1,
             faults: Vec::new(),
             calm: 60_000,
+            timing: BTreeMap::new(),
         }
     }
 
@@ -133,6 +154,10 @@ struct Replica {
     partitioned_until: u64,
     refused_until: u64,
     stalled_until: u64,
+    hung_until: u64,
+    reads_fail_until: u64,
+    slow_until: u64,
+    slow_each_way: u64,
     watch: Watch,
     /// Bumped whenever the watch breaks: deliveries of an older one are dropped.
     watch_gen: u64,
@@ -244,6 +269,10 @@ impl World {
                     partitioned_until: 0,
                     refused_until: 0,
                     stalled_until: 0,
+                    hung_until: 0,
+                    reads_fail_until: 0,
+                    slow_until: 0,
+                    slow_each_way: 0,
                     watch: Watch::Broken,
                     watch_gen: 0,
                     watch_last: 0,
@@ -284,6 +313,17 @@ impl World {
     fn latency(&mut self) -> u64 {
         let (lo, hi) = self.plan.latency;
         self.rng.between(lo * MS, hi * MS)
+    }
+
+    /// The latency one way to or from `replica`, with its `Slow` fault's.
+    fn latency_of(&mut self, replica: usize) -> u64 {
+        let r = &self.replicas[replica];
+        let extra = if r.slow_until > self.now {
+            r.slow_each_way * MS
+        } else {
+            0
+        };
+        self.latency() + extra
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -403,12 +443,17 @@ impl World {
         let seed = self.rng.next();
         let plan = &self.plan;
         let r = &mut self.replicas[replica];
+        let (lease_duration, renew_deadline, retry_period) = plan
+            .timing
+            .get(&replica)
+            .copied()
+            .unwrap_or((plan.lease_duration, plan.renew_deadline, plan.retry_period));
         let config = Config {
             identity: r.identity.clone(),
             shards: plan.shards,
-            lease_duration: plan.lease_duration,
-            renew_deadline: plan.renew_deadline,
-            retry_period: plan.retry_period,
+            lease_duration,
+            renew_deadline,
+            retry_period,
             on_loss: OnLoss::Rejoin,
         };
         r.process = process;
@@ -423,7 +468,7 @@ impl World {
         r.watch = Watch::Relisting;
         r.watch_gen += 1;
         let (process, generation) = (r.process, r.watch_gen);
-        let t = self.now + delay + self.latency();
+        let t = self.now + delay + self.latency_of(replica);
         self.at(
             t,
             Ev::Relist {
@@ -437,6 +482,19 @@ impl World {
     fn relist(&mut self, replica: usize, process: usize, generation: u64) {
         let r = &self.replicas[replica];
         if r.process != process || r.watch_gen != generation || r.state.is_none() {
+            return;
+        }
+        if r.reads_fail_until > self.now {
+            // The list fails; the driver tries again after a pause.
+            let t = self.now + 1_000 * MS;
+            self.at(
+                t,
+                Ev::Relist {
+                    replica,
+                    process,
+                    generation,
+                },
+            );
             return;
         }
         if r.partitioned_until > self.now {
@@ -453,7 +511,7 @@ impl World {
             return;
         }
         let records = self.store.list();
-        let t = self.now + self.latency();
+        let t = self.now + self.latency_of(replica);
         let r = &mut self.replicas[replica];
         r.watch = Watch::Live;
         r.watch_last = t;
@@ -512,6 +570,26 @@ impl World {
                     self.break_watch(replica, 1_000 * MS);
                 }
             }
+            Fault::HangWatch { replica, ms } => {
+                let r = &mut self.replicas[replica];
+                r.hung_until = r.hung_until.max(self.now + ms * MS);
+            }
+            Fault::ReadsFail { replica, ms } => {
+                let r = &mut self.replicas[replica];
+                r.reads_fail_until = r.reads_fail_until.max(self.now + ms * MS);
+                if r.state.is_some() {
+                    self.break_watch(replica, 0);
+                }
+            }
+            Fault::Slow {
+                replica,
+                ms,
+                each_way,
+            } => {
+                let r = &mut self.replicas[replica];
+                r.slow_until = r.slow_until.max(self.now + ms * MS);
+                r.slow_each_way = each_way;
+            }
             Fault::Delete { pick } => {
                 let names = self.store.names();
                 if !names.is_empty() {
@@ -555,7 +633,7 @@ impl World {
         if drop_answer || r.process != process {
             return;
         }
-        let t = self.now + self.latency();
+        let t = self.now + self.latency_of(replica);
         self.at(
             t,
             Ev::Answer {
@@ -574,10 +652,17 @@ impl World {
         };
         for replica in 0..self.replicas.len() {
             let r = &self.replicas[replica];
-            if r.watch != Watch::Live || r.state.is_none() || r.partitioned_until > self.now {
+            if r.watch != Watch::Live
+                || r.state.is_none()
+                || r.partitioned_until > self.now
+                || r.reads_fail_until > self.now
+            {
                 continue;
             }
-            let t = (self.now + self.latency()).max(self.replicas[replica].watch_last);
+            let hung_until = r.hung_until;
+            let t = (self.now + self.latency_of(replica))
+                .max(hung_until)
+                .max(self.replicas[replica].watch_last);
             let r = &mut self.replicas[replica];
             r.watch_last = t;
             let (process, generation) = (r.process, r.watch_gen);
@@ -656,7 +741,7 @@ impl World {
             },
         );
         if !lost_there {
-            let t = self.now + self.latency();
+            let t = self.now + self.latency_of(replica);
             self.at(
                 t,
                 Ev::Commit {
@@ -682,6 +767,10 @@ impl World {
                         shard,
                     },
                 );
+            }
+            Decision::WatchStale => {
+                // The driver replaces the watch: a new list, then the watch from it.
+                self.break_watch(replica, 0);
             }
             Decision::Ended(_) => {
                 let r = &mut self.replicas[replica];
@@ -801,6 +890,14 @@ impl World {
             self.fan_out();
         }
         answer
+    }
+
+    /// A third party's write that the protocol does not read (a label or an annotation): a new
+    /// resourceVersion, the same record.
+    pub(crate) fn touch(&mut self, lease: &LeaseName) {
+        if self.store.touch(lease) {
+            self.fan_out();
+        }
     }
 
     /// A delete by a third party, unconditional.

@@ -76,6 +76,16 @@ impl Store {
         record
     }
 
+    /// A write of fields the protocol does not read (a third party's label): a new
+    /// resourceVersion, the same content.
+    pub(crate) fn touch(&mut self, lease: &LeaseName) -> bool {
+        let Some(content) = self.leases.get(lease).map(|r| r.content.clone()) else {
+            return false;
+        };
+        self.put(lease, content);
+        true
+    }
+
     /// A delete, by the protocol or by a third party (unconditional).
     pub(crate) fn delete(&mut self, lease: &LeaseName) -> bool {
         if self.leases.remove(lease).is_none() {
