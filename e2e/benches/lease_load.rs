@@ -12,7 +12,8 @@
 //!
 //! Options: `--window SECS` (default 120), `--shards N` and `--replicas K` (repeatable; default
 //! 1, 32, 256 and 1, 3), `--settle SECS` (the longest wait for the shards to be shared fairly
-//! before the window opens, default 180). Before the cases, one window without replicas measures
+//! before the window opens, default 180), `--hang-watch` (the first replica's Lease watch hangs
+//! silently through the window: it lives on relists). Before the cases, one window without replicas measures
 //! the server's own Lease traffic (its identity and endpoint Leases), which is subtracted.
 //!
 //! Each case has a namespace of its own; its replicas start together, the window opens once the
@@ -37,6 +38,7 @@ struct Options {
     settle: Duration,
     shards: Vec<u32>,
     replicas: Vec<usize>,
+    hang_watch: bool,
 }
 
 fn options() -> Options {
@@ -45,6 +47,7 @@ fn options() -> Options {
         settle: Duration::from_secs(180),
         shards: Vec::new(),
         replicas: Vec::new(),
+        hang_watch: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -59,10 +62,11 @@ fn options() -> Options {
             "--settle" => options.settle = Duration::from_secs(value("--settle")),
             "--shards" => options.shards.push(value("--shards") as u32),
             "--replicas" => options.replicas.push(value("--replicas") as usize),
+            "--hang-watch" => options.hang_watch = true,
             // What cargo bench passes.
             "--bench" => {}
             other => panic!(
-                "unknown argument {other:?}: --window SECS, --settle SECS, --shards N, --replicas K"
+                "unknown argument {other:?}: --window SECS, --settle SECS, --shards N, --replicas K, --hang-watch"
             ),
         }
     }
@@ -137,6 +141,7 @@ async fn case(plane: &ControlPlane, options: &Options, shards: u32, k: usize) ->
     let dir: PathBuf = std::env::temp_dir().join(format!("workqueue-lease-load-{ns}"));
     std::fs::create_dir_all(&dir).expect("a folder");
     let names: Vec<String> = (1..=k).map(|i| format!("r{i}")).collect();
+    let hang_flag = dir.join("hang-r1");
     let mut replicas: Vec<Child> = names
         .iter()
         .map(|identity| {
@@ -144,6 +149,9 @@ async fn case(plane: &ControlPlane, options: &Options, shards: u32, k: usize) ->
             spec.shards = shards;
             // No objects: the Leases are all there is to count.
             spec.selector = "e2e.workqueue/lease-load".into();
+            if options.hang_watch && identity == "r1" {
+                spec.hang_watch = Some(hang_flag.clone());
+            }
             let mut command = this_binary(None);
             spec.apply(&mut command, &plane.config(), &dir);
             let log = dir.join(format!("{identity}.log"));
@@ -183,7 +191,12 @@ async fn case(plane: &ControlPlane, options: &Options, shards: u32, k: usize) ->
         settled.as_secs_f64(),
         options.window
     );
+    if options.hang_watch {
+        std::fs::write(&hang_flag, b"").expect("the flag file");
+        eprintln!("r1's Lease watch hangs through the window");
+    }
     let load = window(&client, options.window).await;
+    let _ = std::fs::remove_file(&hang_flag);
     for child in &replicas {
         child.signal("TERM");
     }

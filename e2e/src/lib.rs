@@ -5,6 +5,7 @@
 
 pub mod child;
 pub mod counting;
+pub mod faults;
 #[cfg(feature = "control-plane")]
 pub mod outage;
 pub mod replica;

@@ -73,6 +73,9 @@ pub struct Spec {
     /// sent even when the reconcile is aborted meanwhile: a request already on its way when the
     /// process froze.
     pub fenced: Option<String>,
+    /// While this file exists, the replica's Lease watches hang silently (see
+    /// [`crate::faults::WatchHang`]).
+    pub hang_watch: Option<PathBuf>,
 }
 
 impl Spec {
@@ -91,6 +94,7 @@ impl Spec {
             concurrency: 16,
             requeue: None,
             fenced: None,
+            hang_watch: None,
         }
     }
 
@@ -121,6 +125,9 @@ impl Spec {
         if let Some(fenced) = &self.fenced {
             command.env("WORKQUEUE_E2E_FENCED", fenced);
         }
+        if let Some(flag) = &self.hang_watch {
+            command.env("WORKQUEUE_E2E_HANG_WATCH", flag);
+        }
     }
 
     /// The spec in this process's environment, if it is a replica.
@@ -147,6 +154,7 @@ impl Spec {
                 .expect("concurrency"),
             requeue: var("WORKQUEUE_E2E_REQUEUE_MS").map(|v| ms(&v)),
             fenced: var("WORKQUEUE_E2E_FENCED"),
+            hang_watch: var("WORKQUEUE_E2E_HANG_WATCH").map(PathBuf::from),
         })
     }
 
@@ -306,7 +314,14 @@ async fn run(spec: Spec) {
         )
         .with(ledger.clone().map(log::ToLedger::new));
     tracing::subscriber::set_global_default(logs).expect("one subscriber");
-    let client = Client::try_from(crate::child::client_from_env()).expect("a client");
+    let config = crate::child::client_from_env();
+    let client = match &spec.hang_watch {
+        Some(flag) => kube::client::ClientBuilder::try_from(config)
+            .expect("a client builder")
+            .with_layer(&crate::faults::WatchHang::new(flag.clone()))
+            .build(),
+        None => Client::try_from(config).expect("a client"),
+    };
     let api = Api::<ConfigMap>::namespaced(client.clone(), &spec.namespace);
     let ctx = Arc::new(Context {
         spec: spec.clone(),

@@ -761,3 +761,143 @@ async fn a_frozen_leader_is_replaced_and_its_late_write_refused() {
     assert!(runs >= 10, "{runs} runs judged");
     s.shut_down();
 }
+
+/// How soon a replica that cannot read its renewals back gives way, as the `lease` docs state
+/// it: lease duration + renew deadline + 3 retry periods (plus its round trip, here nothing).
+fn give_way_bound() -> Duration {
+    LEASE + RENEW + 3 * RETRY
+}
+
+/// For each object, the longest time in `from..to` without a reconcile of it ending (by
+/// anyone), from the completed runs.
+fn longest_gap(s: &Scenario, objects: &[String], from: Instant, to: Instant) -> Duration {
+    let mut ends: HashMap<&str, Vec<Instant>> = HashMap::new();
+    for run in s.runs() {
+        if let Some(end) = run.ended.filter(|e| *e >= from && *e <= to) {
+            let subject = objects
+                .iter()
+                .find(|o| run.subject.ends_with(&format!("/{o}")));
+            if let Some(o) = subject {
+                ends.entry(o.as_str()).or_default().push(end);
+            }
+        }
+    }
+    objects
+        .iter()
+        .map(|o| {
+            let mut times = ends.remove(o.as_str()).unwrap_or_default();
+            times.sort();
+            let mut last = from;
+            let mut gap = Duration::ZERO;
+            for t in times.into_iter().chain([to]) {
+                gap = gap.max(t - last);
+                last = t;
+            }
+            gap
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+/// Leader election with 3 processes; the Lease watches of the leader and of a standby hang
+/// silently (connections open, no event, no error) for 2 minutes while their writes and lists
+/// work. Each finds its watch stale, replaces it and reports it once on its stream; the objects
+/// are reconciled throughout (no object waits longer than the documented bound), and never by
+/// two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_watches_that_hang_silently_stop_nothing() {
+    let _serial = SERIAL.lock().await;
+    let mut s = Scenario::new("watch-hang").await;
+    const OBJECTS: usize = 10;
+    let names: Vec<String> = (0..OBJECTS).map(Scenario::name).collect();
+    s.create(&names).await;
+    let flag = |identity: &str| s.dir.join(format!("hang-{identity}"));
+    let flags: BTreeMap<String, PathBuf> = ["r1", "r2", "r3"]
+        .iter()
+        .map(|i| (i.to_string(), flag(i)))
+        .collect();
+    for identity in ["r1", "r2", "r3"] {
+        let mut spec = s.spec(identity, 1);
+        spec.hold = Duration::from_millis(100);
+        spec.concurrency = 0;
+        spec.requeue = Some(Duration::from_millis(500));
+        spec.hang_watch = Some(flags[identity].clone());
+        s.start(&spec);
+    }
+    s.until(
+        Duration::from_secs(60),
+        "a leader reconciles every object",
+        |s| {
+            let done: HashSet<String> = s.completed().into_iter().map(|c| c.object).collect();
+            done.len() == OBJECTS
+        },
+    )
+    .await;
+    let leader = s.runs()[0].replica.clone();
+    let standby = ["r1", "r2", "r3"]
+        .into_iter()
+        .find(|r| *r != leader)
+        .unwrap()
+        .to_string();
+    let hung = Instant::now();
+    for victim in [&leader, &standby] {
+        std::fs::write(&flags[victim], b"").expect("the flag file");
+    }
+    const HANG: Duration = Duration::from_secs(120);
+    sleep(HANG).await;
+    for victim in [&leader, &standby] {
+        std::fs::remove_file(&flags[victim]).expect("removing the flag file");
+    }
+    let healed = Instant::now();
+    sleep(Duration::from_secs(3)).await;
+    s.sync();
+    s.check_alive();
+    let gap = longest_gap(&s, &names, hung, healed);
+    let stale = |who: &str| {
+        s.lines()
+            .iter()
+            .filter(|l| l.replica == who && l.kind == "item" && l.detail.contains("was stale"))
+            .count()
+    };
+    let runs_of = |who: &str| {
+        s.runs()
+            .iter()
+            .filter(|r| r.replica == who && r.start >= hung && r.start < healed)
+            .count()
+    };
+    println!(
+        "{leader} (leader) and {standby} (standby): Lease watches hung for {HANG:?}; longest time an object waited for a reconcile {:.2} s (bound {:.1} s); stale reports {} and {}; the leader's reconciles meanwhile {}",
+        gap.as_secs_f64(),
+        give_way_bound().as_secs_f64(),
+        stale(&leader),
+        stale(&standby),
+        runs_of(&leader)
+    );
+    assert!(
+        gap <= give_way_bound(),
+        "an object waited {gap:?} for a reconcile (bound {:?})\n{}",
+        give_way_bound(),
+        s.logs()
+    );
+    // A stale watch is replaced, not given up: the leader goes on leading (without the
+    // replacement it steps down and another replica takes over within the same bound).
+    let all_runs = s
+        .runs()
+        .iter()
+        .filter(|r| r.start >= hung && r.start < healed)
+        .count();
+    assert!(
+        runs_of(&leader) * 10 >= all_runs * 9,
+        "the leader ran {} of the {all_runs} reconciles during the hang",
+        runs_of(&leader)
+    );
+    assert_eq!(stale(&leader), 1, "the leader reports its stale watch once");
+    assert_eq!(
+        stale(&standby),
+        1,
+        "the standby reports its stale watch once"
+    );
+    let runs = s.assert_never_two_at_once();
+    assert!(runs >= 100, "{runs} runs judged");
+    s.shut_down();
+}
