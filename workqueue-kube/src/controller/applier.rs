@@ -148,8 +148,10 @@ where
     pub(crate) dyntype: Option<K::DynamicType>,
 }
 
-/// A reconcile's error, with the object it failed on (for the error policy).
-struct Failed<E, K>(E, Arc<K>);
+/// A reconcile's error, with the object it failed on and the span the reconcile ran in (for the
+/// error policy, which runs in that span, as kube-runtime's does inside its `reconciling object`
+/// span: what it logs carries the object's key).
+struct Failed<E, K>(E, Arc<K>, tracing::Span);
 
 impl<E: fmt::Debug, K> fmt::Debug for Failed<E, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -242,8 +244,11 @@ where
         move |key: ObjectRef<K>, _: runner::Context| match store.get(&key) {
             Some(object) => {
                 let on_error = object.clone();
-                let fut = TryFutureExt::into_future(reconciler(object, context.clone()))
-                    .map(move |result| result.map_err(|e| Failed(e, on_error)));
+                // The runner polls the reconcile inside its `reconcile` span, so the span
+                // current when the reconcile returns is that one.
+                let fut = TryFutureExt::into_future(reconciler(object, context.clone())).map(
+                    move |result| result.map_err(|e| Failed(e, on_error, tracing::Span::current())),
+                );
                 Either::Left(match &held {
                     Some(held) => Either::Left(crate::lease::scope(held(&key), fut)),
                     None => Either::Right(fut),
@@ -261,8 +266,8 @@ where
               failure: &Failure<Failed<ReconcilerFut::Error, K>>,
               _: &runner::Context| {
             match failure {
-                Failure::Error(Failed(error, object)) => {
-                    error_policy(object.clone(), error, context.clone())
+                Failure::Error(Failed(error, object, span)) => {
+                    span.in_scope(|| error_policy(object.clone(), error, context.clone()))
                 }
                 // A panic: retried after the rate limiter's delay.
                 _ => Action::backoff(),
@@ -476,7 +481,7 @@ where
         Some(match result {
             Ok((key, _)) if self.missing.take(&key) => Err(Error::ObjectNotFound(object(key))),
             Ok((key, action)) => Ok((key, action)),
-            Err(runner::Error::Failed(key, Failure::Error(Failed(error, _)))) => {
+            Err(runner::Error::Failed(key, Failure::Error(Failed(error, ..)))) => {
                 Err(Error::ReconcilerFailed(error, object(key)))
             }
             Err(runner::Error::Failed(key, Failure::Panic(message))) => {
