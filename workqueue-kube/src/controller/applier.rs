@@ -20,8 +20,9 @@ use kube::Resource;
 use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use workqueue_tokio::runner::{self, Failure, Runner};
 use workqueue_tokio::{AddOptions, WorkQueue};
 
@@ -400,17 +401,8 @@ where
     /// The tasks that keep the gate, and the one that waits for a graceful shutdown.
     background: JoinSet<()>,
     /// The Lease watchdog's task, and how to tell it the run is over.
-    watchdog: Option<(oneshot::Sender<()>, AbortOnDrop)>,
+    watchdog: Option<(oneshot::Sender<()>, AbortOnDropHandle<()>)>,
     shutdown: CancellationToken,
-}
-
-/// A task aborted when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl<K, R, E, QE> State<K, R, QE>
@@ -461,7 +453,7 @@ where
         if let Some(watchdog) = start.watchdog {
             let (finish, finished) = oneshot::channel();
             let task = tokio::spawn(watchdog.run(finished));
-            self.watchdog = Some((finish, AbortOnDrop(task)));
+            self.watchdog = Some((finish, AbortOnDropHandle::new(task)));
         }
     }
 
@@ -471,7 +463,7 @@ where
         self.background.abort_all();
         if let Some((finish, mut task)) = self.watchdog.take() {
             let _ = finish.send(());
-            let _ = (&mut task.0).await;
+            let _ = (&mut task).await;
         }
     }
 
