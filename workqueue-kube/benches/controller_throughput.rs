@@ -35,6 +35,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
+use tokio_util::task::AbortOnDropHandle;
 
 const NAMESPACES: usize = 10;
 const CONCURRENCY: u16 = 16;
@@ -176,8 +177,9 @@ async fn run_kube(
                 Ok::<_, Never>(Action::await_change())
             };
             if spawned {
-                let mut task = AbortOnDrop(tokio::spawn(fut));
-                async move { (&mut task.0).await.expect("the reconcile task") }.boxed()
+                // Aborted when dropped, as kube-runtime's `CancelableJoinHandle`.
+                let task = AbortOnDropHandle::new(tokio::spawn(fut));
+                async move { task.await.expect("the reconcile task") }.boxed()
             } else {
                 fut.boxed()
             }
@@ -225,15 +227,6 @@ async fn run_ours(
         .filter(|r| std::future::ready(r.is_ok()))
         .count()
         .await
-}
-
-/// A task aborted when its handle is dropped (kube-runtime's `CancelableJoinHandle`).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// The process's peak resident set, in KiB.

@@ -17,10 +17,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use workqueue_core::metrics as queue_metrics;
-use workqueue_tokio::runner::metrics as runner_metrics;
-use workqueue_tokio::runner::{Action, Context, Report, Runner};
-use workqueue_tokio::{CancellationToken, WorkQueue};
+use workqueue_tokio::CancellationToken;
+
+#[path = "common/buckets.rs"]
+mod buckets;
+#[path = "common/controller.rs"]
+mod controller;
+
+pub use controller::run_controller;
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
@@ -51,26 +55,11 @@ pub fn install_exporter(port: u16) -> Result<SocketAddr, BoxError> {
         port
     };
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let full = |name: &str| Matcher::Full(name.to_string());
-    let (recorder, exporter) = PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(
-            full(queue_metrics::QUEUE_DURATION_SECONDS),
-            &queue_metrics::DURATION_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            full(queue_metrics::WORK_DURATION_SECONDS),
-            &queue_metrics::DURATION_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            full(queue_metrics::RATE_LIMITER_DELAY_SECONDS),
-            &queue_metrics::RATE_LIMITER_DELAY_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            full(runner_metrics::RECONCILE_TIME_SECONDS),
-            &runner_metrics::RECONCILE_TIME_BUCKETS,
-        )?
-        .build()?;
+    let mut builder = PrometheusBuilder::new().with_http_listener(addr);
+    for (name, buckets) in buckets::BUCKETS {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+    }
+    let (recorder, exporter) = builder.build()?;
     metrics::set_global_recorder(recorder)?;
     tokio::spawn(async move {
         if let Err(e) = exporter.await {
@@ -78,23 +67,6 @@ pub fn install_exporter(port: u16) -> Result<SocketAddr, BoxError> {
         }
     });
     Ok(addr)
-}
-
-/// Runs the example controller until `stop` is cancelled.
-pub async fn run_controller(stop: CancellationToken) -> Report {
-    let queue: WorkQueue<String> = WorkQueue::builder().name("example").build();
-    for i in 0..5 {
-        queue.add(format!("default/web-{i}"));
-    }
-    let runner = Runner::new(queue.clone(), |key: String, ctx: Context| async move {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if key == "default/web-3" && ctx.rate_limited_retries() < 3 {
-            return Err(format!("{key}: the API server said no"));
-        }
-        Ok(Action::requeue(Duration::from_secs(1)))
-    })
-    .workers(2);
-    runner.run(stop).await
 }
 
 #[tokio::main]

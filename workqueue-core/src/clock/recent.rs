@@ -1,20 +1,17 @@
 //! [`SystemClock::recent`](super::SystemClock): the system clock's time as of at most about
 //! [`RESOLUTION`] ago, read with one atomic load.
 //!
-//! Reading the CPU's timestamp counter is slow next to an atomic load (the instruction is
-//! microcoded and stalls the pipeline around it), and an aging queue reads the time at every add
-//! and every get. Aging needs no more than millisecond precision, so those reads take this one
+//! Reading the system clock is slow next to an atomic load (even through the vDSO, it reads the
+//! CPU's timestamp counter, whose instruction stalls the pipeline around it, and scales it), and
+//! an aging queue reads the time at every add and every get. Aging needs no more than millisecond precision, so those reads take this one
 //! instead.
 //!
 //! One thread per process, the ticker, stores the time every [`RESOLUTION`]. It is started by
 //! [`start`] (a queue with aging reads `recent` when it is built, outside any lock) and parks
 //! after [`IDLE_TICKS`] ticks in which nobody read; a reader that finds it parked reads the
-//! counter itself and wakes it. So an idle process has no ticking thread, and a busy one pays
+//! clock itself and wakes it. So an idle process has no ticking thread, and a busy one pays
 //! about 250 wake-ups a second on one thread (why 4 ms: ARCHITECTURE.md). Where the thread
-//! cannot be started, every read falls back to the counter.
-//!
-//! (quanta's own `Upkeep` does not fit: it is exclusive to one user per process, sleeps at a
-//! fixed rate forever, and leaves its last value in place when stopped.)
+//! cannot be started, every read falls back to the clock.
 
 #[cfg(not(all(test, workqueue_loom)))]
 use std::sync::OnceLock;

@@ -4,10 +4,10 @@ use super::{Clock, Instant};
 
 /// Real monotonic time, on a timeline shared by the whole process.
 ///
-/// Reads the CPU's timestamp counter through `quanta` where it is reliable (invariant and
-/// synchronised across cores; `quanta` falls back to the OS monotonic clock otherwise), several
-/// times cheaper than `std::time::Instant::now()`, which matters because the queue and the token
-/// bucket read the clock on hot paths.
+/// Reads [`std::time::Instant`], the clock that `std`, tokio and their users measure time on, so
+/// a key added with a delay `d` is never handed out before `d` has passed on that clock (a clock
+/// of its own, however cheaper to read, would disagree with it on the length of a delay by its
+/// calibration error and by the operating system's rate corrections, and hand keys out early).
 ///
 /// The epoch is the first time any `SystemClock` is read, so instants from different
 /// `SystemClock`s compare, and a limiter can be shared between queues.
@@ -22,27 +22,19 @@ use super::{Clock, Instant};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
-struct Timeline {
-    clock: quanta::Clock,
-    /// The raw counter at the epoch. Readings stay raw until one subtraction and one scaling turn
-    /// them into nanoseconds, with no `Duration` in between: a round trip through `Duration`
-    /// costs as much as the counter read itself.
-    epoch: u64,
-}
-
-fn timeline() -> &'static Timeline {
-    static TIMELINE: OnceLock<Timeline> = OnceLock::new();
-    TIMELINE.get_or_init(|| {
-        let clock = quanta::Clock::new();
-        let epoch = clock.raw();
-        Timeline { clock, epoch }
-    })
+/// The process's epoch. Invariant: `now_nanos()` is the whole nanoseconds of `std` time since
+/// it, so an instant read after a `std::time::Instant` `t` is at least `t`'s time since the
+/// epoch (the truncation loses nothing where `std`'s instants are whole nanoseconds apart, as on
+/// Linux).
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
 }
 
 /// [`SystemClock::now`] in nanoseconds, for the ticker of [`Clock::recent`].
 fn now_nanos() -> u64 {
-    let t = timeline();
-    t.clock.delta_as_nanos(t.epoch, t.clock.raw())
+    // 2^64 ns is 584 years of uptime.
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Clock for SystemClock {

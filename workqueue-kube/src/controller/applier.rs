@@ -20,8 +20,9 @@ use kube::Resource;
 use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use workqueue_tokio::runner::{self, Failure, Runner};
 use workqueue_tokio::{AddOptions, WorkQueue};
 
@@ -148,8 +149,10 @@ where
     pub(crate) dyntype: Option<K::DynamicType>,
 }
 
-/// A reconcile's error, with the object it failed on (for the error policy).
-struct Failed<E, K>(E, Arc<K>);
+/// A reconcile's error, with the object it failed on and the span the reconcile ran in (for the
+/// error policy, which runs in that span, as kube-runtime's does inside its `reconciling object`
+/// span: what it logs carries the object's key).
+struct Failed<E, K>(E, Arc<K>, tracing::Span);
 
 impl<E: fmt::Debug, K> fmt::Debug for Failed<E, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -242,8 +245,11 @@ where
         move |key: ObjectRef<K>, _: runner::Context| match store.get(&key) {
             Some(object) => {
                 let on_error = object.clone();
-                let fut = TryFutureExt::into_future(reconciler(object, context.clone()))
-                    .map(move |result| result.map_err(|e| Failed(e, on_error)));
+                // The runner polls the reconcile inside its `reconcile` span, so the span
+                // current when the reconcile returns is that one.
+                let fut = TryFutureExt::into_future(reconciler(object, context.clone())).map(
+                    move |result| result.map_err(|e| Failed(e, on_error, tracing::Span::current())),
+                );
                 Either::Left(match &held {
                     Some(held) => Either::Left(crate::lease::scope(held(&key), fut)),
                     None => Either::Right(fut),
@@ -261,8 +267,8 @@ where
               failure: &Failure<Failed<ReconcilerFut::Error, K>>,
               _: &runner::Context| {
             match failure {
-                Failure::Error(Failed(error, object)) => {
-                    error_policy(object.clone(), error, context.clone())
+                Failure::Error(Failed(error, object, span)) => {
+                    span.in_scope(|| error_policy(object.clone(), error, context.clone()))
                 }
                 // A panic: retried after the rate limiter's delay.
                 _ => Action::backoff(),
@@ -395,17 +401,8 @@ where
     /// The tasks that keep the gate, and the one that waits for a graceful shutdown.
     background: JoinSet<()>,
     /// The Lease watchdog's task, and how to tell it the run is over.
-    watchdog: Option<(oneshot::Sender<()>, AbortOnDrop)>,
+    watchdog: Option<(oneshot::Sender<()>, AbortOnDropHandle<()>)>,
     shutdown: CancellationToken,
-}
-
-/// A task aborted when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl<K, R, E, QE> State<K, R, QE>
@@ -456,7 +453,7 @@ where
         if let Some(watchdog) = start.watchdog {
             let (finish, finished) = oneshot::channel();
             let task = tokio::spawn(watchdog.run(finished));
-            self.watchdog = Some((finish, AbortOnDrop(task)));
+            self.watchdog = Some((finish, AbortOnDropHandle::new(task)));
         }
     }
 
@@ -466,7 +463,7 @@ where
         self.background.abort_all();
         if let Some((finish, mut task)) = self.watchdog.take() {
             let _ = finish.send(());
-            let _ = (&mut task.0).await;
+            let _ = (&mut task).await;
         }
     }
 
@@ -476,7 +473,7 @@ where
         Some(match result {
             Ok((key, _)) if self.missing.take(&key) => Err(Error::ObjectNotFound(object(key))),
             Ok((key, action)) => Ok((key, action)),
-            Err(runner::Error::Failed(key, Failure::Error(Failed(error, _)))) => {
+            Err(runner::Error::Failed(key, Failure::Error(Failed(error, ..)))) => {
                 Err(Error::ReconcilerFailed(error, object(key)))
             }
             Err(runner::Error::Failed(key, Failure::Panic(message))) => {

@@ -82,7 +82,7 @@
 //! | graceful shutdown | running reconciles finish, however long they take | they finish within [`Config::shutdown_grace`] (30 s), then are dropped |
 //! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what the triggers queued (debounced ones when their debounce ends), drops requeues and retries, then ends |
 //! | where a reconcile runs | each is spawned as a task | a few tasks of the controller's give each future its first poll; one that has to wait goes on as a task of its own (one that returns at once needs none); one that computes before its first `.await` holds only its own object |
-//! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...) and controller-runtime's metrics |
+//! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...), which `error_policy` is called inside too, and controller-runtime's metrics |
 //!
 //! Nothing of kube-runtime 5's `controller` module is missing.
 //!

@@ -136,20 +136,11 @@ where
     worker_panics: u64,
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
-    intake_watcher: Option<AbortOnDrop>,
+    intake_watcher: Option<tokio_util::task::AbortOnDropHandle<()>>,
     /// Whether the runtime has several worker threads.
     multi_thread: bool,
     /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
     outside: bool,
-}
-
-/// A task aborted when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// A dispatcher's settings.
@@ -279,7 +270,9 @@ where
         }
         self.feeding = !self.feeders.is_empty();
         self.gate = setup.gate;
-        self.intake_watcher = Some(AbortOnDrop(tokio::spawn(self.engine.intake_watcher())));
+        self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+            self.engine.intake_watcher(),
+        )));
         // As many pollers as the runtime has threads: one at work in the common case, the
         // others for when it stalls (see `jobs`).
         let threads = tokio::runtime::Handle::current().metrics().num_workers();
