@@ -131,6 +131,7 @@ mod applier;
 mod backoff;
 mod config;
 mod error;
+mod guard;
 mod relations;
 mod shards;
 mod triggers;

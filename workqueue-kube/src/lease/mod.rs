@@ -150,8 +150,11 @@
 //! [`Controller::leases`](crate::controller::Controller::leases) runs the protocol as a task and
 //! follows what this replica holds. It takes a key of a shard only while the shard is held, not
 //! being handed over, and before the deadline. A shard just taken (a new holding) has its
-//! objects enqueued. A lost shard's running reconciles are aborted by a task of the controller's
-//! own, whatever polls its stream. For a hand-over the controller stops taking the shard's keys,
+//! objects enqueued. No reconcile of a shard is polled past its deadline (the runner asks before
+//! each poll, so a process frozen past it and thawed stops them at once), and a lost shard's
+//! waiting reconciles are dropped by a task of the controller's own, whatever polls its stream.
+//! A reconcile whose code is still under way past the deadline (its runtime's thread blocked)
+//! ends the process before another replica may take the shard ([`OnLoss`]). For a hand-over the controller stops taking the shard's keys,
 //! lets its work finish or aborts it by the hand-over's deadline
 //! ([`LeaseConfig::hand_over_timeout`]), and acknowledges; the shard is given away only then, and
 //! kept (held, its keys not taken) while no acknowledgement comes.
@@ -187,8 +190,10 @@ mod tests;
 mod wire;
 
 pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
+#[cfg(test)]
+pub(crate) use assignment::{Holding, ShardState};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
-pub use config::{ConfigError, LeaseConfig, OnLoss};
+pub use config::{ConfigError, EXIT_LOST, EXIT_UNSTOPPABLE, LeaseConfig, OnLoss};
 pub(crate) use failures::RequestFailed;
 pub use fence::deadline;
 pub(crate) use fence::{Held, scope};
