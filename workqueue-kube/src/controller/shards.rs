@@ -12,8 +12,15 @@
 //!
 //! The rest is the [`Watchdog`], a task of its own, so that nothing it does waits for the
 //! application to poll the controller's stream:
-//! - a shard taken has its objects enqueued (behind real changes: another replica may have
-//!   dropped their events);
+//! - a shard taken has its objects enqueued (another replica may have dropped their events) at
+//!   the default priority 0, as changes are ([`TAKEN_PRIORITY`]): the failover already delayed
+//!   them by a lease duration or more, so they go behind the keys ready at the takeover and ahead
+//!   of every key queued after it (requeues included) and of initial lists and resyncs
+//!   (`LOW_PRIORITY`). With `W` workers, reconciles that take at most `d` and `R` keys ready (of
+//!   any priority) when `n` objects are taken, each of them is reconciled within
+//!   `(1 + ceil((R + n) / W)) * d` of the takeover, however busy the replica is with requeues.
+//!   (At `LOW_PRIORITY`, where they were before, steady requeues kept them waiting until aging,
+//!   `Config::max_ready_wait`, 60 s.) Their re-adds keep priority 0, as a change's do;
 //! - a shard lost (its `valid_until` passed without a renewal, or the protocol says so) or handed
 //!   over has its queued keys dropped, and its reconciles still running are aborted (their
 //!   futures dropped: a `Controller`'s reconcile has no token to watch) at the latest `margin`
@@ -42,7 +49,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::Aborts;
-use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
+use workqueue_tokio::{AddOptions, WorkQueue};
 
 use super::error::RunnerError;
 use super::guard::{LeaseGuard, ShardPolls};
@@ -51,6 +58,11 @@ use crate::lease::{
     Assignment, EXIT_LOST, Ended, HandOver, Held, LeaseClock, LeaseConfig, OnLoss, RequestFailed,
     ShardChange, ShardLeases, shard_of,
 };
+
+/// The priority a taken shard's objects are queued at: a change's (see the module docs for the
+/// bound it gives). Not above it: a re-add keeps the priority its key was handed out at, so a
+/// taken object that requeues would stay ahead of every change for the rest of its life.
+const TAKEN_PRIORITY: i32 = 0;
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
 /// the acknowledgement reaches the protocol in time.
@@ -379,7 +391,7 @@ where
         self.on_time();
     }
 
-    /// Enqueues the objects of the shards just taken, behind real changes.
+    /// Enqueues the objects of the shards just taken, at [`TAKEN_PRIORITY`].
     fn enqueue(&self, shards: &[u32]) {
         let keys: Vec<ObjectRef<K>> = self
             .store
@@ -390,7 +402,7 @@ where
             .collect();
         tracing::info!(shards = ?shards, objects = keys.len(), "shards taken");
         self.queue
-            .add_batch_with(keys, AddOptions::new().priority(LOW_PRIORITY));
+            .add_batch_with(keys, AddOptions::new().priority(TAKEN_PRIORITY));
     }
 
     /// A hand-over began: the shard's work stops; it is acknowledged once none runs, and what

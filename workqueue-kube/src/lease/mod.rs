@@ -150,7 +150,11 @@
 //! [`Controller::leases`](crate::controller::Controller::leases) runs the protocol as a task and
 //! follows what this replica holds. It takes a key of a shard only while the shard is held, not
 //! being handed over, and before the deadline. A shard just taken (a new holding) has its
-//! objects enqueued. No reconcile of a shard is polled past its deadline (the runner asks before
+//! objects enqueued at the default priority, as changes are: behind the keys ready at the
+//! takeover, ahead of everything queued after it and of initial lists. With `W` workers,
+//! reconciles of at most `d` and `R` keys ready when `n` objects are taken, each is reconciled
+//! within `(1 + ceil((R + n) / W)) * d` of the takeover, however busy the replica is with
+//! requeues. No reconcile of a shard is polled past its deadline (the runner asks before
 //! each poll, so a process frozen past it and thawed stops them at once), and a lost shard's
 //! waiting reconciles are dropped by a task of the controller's own, whatever polls its stream.
 //! A reconcile whose code is still under way past the deadline (its runtime's thread blocked)
