@@ -238,8 +238,9 @@ where
     });
     // The user's reconciler, called on the task that polls the stream, for the object in the
     // store; a key without one is a no-op, reported as `ObjectNotFound`.
-    // On Leases, it runs in the scope that `lease::deadline` reads.
-    let held = leases.as_ref().map(|leases| leases.held::<K>());
+    // On Leases, it runs in the scope that `lease::deadline` reads, its polls counted for the
+    // lease guard.
+    let scope = leases.as_ref().map(|leases| leases.scope::<K>());
     let reconcile = {
         let (store, missing, context) = (store.clone(), missing.clone(), context.clone());
         move |key: ObjectRef<K>, _: runner::Context| match store.get(&key) {
@@ -250,8 +251,8 @@ where
                 let fut = TryFutureExt::into_future(reconciler(object, context.clone())).map(
                     move |result| result.map_err(|e| Failed(e, on_error, tracing::Span::current())),
                 );
-                Either::Left(match &held {
-                    Some(held) => Either::Left(crate::lease::scope(held(&key), fut)),
+                Either::Left(match &scope {
+                    Some(scope) => Either::Left(scope.wrap(&key, fut)),
                     None => Either::Right(fut),
                 })
             }
@@ -289,9 +290,10 @@ where
         .failure_log(None)
         .per_key_backoff(config.per_key_backoff)
         .readiness(gate);
-    // The one rule for which keys this replica takes: its shards'.
+    // The one rule for which keys this replica takes: its shards'; and no poll of a reconcile
+    // past its shard's deadline.
     let mut runner = match &leases {
-        Some(leases) => runner.belongs(leases.owns()),
+        Some(leases) => runner.belongs(leases.owns()).poll_while(leases.may_run()),
         None => runner,
     }
     .error_policy(policy);

@@ -131,6 +131,7 @@ mod applier;
 mod backoff;
 mod config;
 mod error;
+mod guard;
 mod relations;
 mod shards;
 mod triggers;
@@ -397,7 +398,10 @@ where
     /// has its queued keys dropped and its running reconciles aborted (their futures dropped: a
     /// reconcile here has no cancellation to watch) before another replica can take it. A task
     /// of the controller's own does this, so it happens on time whatever the application does
-    /// with the stream (a consumer that is slow, or waits on something else). A graceful
+    /// with the stream (a consumer that is slow, or waits on something else); and no reconcile
+    /// is polled past its shard's deadline. A reconcile whose code is still under way past the
+    /// deadline (it computes without awaiting and its runtime runs nothing else) ends the
+    /// process, from a thread of the controller's (see [`OnLoss`](crate::lease::OnLoss)). A graceful
     /// shutdown hands its shards over after its reconciles finished, so that other replicas hold
     /// them at once. An invalid `config` is
     /// reported as the stream's first item ([`RunnerError::Leases`]), which then ends.

@@ -4,19 +4,36 @@
 //! The rule for keys is the assignment's ([`owns`]): a key belongs here while its shard is held,
 //! not being handed over, and before its `valid_until`. The runner applies it at the sources, when
 //! it leases a key, and when a reconcile ends (a key of a shard no longer held is finished
-//! without a re-add: another replica runs it now).
+//! without a re-add: another replica runs it now). The rule for running reconciles
+//! ([`may_run`]) is asked before every poll of one: its shard held or being handed over, and
+//! before its `valid_until`; past it the reconcile is dropped unpolled, as an abort drops it, so
+//! that a process frozen past its deadline and thawed polls none of its shard's reconciles
+//! again, whenever the watchdog gets to run.
 //!
 //! The rest is the [`Watchdog`], a task of its own, so that nothing it does waits for the
 //! application to poll the controller's stream:
-//! - a shard taken has its objects enqueued (behind real changes: another replica may have
-//!   dropped their events);
+//! - a shard taken has its objects enqueued (another replica may have dropped their events) at
+//!   the default priority 0, as changes are ([`TAKEN_PRIORITY`]): the failover already delayed
+//!   them by a lease duration or more, so they go behind the keys ready at the takeover and ahead
+//!   of every key queued after it (requeues included) and of initial lists and resyncs
+//!   (`LOW_PRIORITY`). With `W` workers, reconciles that take at most `d` and `R` keys ready (of
+//!   any priority) when `n` objects are taken, each of them is reconciled within
+//!   `(1 + ceil((R + n) / W)) * d` of the takeover, however busy the replica is with requeues.
+//!   (At `LOW_PRIORITY`, where they were before, steady requeues kept them waiting until aging,
+//!   `Config::max_ready_wait`, 60 s.) Their re-adds keep priority 0, as a change's do;
 //! - a shard lost (its `valid_until` passed without a renewal, or the protocol says so) or handed
 //!   over has its queued keys dropped, and its reconciles still running are aborted (their
 //!   futures dropped: a `Controller`'s reconcile has no token to watch) at the latest `margin`
 //!   after `valid_until` (a lost shard: the time the protocol leaves before another replica may
 //!   take it), or shortly before the hand-over's deadline;
 //! - a hand-over is acknowledged only once nothing of the shard runs;
-//! - a protocol that ends on a lost Lease (`OnLoss::Stop`) shuts the controller down.
+//! - a protocol that ends on a lost Lease (`OnLoss::Stop`) shuts the controller down; with
+//!   `OnLoss::Exit` a lost shard ends the process.
+//!
+//! Neither the rule nor the watchdog can stop a reconcile whose poll does not return (it
+//! computes without awaiting, and its runtime runs nothing else): for that, the lease guard
+//! (`super::guard`), a thread of its own, ends the process before another replica may take the
+//! shard.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,14 +49,20 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::Aborts;
-use workqueue_tokio::{AddOptions, LOW_PRIORITY, WorkQueue};
+use workqueue_tokio::{AddOptions, WorkQueue};
 
 use super::error::RunnerError;
+use super::guard::{LeaseGuard, ShardPolls};
 use super::triggers::Reports;
 use crate::lease::{
-    Assignment, Ended, HandOver, Held, LeaseClock, LeaseConfig, Report, ShardChange, ShardLeases,
-    shard_of,
+    Assignment, EXIT_LOST, Ended, HandOver, Held, LeaseClock, LeaseConfig, OnLoss, Report,
+    ShardChange, ShardLeases, shard_of,
 };
+
+/// The priority a taken shard's objects are queued at: a change's (see the module docs for the
+/// bound it gives). Not above it: a re-add keeps the priority its key was handed out at, so a
+/// taken object that requeues would stay ahead of every change for the rest of its life.
+const TAKEN_PRIORITY: i32 = 0;
 
 /// How long before a hand-over's deadline the shard's remaining reconciles are aborted, so that
 /// the acknowledgement reaches the protocol in time.
@@ -52,6 +75,12 @@ pub(crate) struct Leases {
     hand_overs: mpsc::UnboundedReceiver<HandOver>,
     /// How long a lost shard's reconciles may run after its `valid_until`.
     margin: Duration,
+    /// `lease_duration - renew_deadline`: how long after a loss another replica may take the
+    /// shard (the guard's bound).
+    slack: Duration,
+    on_loss: OnLoss,
+    /// The reconciles' polls under way, per shard (for the guard).
+    polls: Arc<ShardPolls>,
 }
 
 impl Leases {
@@ -65,7 +94,9 @@ impl Leases {
         let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
         // Within the time the protocol leaves between a loss and another replica's take, less
         // the clock-rate slack it assumes.
-        let margin = config.lease_duration.saturating_sub(config.renew_deadline) / 2;
+        let slack = config.lease_duration.saturating_sub(config.renew_deadline);
+        let margin = slack / 2;
+        let (on_loss, polls) = (config.on_loss, ShardPolls::new(config.shards));
         let (protocol, events) = ShardLeases::new(client, config).map_err(RunnerError::Leases)?;
         let protocol = match clock {
             Some(clock) => protocol.with_clock(SharedClock(clock)),
@@ -98,16 +129,19 @@ impl Leases {
             assignment: events.assignment,
             hand_overs: events.hand_overs,
             margin,
+            slack,
+            on_loss,
+            polls,
         })
     }
 
-    /// For a key, what [`lease::deadline`](crate::lease::deadline) answers with in its
-    /// reconcile: its shard and this replica's published holdings.
-    pub(crate) fn held<K: Resource>(&self) -> impl Fn(&ObjectRef<K>) -> Held + Send + use<K> {
-        let assignment = self.assignment.clone();
-        move |key| Held {
-            shard: key_shard(key, assignment.borrow().shard_count()),
-            assignment: assignment.clone(),
+    /// What each reconcile runs in: the scope [`lease::deadline`](crate::lease::deadline)
+    /// answers in, and the count of its polls under way that the guard reads.
+    pub(crate) fn scope<K: Resource>(&self) -> ReconcileScope<K> {
+        ReconcileScope {
+            assignment: self.assignment.clone(),
+            polls: self.polls.clone(),
+            _key: std::marker::PhantomData,
         }
     }
 
@@ -117,6 +151,17 @@ impl Leases {
     ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
         let assignment = self.assignment.clone();
         move |key| owns(&assignment.borrow(), key)
+    }
+
+    /// The rule for running reconciles, asked before each of their polls: whether a key's
+    /// shard is still held (or being handed over) and before its `valid_until`. Past it a
+    /// reconcile is not polled again, whether or not the watchdog has run since (a process
+    /// frozen past its deadline and thawed stops at the next poll).
+    pub(crate) fn may_run<K: Resource>(
+        &self,
+    ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
+        let assignment = self.assignment.clone();
+        move |key| may_run(&assignment.borrow(), key)
     }
 
     /// The watchdog over this protocol (which it starts), for a controller whose reconciles
@@ -136,6 +181,12 @@ impl Leases {
         K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
     {
         let protocol = tokio::spawn(self.protocol.run(shutdown.clone().cancelled_owned()));
+        let guard = LeaseGuard::start(
+            self.polls.clone(),
+            self.assignment.clone(),
+            self.slack,
+            tokio::runtime::Handle::current(),
+        );
         let metrics = ShardMetrics::new(queue.name().unwrap_or("unnamed"));
         let seen = self.assignment.borrow().clone();
         metrics.emit(&seen);
@@ -153,7 +204,37 @@ impl Leases {
             metrics,
             protocol: Some(protocol),
             shutdown,
+            on_loss: self.on_loss,
+            _guard: guard,
         }
+    }
+}
+
+/// What each reconcile of a controller on Leases runs in (see [`Leases::scope`]).
+pub(crate) struct ReconcileScope<K> {
+    assignment: watch::Receiver<Assignment>,
+    polls: Arc<ShardPolls>,
+    _key: std::marker::PhantomData<fn(&K)>,
+}
+
+impl<K: Resource> ReconcileScope<K> {
+    /// `reconcile`, of `key`, in the scope `lease::deadline` reads, each of its polls counted
+    /// as under way for the guard.
+    pub(crate) fn wrap<F: std::future::Future>(
+        &self,
+        key: &ObjectRef<K>,
+        reconcile: F,
+    ) -> impl std::future::Future<Output = F::Output> + use<F, K> {
+        let shard = key_shard(key, self.assignment.borrow().shard_count());
+        let held = Held {
+            shard,
+            assignment: self.assignment.clone(),
+        };
+        super::guard::counted(
+            self.polls.clone(),
+            shard,
+            crate::lease::scope(held, reconcile),
+        )
     }
 }
 
@@ -166,6 +247,16 @@ fn key_shard<K: Resource>(key: &ObjectRef<K>, shards: u32) -> u32 {
 /// Whether `key`'s shard is held and valid now, by `assignment`.
 fn owns<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
     assignment.accepts(key_shard(key, assignment.shard_count()), Instant::now())
+}
+
+/// Whether a running reconcile of `key` may be polled now, by `assignment`: its shard held or
+/// being given up (a hand-over lets work finish until its own deadline, which the watchdog
+/// enforces) and before its `valid_until`.
+fn may_run<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
+    assignment
+        .state(key_shard(key, assignment.shard_count()))
+        .holding()
+        .is_some_and(|holding| holding.valid_until > Instant::now())
 }
 
 /// A shard whose work is stopping.
@@ -211,6 +302,9 @@ where
     metrics: ShardMetrics,
     protocol: Option<JoinHandle<Ended>>,
     shutdown: CancellationToken,
+    on_loss: OnLoss,
+    /// The lease guard's thread, stopped when the watchdog is dropped (its run is over).
+    _guard: Option<LeaseGuard>,
 }
 
 impl<K> Watchdog<K>
@@ -294,6 +388,7 @@ where
                     acquired.push(shard);
                 }
                 ShardChange::Ended { shard } => {
+                    self.exit_on_loss(shard);
                     tracing::warn!(shard, "shard lost: its reconciles are aborted");
                     self.stop(shard, Instant::now(), None);
                 }
@@ -309,7 +404,7 @@ where
         self.on_time();
     }
 
-    /// Enqueues the objects of the shards just taken, behind real changes.
+    /// Enqueues the objects of the shards just taken, at [`TAKEN_PRIORITY`].
     fn enqueue(&self, shards: &[u32]) {
         let keys: Vec<ObjectRef<K>> = self
             .store
@@ -320,7 +415,7 @@ where
             .collect();
         tracing::info!(shards = ?shards, objects = keys.len(), "shards taken");
         self.queue
-            .add_batch_with(keys, AddOptions::new().priority(LOW_PRIORITY));
+            .add_batch_with(keys, AddOptions::new().priority(TAKEN_PRIORITY));
     }
 
     /// A hand-over began: the shard's work stops; it is acknowledged once none runs, and what
@@ -370,6 +465,7 @@ where
             .map(|(shard, holding)| (shard, holding.valid_until))
             .collect();
         for (shard, valid_until) in lost {
+            self.exit_on_loss(shard);
             tracing::warn!(
                 shard,
                 "shard lost (not renewed in time): its reconciles are aborted"
@@ -398,6 +494,19 @@ where
         // A lost shard whose reconciles were aborted has nothing left to wait for.
         self.stopping
             .retain(|_, s| s.abort_at.is_some() || s.hand_over.is_some());
+    }
+
+    /// With [`OnLoss::Exit`], ends the process: `shard` was lost.
+    fn exit_on_loss(&self, shard: u32) {
+        if self.on_loss == OnLoss::Exit {
+            let message = format!(
+                "workqueue-kube: shard {shard} was lost; the process exits with status \
+                 {EXIT_LOST} (OnLoss::Exit)"
+            );
+            tracing::error!(shard, "{message}");
+            eprintln!("{message}");
+            std::process::exit(EXIT_LOST);
+        }
     }
 
     /// Nothing of `shard` runs any more: its hand-over is acknowledged.

@@ -6,17 +6,41 @@ use super::state::{LeaseName, Names};
 
 /// What a replica does after it lost a shard (its deadline passed without a renewal, or its
 /// membership was fenced, taken over or deleted).
+///
+/// Whatever the choice, a lost shard's reconciles stop: none is polled past the shard's
+/// deadline, a waiting one is dropped by the controller's watchdog, and one whose code is still
+/// under way past the deadline (its runtime's thread blocked: a reconcile that computes without
+/// awaiting on a `current_thread` runtime, or on one whose workers are all taken) ends the
+/// process with [`EXIT_UNSTOPPABLE`], from a thread of its own (`workqueue-lease-guard`), before
+/// another replica may take the shard: nothing else could keep the two replicas apart. That
+/// safety net has no opt-out; a process that must never exit this way must never block its
+/// runtime past `lease_duration - renew_deadline`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnLoss {
     /// Stay a member (joining again under a new token if the membership was lost) and take
-    /// shards again as its share asks.
+    /// shards again as its share asks. The default: a replica that lost a shard to a slow
+    /// network or a pause is not restarted for it (a restart would cost its cache and its
+    /// queue), and its lost work has stopped by then anyway.
     #[default]
     Rejoin,
     /// Stop: hand over every shard it still holds, vacate its membership, and end the protocol;
-    /// the controller then shuts down, so that the application can exit (controller-runtime's
-    /// behaviour on a lost leader Lease).
+    /// the controller then shuts down, so that the application can exit.
     Stop,
+    /// End the process at once with [`EXIT_LOST`] when the controller sees a shard lost
+    /// (controller-runtime's behaviour on a lost leader Lease: its manager exits); nothing is
+    /// handed over or vacated (the Leases lapse). A hand-over is not a loss. For applications whose supervisor (Kubernetes) restarts the process, and that
+    /// rather start afresh than trust state kept across a loss.
+    Exit,
 }
+
+/// The exit status of a process that [`OnLoss::Exit`] ended after a lost shard.
+pub const EXIT_LOST: i32 = 75;
+
+/// The exit status of a process that the lease guard ended: a lost shard's reconcile was still
+/// running its code past the shard's deadline plus most of `lease_duration - renew_deadline`
+/// (its runtime's thread blocked), so another replica could soon run the same objects (see
+/// [`OnLoss`]). Distinct from a returned error (1), a panic (101) and [`EXIT_LOST`].
+pub const EXIT_UNSTOPPABLE: i32 = 76;
 
 /// The Lease protocol's settings: the names of the Leases, this replica's identity, the number
 /// of shards and the timing (controller-runtime's defaults).

@@ -118,9 +118,11 @@
 //! Lease naming its token, (2) it is before its *deadline*: the start of its latest membership
 //! renewal that its view has shown, plus the renew deadline, by its own clock, and (3) it is not
 //! giving the shard away. The controller takes a shard's keys and runs its work only while it
-//! believes so: a lost shard's reconciles still running are aborted (their futures dropped)
-//! within `(lease_duration - renew_deadline) / 2` of the deadline, well inside the slack step 3
-//! leaves before another replica may take the shard.
+//! believes so: no reconcile of a shard is polled past the deadline (the runner asks before
+//! every poll), a lost shard's reconciles waiting are dropped within
+//! `(lease_duration - renew_deadline) / 2` of it, and a reconcile whose code is still under way
+//! at 5/8 of that slack (its runtime's thread blocked) ends the process, all inside the slack
+//! step 3 leaves before another replica may take the shard.
 //!
 //! It assumes: (A1) the API server orders the writes to one Lease (etcd), refuses a write whose
 //! resourceVersion precondition is stale, makes no new resourceVersion for a write that
@@ -207,9 +209,17 @@
 //! [`Controller::leases`](crate::controller::Controller::leases) runs the protocol as a task and
 //! follows what this replica holds. It takes a key of a shard only while the shard is held, not
 //! being handed over, and before the deadline. A shard just taken (a new holding) has its
-//! objects enqueued. A lost shard's running reconciles are aborted by a task of the controller's
-//! own, whatever polls its stream. For a hand-over the controller stops taking the shard's keys,
-//! lets its work finish or aborts it by the hand-over's deadline
+//! objects enqueued at the default priority, as changes are: behind the keys ready at the
+//! takeover, ahead of everything queued after it and of initial lists. With `W` workers,
+//! reconciles of at most `d` and `R` keys ready when `n` objects are taken, each is reconciled
+//! within `(1 + ceil((R + n) / W)) * d` of the takeover, however busy the replica is with
+//! requeues. No reconcile of a shard is polled past its deadline (the runner asks before
+//! each poll, so a process frozen past it and thawed stops them at once), and a lost shard's
+//! waiting reconciles are dropped by a task of the controller's own, whatever polls its stream.
+//! A reconcile whose code is still under way past the deadline (its runtime's thread blocked)
+//! ends the process before another replica may take the shard ([`OnLoss`]). For a hand-over
+//! the controller stops taking the shard's keys, lets its work finish or aborts it by the
+//! hand-over's deadline
 //! ([`LeaseConfig::hand_over_timeout`]), and acknowledges; the shard is given away only then, and
 //! kept (held, its keys not taken) while no acknowledgement comes.
 //!
@@ -244,8 +254,10 @@ mod tests;
 mod wire;
 
 pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
+#[cfg(test)]
+pub(crate) use assignment::{Holding, ShardState};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
-pub use config::{ConfigError, LeaseConfig, OnLoss};
+pub use config::{ConfigError, EXIT_LOST, EXIT_UNSTOPPABLE, LeaseConfig, OnLoss};
 pub(crate) use failures::Report;
 pub use fence::deadline;
 pub(crate) use fence::{Held, scope};

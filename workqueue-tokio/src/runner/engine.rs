@@ -13,6 +13,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -93,6 +94,8 @@ pub(crate) struct Engine<T, E, C, S> {
     outage: bool,
     classifier: Option<Box<Classifier<E>>>,
     belongs: Option<Arc<Belongs<T>>>,
+    /// Whether a running reconcile of a key may be polled again (see `Runner::poll_while`).
+    poll_while: Option<Arc<Belongs<T>>>,
     registry: Arc<Registry<T>>,
     /// Set once the stream's sources have ended: re-adds are dropped.
     draining: AtomicBool,
@@ -109,6 +112,7 @@ pub(crate) struct Parts<T, E, C, S> {
     pub(crate) intake: CancellationToken,
     pub(crate) classifier: Option<Box<Classifier<E>>>,
     pub(crate) belongs: Option<Arc<Belongs<T>>>,
+    pub(crate) poll_while: Option<Arc<Belongs<T>>>,
     pub(crate) registry: Arc<Registry<T>>,
     pub(crate) items: bool,
     pub(crate) source_names: Arc<[Arc<str>]>,
@@ -136,7 +140,7 @@ pub(crate) enum Ran<E> {
     Panicked(String),
     /// The reconcile outlived the timeout.
     TimedOut,
-    /// The reconcile was dropped (a hard stop at shutdown, or an abort).
+    /// The reconcile was dropped (a hard stop at shutdown, an abort, or the `poll_while` rule).
     Interrupted,
 }
 
@@ -201,6 +205,7 @@ where
             intake,
             classifier,
             belongs,
+            poll_while,
             registry,
             items,
             source_names,
@@ -231,6 +236,7 @@ where
             outage,
             classifier,
             belongs,
+            poll_while,
             registry,
             draining: AtomicBool::new(false),
             items,
@@ -409,7 +415,7 @@ where
                 let span = begun.span.clone();
                 let mut drive = pin!(
                     engine
-                        .run_reconcile(fut, &begun.ctx, ticket.as_ref())
+                        .run_reconcile(fut, lease.key(), &begun.ctx, ticket.as_ref())
                         .instrument(span)
                 );
                 poll_fn(|cx| {
@@ -448,10 +454,13 @@ where
 
     /// Runs a reconcile's future under the runner's limits: a panic is [`Ran::Panicked`]; past
     /// the timeout its context is cancelled and, after the cancel grace, it is dropped
-    /// ([`Ran::TimedOut`]); a hard stop or an abort drops it ([`Ran::Interrupted`]).
+    /// ([`Ran::TimedOut`]); a hard stop, an abort or the `poll_while` rule drops it
+    /// ([`Ran::Interrupted`]). The rule is asked before each poll of `fut`, so that no poll
+    /// happens once it says no, whatever task would have stopped the reconcile otherwise.
     async fn run_reconcile<F>(
         &self,
         fut: F,
+        key: &T,
         ctx: &Context<C>,
         ticket: Option<&Registered<T>>,
     ) -> Ran<E>
@@ -461,10 +470,22 @@ where
         if ticket.is_some_and(Registered::is_aborted) {
             return Ran::Interrupted;
         }
-        let mut fut = pin!(AssertUnwindSafe(fut).catch_unwind());
-        let returned = |r: std::thread::Result<Result<Action, E>>| match r {
-            Ok(r) => Ran::Returned(r),
-            Err(payload) => Ran::Panicked(workqueue_core::__private::panic_message(&*payload)),
+        let mut caught = pin!(AssertUnwindSafe(fut).catch_unwind());
+        // `None`: the rule said no before a poll; the future is dropped unpolled.
+        let mut fut = pin!(poll_fn(|cx| {
+            if let Some(rule) = &self.poll_while
+                && !belongs(&**rule, key)
+            {
+                return Poll::Ready(None);
+            }
+            caught.as_mut().poll(cx).map(Some)
+        }));
+        let returned = |r: Option<std::thread::Result<Result<Action, E>>>| match r {
+            Some(Ok(r)) => Ran::Returned(r),
+            Some(Err(payload)) => {
+                Ran::Panicked(workqueue_core::__private::panic_message(&*payload))
+            }
+            None => Ran::Interrupted,
         };
         let limit = async {
             match self.limits.timeout {
@@ -485,6 +506,7 @@ where
             () = self.hard_stop.cancelled() => Ran::Interrupted,
             () = limit => {
                 ctx.cancel().cancel_own();
+                // Polled once more only while the rule allows, as above.
                 tokio::select! {
                     biased;
                     _ = &mut fut => {}

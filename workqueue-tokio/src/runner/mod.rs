@@ -70,8 +70,9 @@
 //!
 //! Hooks for a caller that runs several replicas or waits for a cache:
 //! [`Runner::readiness`] (hold reconciles until a gate opens), [`Runner::belongs`] (the one rule
-//! for which keys this replica works on), [`Runner::abort_handle`] (drop running reconciles by
-//! key from any task), [`Runner::per_key_backoff`].
+//! for which keys this replica works on), [`Runner::poll_while`] (a running reconcile is polled
+//! only while a rule holds), [`Runner::abort_handle`] (drop running reconciles by key from any
+//! task), [`Runner::per_key_backoff`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -177,6 +178,7 @@ pub struct Runner<
     per_key_backoff: bool,
     gate: Option<watch::Receiver<bool>>,
     belongs: Option<Arc<Belongs<T>>>,
+    poll_while: Option<Arc<Belongs<T>>>,
     registry: Arc<Registry<T>>,
 }
 
@@ -273,6 +275,7 @@ where
             per_key_backoff: false,
             gate: None,
             belongs: None,
+            poll_while: None,
             registry: Arc::new(Registry::new()),
         }
     }
@@ -348,6 +351,7 @@ where
             per_key_backoff: self.per_key_backoff,
             gate: self.gate,
             belongs: self.belongs,
+            poll_while: self.poll_while,
             registry: self.registry,
         }
     }
@@ -497,6 +501,40 @@ where
     /// ```
     pub fn belongs(mut self, rule: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
         self.belongs = Some(Arc::new(rule));
+        self
+    }
+
+    /// The rule for which running reconciles may go on: `rule(key)` is asked before every poll
+    /// of a reconcile's future (its first included), and once it says no the future is dropped
+    /// without that poll, as an [aborted](Aborts) reconcile's is (its key is finished as an
+    /// interrupted reconcile's: without a re-add when it no longer
+    /// [belongs](Runner::belongs), retried otherwise; the stream yields nothing for it).
+    ///
+    /// What it is for: work that must not go on past a deadline that a task cannot enforce in
+    /// time. A replica that holds a shard until a deadline says here "the deadline has not
+    /// passed"; a process frozen (a pause, a suspended machine) and thawed after the deadline
+    /// then stops every reconcile at its next poll, where an abort from another task would come
+    /// only once that task ran. A poll already under way is not interrupted: code that computes
+    /// without awaiting is not stopped by anything here.
+    ///
+    /// The rule is called on the tasks that poll reconciles (hence `Send + Sync`) at every poll:
+    /// it must be quick. A rule that panics says no (the panic is logged).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use workqueue_tokio::WorkQueue;
+    /// use workqueue_tokio::runner::{Action, Runner};
+    ///
+    /// let queue: WorkQueue<String> = WorkQueue::new();
+    /// let reconcile = |_key: String, _ctx| async { Ok::<_, std::io::Error>(Action::await_change()) };
+    /// let held = Arc::new(AtomicBool::new(true));
+    /// let runner = Runner::new(queue, reconcile)
+    ///     .poll_while(move |_key: &String| held.load(Ordering::Acquire));
+    /// # drop(runner);
+    /// ```
+    pub fn poll_while(mut self, rule: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
+        self.poll_while = Some(Arc::new(rule));
         self
     }
 
@@ -698,6 +736,7 @@ where
             intake: shutdown,
             classifier: self.classifier,
             belongs: self.belongs,
+            poll_while: self.poll_while,
             registry: self.registry,
             items,
             source_names,
@@ -727,6 +766,7 @@ impl<T, R: Reconcile<T, C>, C, S, P> fmt::Debug for Runner<T, R, C, S, P> {
             .field("per_key_backoff", &self.per_key_backoff)
             .field("readiness", &self.gate.is_some())
             .field("belongs", &self.belongs.is_some())
+            .field("poll_while", &self.poll_while.is_some())
             .field("outage_classifier", &self.classifier.is_some())
             .finish_non_exhaustive()
     }
