@@ -76,6 +76,12 @@ pub struct Spec {
     /// While this file exists, the replica's Lease watches hang silently (see
     /// [`crate::faults::WatchHang`]).
     pub hang_watch: Option<PathBuf>,
+    /// While this file exists, a reconcile blocks its runtime's thread (`std::thread::sleep`, no
+    /// await) for the duration once it has held for `hold`: user code that computes without
+    /// yielding.
+    pub block: Option<(PathBuf, Duration)>,
+    /// The runtime's worker threads: 0 for a `current_thread` runtime (default 2).
+    pub workers: usize,
 }
 
 impl Spec {
@@ -95,6 +101,8 @@ impl Spec {
             requeue: None,
             fenced: None,
             hang_watch: None,
+            block: None,
+            workers: 2,
         }
     }
 
@@ -128,6 +136,11 @@ impl Spec {
         if let Some(flag) = &self.hang_watch {
             command.env("WORKQUEUE_E2E_HANG_WATCH", flag);
         }
+        if let Some((flag, block)) = &self.block {
+            command.env("WORKQUEUE_E2E_BLOCK_FLAG", flag);
+            command.env("WORKQUEUE_E2E_BLOCK_MS", ms(*block));
+        }
+        command.env("WORKQUEUE_E2E_WORKERS", self.workers.to_string());
     }
 
     /// The spec in this process's environment, if it is a replica.
@@ -155,6 +168,11 @@ impl Spec {
             requeue: var("WORKQUEUE_E2E_REQUEUE_MS").map(|v| ms(&v)),
             fenced: var("WORKQUEUE_E2E_FENCED"),
             hang_watch: var("WORKQUEUE_E2E_HANG_WATCH").map(PathBuf::from),
+            block: var("WORKQUEUE_E2E_BLOCK_FLAG").map(|flag| {
+                let block = ms(&required("WORKQUEUE_E2E_BLOCK_MS"));
+                (PathBuf::from(flag), block)
+            }),
+            workers: var("WORKQUEUE_E2E_WORKERS").map_or(2, |w| w.parse().expect("workers")),
         })
     }
 
@@ -218,11 +236,15 @@ pub fn run_if_replica() {
         return;
     };
     crate::child::exit_with_parent();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let mut builder = match spec.workers {
+        0 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    let runtime = builder.enable_all().build().expect("a tokio runtime");
     runtime.block_on(run(spec));
     std::process::exit(0);
 }
@@ -294,6 +316,14 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Context>) -> Result<Action, Infa
         let _ = write.await;
     } else if !ctx.spec.hold.is_zero() {
         tokio::time::sleep(ctx.spec.hold).await;
+    }
+    if let Some((flag, block)) = &ctx.spec.block
+        && flag.exists()
+    {
+        ctx.record("block", &running.subject, &block.as_millis().to_string());
+        // Computes without yielding: nothing else on this thread runs meanwhile.
+        std::thread::sleep(*block);
+        ctx.record("unblocked", &running.subject, "");
     }
     running.done = true;
     Ok(match ctx.spec.requeue {

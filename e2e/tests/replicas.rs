@@ -737,6 +737,27 @@ async fn a_frozen_leader_is_replaced_and_its_late_write_refused() {
         late_starts.is_empty(),
         "{leader} started reconciles after SIGCONT: {late_starts:?}"
     );
+    // Nothing that began before the freeze is polled again after it: its runs end dropped,
+    // never done (the runner asks before each poll whether the shard is still held).
+    let late_ends: Vec<&Line> = s
+        .lines()
+        .iter()
+        .filter(|l| l.replica == leader && l.kind == END && s.at(l) >= resumed)
+        .collect();
+    let completed_late: Vec<&&Line> = late_ends.iter().filter(|l| l.detail == "done").collect();
+    println!(
+        "after SIGCONT: {} of {leader}'s reconciles ended, {} of them done",
+        late_ends.len(),
+        completed_late.len()
+    );
+    assert!(
+        !late_ends.is_empty(),
+        "the frozen reconciles were ended after the thaw (the ledger saw them)"
+    );
+    assert!(
+        completed_late.is_empty(),
+        "{leader} ran reconciles to their end after SIGCONT: {completed_late:?}"
+    );
     let (after, _) = noticed.unwrap_or_else(|| {
         panic!(
             "{leader} logged no loss after SIGCONT\n{}",
@@ -900,4 +921,115 @@ async fn lease_watches_that_hang_silently_stop_nothing() {
     let runs = s.assert_never_two_at_once();
     assert!(runs >= 100, "{runs} runs judged");
     s.shut_down();
+}
+
+/// Leader election with 2 processes whose Leases are 6 s / 3 s / 0.8 s; a reconcile of the
+/// leader blocks its runtime's thread for twice the lease duration (user code that
+/// computes without yielding), on a `current_thread` runtime and on a `multi_thread` one with one
+/// worker: its renewals and its watchdog starve. Its lease guard (a thread of its own) ends the
+/// process with `EXIT_UNSTOPPABLE` before the standby may take over; never two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_runtime_is_blocked_exits_before_the_takeover() {
+    let _serial = SERIAL.lock().await;
+    const LEASE6: Duration = Duration::from_secs(6);
+    const RENEW3: Duration = Duration::from_secs(3);
+    const RETRY08: Duration = Duration::from_millis(800);
+    for workers in [0usize, 1] {
+        let mut s = Scenario::new("blocked").await;
+        let names: Vec<String> = (0..4).map(Scenario::name).collect();
+        s.create(&names).await;
+        let flag = s.dir.join("block");
+        for identity in ["r1", "r2"] {
+            let mut spec = s.spec(identity, 1);
+            spec.timing = Some((LEASE6, RENEW3, RETRY08));
+            spec.hold = Duration::from_millis(200);
+            spec.concurrency = 0;
+            spec.requeue = Some(Duration::from_secs(1));
+            spec.workers = workers;
+            // A reconcile blocks while the flag file exists: the scenario makes it for the
+            // leader's next reconcile, and removes it once one blocked.
+            spec.block = Some((flag.clone(), 2 * LEASE6));
+            s.start(&spec);
+        }
+        s.until(Duration::from_secs(60), "a leader reconciles", |s| {
+            let done: HashSet<String> = s.completed().into_iter().map(|c| c.object).collect();
+            done.len() == names.len()
+        })
+        .await;
+        let leader = s.runs()[0].replica.clone();
+        let standby = if leader == "r1" { "r2" } else { "r1" }.to_string();
+        std::fs::write(&flag, b"").expect("the flag file");
+        s.until(Duration::from_secs(30), "the leader blocks", |s| {
+            s.lines()
+                .iter()
+                .any(|l| l.kind == "block" && l.replica == leader)
+        })
+        .await;
+        std::fs::remove_file(&flag).expect("removing the flag file");
+        let blocked_line = s
+            .lines()
+            .iter()
+            .find(|l| l.kind == "block" && l.replica == leader)
+            .cloned()
+            .unwrap();
+        let blocked = s.at(&blocked_line);
+        // The leader exits by itself: poll for it, then close its runs at that moment.
+        let mut exited = None;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            let child = s.replicas.get_mut(&leader).unwrap();
+            if child.has_exited() {
+                exited = Some(Instant::now());
+                break;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        let exited = exited.unwrap_or_else(|| panic!("{leader} did not exit\n{}", s.logs()));
+        let mut child = s.replicas.remove(&leader).unwrap();
+        let status = child.wait_exit(Duration::from_secs(5));
+        let pid = child.pid();
+        s.reader.sync().stopped(pid, exited);
+        let code = status.and_then(|st| st.code());
+        s.until(Duration::from_secs(30), "the standby takes over", |s| {
+            s.runs()
+                .iter()
+                .any(|r| r.replica == standby && r.start >= blocked)
+        })
+        .await;
+        let took_over = s
+            .runs()
+            .iter()
+            .filter(|r| r.replica == standby && r.start >= blocked)
+            .map(|r| r.start)
+            .min()
+            .unwrap();
+        let unblocked = s
+            .lines()
+            .iter()
+            .any(|l| l.kind == "unblocked" && l.replica == leader);
+        println!(
+            "{} runtime: {leader} blocked its thread; it exited {:.2} s later with {code:?}; {standby} took over {:.2} s after the block; the blocked reconcile came back: {unblocked}",
+            if workers == 0 {
+                "current_thread"
+            } else {
+                "multi_thread, 1 worker"
+            },
+            (exited - blocked).as_secs_f64(),
+            (took_over - blocked).as_secs_f64(),
+        );
+        assert_eq!(
+            code,
+            Some(workqueue_kube::lease::EXIT_UNSTOPPABLE),
+            "{leader} ended with the lease guard's code\n{}",
+            child.log_tail(20)
+        );
+        assert!(!unblocked, "the blocked reconcile never came back");
+        assert!(
+            exited < took_over,
+            "{leader} exited before {standby}'s first reconcile"
+        );
+        let runs = s.assert_never_two_at_once();
+        assert!(runs >= 8, "{runs} runs judged");
+        s.shut_down();
+    }
 }
