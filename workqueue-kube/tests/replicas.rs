@@ -693,3 +693,52 @@ async fn scale_over_one_two_and_four(shards: u32) {
     println!("{shards} shards: 4 replicas / 1 replica: {ratio:.2}x");
     assert!(ratio <= 0.35, "4 replicas took {ratio:.2}x of 1: {times:?}");
 }
+
+/// The Lease clock given before `leases` is the one the protocol reads (it was dropped once).
+#[tokio::test(start_paused = true)]
+async fn a_lease_clock_given_before_leases_is_used() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use workqueue_kube::lease::{LeaseClock, LocalInstant, TokioClock};
+
+    #[derive(Debug)]
+    struct Counting(TokioClock, Arc<AtomicUsize>);
+    impl LeaseClock for Counting {
+        fn now(&self) -> LocalInstant {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.now()
+        }
+        fn tokio_instant(&self, at: LocalInstant) -> Instant {
+            self.0.tokio_instant(at)
+        }
+    }
+
+    let server = ApiServer::new();
+    server.put(&cm("a", "1"));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut config = LeaseConfig::new(CONTROLLER, NAMESPACE, "r1");
+    config.shards = 1;
+    let stream = Controller::new(
+        Api::<ConfigMap>::all(server.client()),
+        watcher::Config::default(),
+    )
+    .lease_clock(Counting(TokioClock::new(), reads.clone()))
+    .leases(config)
+    .run(
+        |_: Arc<ConfigMap>, _: Arc<()>| async {
+            Ok::<_, std::convert::Infallible>(Action::await_change())
+        },
+        |_, _: &std::convert::Infallible, _| Action::await_change(),
+        Arc::new(()),
+    );
+    let task = tokio::spawn(stream.take(1).collect::<Vec<_>>());
+    until(
+        secs(30),
+        "the controller reconciles under its Lease",
+        || task.is_finished(),
+    )
+    .await;
+    assert!(
+        reads.load(Ordering::Relaxed) > 0,
+        "the clock given before `leases` was never read"
+    );
+}

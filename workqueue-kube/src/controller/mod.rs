@@ -195,7 +195,9 @@ where
     forceful: Vec<BoxFuture<'static, ()>>,
     /// The main `Api`'s client (the Lease protocol's), when built from an `Api`.
     client: Option<Client>,
-    leases: Option<(LeaseConfig, Option<Arc<dyn LeaseClock>>)>,
+    leases: Option<LeaseConfig>,
+    /// The clock the Leases are judged by, whichever of `leases` and `lease_clock` came first.
+    lease_clock: Option<Arc<dyn LeaseClock>>,
 }
 
 /// The names of the metrics of a controller on Leases (with the `metrics` feature), labelled
@@ -260,6 +262,7 @@ where
             forceful: Vec::new(),
             client,
             leases: None,
+            lease_clock: None,
         }
     }
 
@@ -423,17 +426,15 @@ where
     /// # }
     /// ```
     pub fn leases(mut self, config: LeaseConfig) -> Self {
-        let clock = self.leases.take().and_then(|(_, clock)| clock);
-        self.leases = Some((config, clock));
+        self.leases = Some(config);
         self
     }
 
     /// Judges Lease time by `clock` instead of tokio's (a simulation, or a test that gives each
-    /// replica a clock of its own). Without [`Controller::leases`], it changes nothing.
+    /// replica a clock of its own), before or after [`Controller::leases`]. Without it, it
+    /// changes nothing.
     pub fn lease_clock(mut self, clock: impl LeaseClock) -> Self {
-        if let Some((_, c)) = &mut self.leases {
-            *c = Some(Arc::new(clock));
-        }
+        self.lease_clock = Some(Arc::new(clock));
         self
     }
 
@@ -520,7 +521,8 @@ where
     {
         let name = K::kind(&self.dyntype).to_lowercase();
         let leases = match self.leases {
-            Some((config, clock)) => {
+            Some(config) => {
+                let clock = self.lease_clock;
                 Leases::new(self.client, config, clock, self.reports.0.clone()).map(Some)
             }
             None => Ok(None),
