@@ -59,11 +59,19 @@ fn assert_naive_empty(q: &naive::Queue<Key>) {
     );
 }
 
-fn current_thread_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a tokio runtime")
+/// The workloads' tokio runtime, with the time driver only (no workload does I/O): `None` is a
+/// `current_thread` runtime (everything on the calling thread), `Some(n)` a multi-thread one with
+/// `n` worker threads.
+fn runtime(workers: Option<usize>) -> tokio::runtime::Runtime {
+    let mut builder = match workers {
+        None => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(n);
+            builder
+        }
+    };
+    builder.enable_time().build().expect("a tokio runtime")
 }
 
 /// W1 cycle: one thread adds N distinct keys, then N times get + done.
@@ -434,7 +442,7 @@ pub mod w4 {
 
     /// Floor: `tokio_util::time::DelayQueue::insert` (no de-duplication).
     pub fn delay_queue(keys: &[Key], delays: &[Duration]) -> Duration {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let _guard = rt.enter();
         let mut dq = tokio_util::time::DelayQueue::new();
         let t = Instant::now();
@@ -559,7 +567,7 @@ pub mod w5 {
 
     /// Floor: `tokio_util::time::DelayQueue` on a current-thread runtime (1 ms timer wheel).
     pub fn delay_queue(keys: &[Key]) -> Lateness {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let n = keys.len();
         let (added, got) = rt.block_on(async {
             let mut dq = tokio_util::time::DelayQueue::new();
@@ -583,7 +591,7 @@ pub mod w5 {
     /// and its driver parks for whole ticks counted from the truncated current tick, so expect
     /// 0–2 ms of lateness.
     pub fn tokio_sleep(keys: &[Key]) -> Lateness {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let n = keys.len();
         let (added, got) = rt.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
@@ -611,7 +619,7 @@ pub mod w5 {
     /// and the main thread adds, as in [`ours`] (adds are plain methods, as informer callbacks
     /// call them). Its timers are tokio's, on the runtime's 1 ms wheel, as `DelayQueue`'s are.
     pub fn ours_async(keys: &[Key]) -> Lateness {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let q: OursAsync = {
             let _entered = rt.enter();
             OursAsync::new()
@@ -1018,7 +1026,7 @@ pub mod w10 {
     /// Floor (informative, no target): `DelayQueue` with a fixed 5 ms delay, drained on a
     /// current-thread runtime; no de-duplication and no limiter.
     pub fn delay_queue(keys: &[Key]) -> Cost {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let expected = Fingerprint::of(keys);
         let mut seen = Fingerprint::default();
         let cost = measure(|| {
@@ -1041,7 +1049,7 @@ pub mod w10 {
     /// them as their timers fire. The runtime is built before the measurement, as for
     /// [`delay_queue`].
     pub fn ours_async(keys: &[Key]) -> Cost {
-        let rt = current_thread_runtime();
+        let rt = runtime(None);
         let q: OursAsync = {
             let _entered = rt.enter();
             workqueue_tokio::WorkQueue::builder()
@@ -1219,17 +1227,12 @@ pub mod r1 {
     /// On a current-thread runtime: every worker and the run itself on the calling thread
     /// (deterministic, for callgrind: `--toggle-collect='*r1*timed_run*'`).
     pub fn ours(keys: &[Key]) -> Duration {
-        ours_on(&current_thread_runtime(), keys)
+        ours_on(&runtime(None), keys)
     }
 
     /// On a multi-thread runtime with 2 worker threads.
     pub fn ours_multi_thread(keys: &[Key]) -> Duration {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_time()
-            .build()
-            .expect("a tokio runtime");
-        ours_on(&rt, keys)
+        ours_on(&runtime(Some(2)), keys)
     }
 
     fn ours_on(rt: &Runtime, keys: &[Key]) -> Duration {

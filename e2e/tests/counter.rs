@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use http::Method;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -29,7 +28,7 @@ use workqueue_e2e::counting::{self, Counter};
 use workqueue_e2e::until;
 use workqueue_kube::controller::Controller;
 use workqueue_test_support::control_plane::ControlPlane;
-use workqueue_test_support::fixtures::meta_in;
+use workqueue_test_support::fixtures::{deployment_in, meta_in};
 
 use controller::{APPLIED, REPLICAS};
 
@@ -40,47 +39,6 @@ fn configmap(ns: &str, name: &str, replicas: &str) -> ConfigMap {
     metadata.annotations = Some(BTreeMap::from([(REPLICAS.into(), replicas.into())]));
     ConfigMap {
         metadata,
-        ..Default::default()
-    }
-}
-
-/// A valid Deployment (the API server validates it), owned by `owner` when given.
-fn deployment(ns: &str, name: &str, replicas: i32, owner: Option<&ConfigMap>) -> Deployment {
-    let labels = BTreeMap::from([("app".to_string(), name.to_string())]);
-    let mut metadata = meta_in(ns, name);
-    metadata.owner_references = owner.map(|cm| {
-        vec![OwnerReference {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            name: cm.name_any(),
-            uid: cm.uid().expect("a stored ConfigMap"),
-            ..Default::default()
-        }]
-    });
-    Deployment {
-        metadata,
-        spec: DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(kube::api::ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: "app".into(),
-                        image: Some("registry.invalid/app:1".into()),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        },
         ..Default::default()
     }
 }
@@ -121,7 +79,7 @@ impl Running {
             true => Some(self.configmaps.get(name).await.unwrap()),
             false => None,
         };
-        let d = deployment(&self.ns, name, replicas, owner.as_ref());
+        let d = deployment_in(&self.ns, name, replicas, owner.as_ref());
         let pp = PostParams::default();
         self.deployments.create(&pp, &d).await.unwrap();
     }

@@ -12,19 +12,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use workqueue_e2e::running::Running;
 use workqueue_e2e::until;
 use workqueue_kube::controller::Controller;
 use workqueue_test_support::control_plane::ControlPlane;
-use workqueue_test_support::fixtures::meta_in;
+use workqueue_test_support::fixtures::{deployment_in, meta_in};
 
 use controller::{APPLIED, REPLICAS};
 
@@ -40,45 +39,6 @@ fn configmap(ns: &str, name: &str, replicas: &str) -> ConfigMap {
     metadata.annotations = Some(BTreeMap::from([(REPLICAS.into(), replicas.into())]));
     ConfigMap {
         metadata,
-        ..Default::default()
-    }
-}
-
-fn deployment(owner: &ConfigMap) -> Deployment {
-    let name = owner.name_any();
-    let labels = BTreeMap::from([("app".to_string(), name.clone())]);
-    let mut metadata = meta_in(&owner.namespace().unwrap(), &name);
-    metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        name,
-        uid: owner.uid().unwrap(),
-        ..Default::default()
-    }]);
-    Deployment {
-        metadata,
-        spec: DeploymentSpec {
-            replicas: Some(1),
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..Default::default()
-            },
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: "app".into(),
-                        image: Some("registry.invalid/app:1".into()),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        },
         ..Default::default()
     }
 }
@@ -141,7 +101,7 @@ async fn setup(prefix: &str, missing: Option<(&str, &str, &str)>) -> (String, ku
         .await
         .unwrap();
     Api::<Deployment>::namespaced(admin, &ns)
-        .create(&pp, &deployment(&web))
+        .create(&pp, &deployment_in(&ns, "web", 1, Some(&web)))
         .await
         .unwrap();
     (ns.clone(), plane.config_as(&user))

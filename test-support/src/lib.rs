@@ -2,7 +2,8 @@
 //!
 //! - [`apiserver`]: a scripted Kubernetes API server in memory, on tokio's clock, for tests on
 //!   paused time (exact, fast, with faults on demand).
-//! - [`fixtures`]: the small constructors every test file wrote again (`secs`, `ms`, `meta`, `cm`).
+//! - [`fixtures`]: the small constructors every test file wrote again (`secs`, `ms`, `meta`, `cm`,
+//!   `deployment`).
 //! - `control_plane` (the `control-plane` feature): a real control plane, etcd and
 //!   kube-apiserver processes, for the end-to-end tests.
 //! - [`ledger`]: a ledger of runs (a reconcile, a replica's belief that it holds a shard), and

@@ -242,6 +242,8 @@ fn peak_rss_kib() -> u64 {
 /// One run of one implementation, in this process (`heavy`: W16); prints
 /// `impl rps p99_us peak_kib`.
 fn child(which: &str, n: usize, heavy: bool) {
+    // Built here, not by `workqueue-benches`' `workloads::runtime`: neither crate depends on the
+    // other.
     let runtime = match std::env::var("W14_RUNTIME").as_deref() {
         Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
             .enable_all()

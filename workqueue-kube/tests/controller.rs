@@ -11,7 +11,6 @@ use std::time::Duration;
 use futures_util::{StreamExt, stream};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
@@ -22,30 +21,7 @@ use tokio::time::{Instant, sleep};
 use workqueue_kube::controller::{Action, Config, Controller, Error};
 
 use workqueue_test_support::apiserver::{ApiServer, Partition};
-use workqueue_test_support::fixtures::{cm, cm_in, ms, secs};
-
-/// A Deployment owned by the ConfigMap `owner` (with the uid the server gave it).
-fn owned(server: &ApiServer, name: &str, owner: &str) -> Deployment {
-    let uid = server
-        .get::<ConfigMap>(owner)
-        .and_then(|cm| cm.uid())
-        .unwrap_or_default();
-    Deployment {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                name: owner.into(),
-                uid,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
+use workqueue_test_support::fixtures::{cm, cm_in, deployment, ms, secs};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -193,7 +169,8 @@ async fn nothing_is_reconciled_before_the_first_list_is_complete() {
     for name in ["a", "b", "c"] {
         server.put(&cm(name, "1"));
     }
-    server.put(&owned(&server, "a-1", "a"));
+    let owner = server.get::<ConfigMap>("a").unwrap();
+    server.put(&deployment("a-1", 1, Some(&owner)));
     server.set_max_page_size("configmaps", 2);
     let pages = server.gate_lists("configmaps");
     let controller = configmaps(&server).owns(
@@ -276,7 +253,8 @@ async fn owns_and_watches_map_to_the_right_objects() {
     let c = Running::start(controller, Behaviour::default());
     sleep(secs(1)).await;
     assert_eq!((c.ledger.count("web"), c.ledger.count("db")), (1, 1));
-    server.put(&owned(&server, "web-1", "web"));
+    let owner = server.get::<ConfigMap>("web").unwrap();
+    server.put(&deployment("web-1", 1, Some(&owner)));
     sleep(secs(1)).await;
     assert_eq!((c.ledger.count("web"), c.ledger.count("db")), (2, 1));
     let secret = Secret {

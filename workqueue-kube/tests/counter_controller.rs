@@ -12,9 +12,8 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 
 use http::Method;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
@@ -26,7 +25,7 @@ use workqueue_kube::controller::Controller;
 
 use controller::{APPLIED, REPLICAS};
 use workqueue_test_support::apiserver::ApiServer;
-use workqueue_test_support::fixtures::{meta, secs};
+use workqueue_test_support::fixtures::{self, meta, secs};
 
 fn configmap(name: &str, replicas: &str) -> ConfigMap {
     let mut metadata = meta(name);
@@ -37,27 +36,12 @@ fn configmap(name: &str, replicas: &str) -> ConfigMap {
     }
 }
 
-/// A Deployment owned by the ConfigMap of its name (if the server has it: its uid).
+/// A Deployment owned by the ConfigMap of its name, which the server must have (for its uid).
 fn deployment(api: &ApiServer, name: &str, replicas: i32) -> Deployment {
-    let mut metadata = meta(name);
-    metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        name: name.into(),
-        uid: api
-            .get::<ConfigMap>(name)
-            .and_then(|cm| cm.uid())
-            .unwrap_or_default(),
-        ..Default::default()
-    }]);
-    Deployment {
-        metadata,
-        spec: DeploymentSpec {
-            replicas: Some(replicas),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
+    let owner = api
+        .get::<ConfigMap>(name)
+        .expect("its ConfigMap, stored first");
+    fixtures::deployment(name, replicas, Some(&owner))
 }
 
 struct Running {
@@ -196,9 +180,7 @@ async fn a_deployment_that_appears_late_is_scaled() {
     assert_eq!(c.replicas("web"), Some(4));
     // A Deployment without an owner queues nothing.
     let writes = api.writes();
-    let mut other = deployment(&api, "other", 1);
-    other.metadata.owner_references = None;
-    api.put(&other);
+    api.put(&fixtures::deployment("other", 1, None));
     sleep(secs(1)).await;
     assert_eq!(api.writes(), writes);
     c.stop().await;

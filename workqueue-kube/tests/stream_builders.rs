@@ -8,7 +8,6 @@ use futures_util::StreamExt;
 use http::Method;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
@@ -16,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 use workqueue_kube::controller::{Action, Controller};
 use workqueue_test_support::apiserver::ApiServer;
-use workqueue_test_support::fixtures::{cm, meta, secs};
+use workqueue_test_support::fixtures::{cm, deployment, meta, secs};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -41,32 +40,13 @@ fn drain(log: &Log) -> Vec<String> {
     std::mem::take(&mut *log.lock().unwrap())
 }
 
-/// A Deployment owned by the ConfigMap `owner`, with `replicas`.
-fn owned(server: &ApiServer, name: &str, owner: &str, replicas: i32) -> Deployment {
-    let mut deployment = Deployment {
-        metadata: meta(name),
-        ..Default::default()
-    };
-    deployment.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "v1".into(),
-        kind: "ConfigMap".into(),
-        name: owner.into(),
-        uid: server
-            .get::<ConfigMap>(owner)
-            .and_then(|c| c.uid())
-            .unwrap(),
-        ..Default::default()
-    }]);
-    deployment.spec.replicas = Some(replicas);
-    deployment
-}
-
 #[tokio::test(start_paused = true)]
 async fn owns_stream_reconciles_the_owner_of_a_changed_child() {
     let server = ApiServer::new();
     server.put(&cm("a", "1"));
     server.put(&cm("b", "1"));
-    server.put(&owned(&server, "web", "a", 1));
+    let owner = server.get::<ConfigMap>("a").unwrap();
+    server.put(&deployment("web", 1, Some(&owner)));
     let client = server.client();
     let children =
         watcher(Api::<Deployment>::all(client.clone()), Default::default()).touched_objects();
@@ -80,7 +60,7 @@ async fn owns_stream_reconciles_the_owner_of_a_changed_child() {
         ["a", "b"],
         "each once: the child's key coalesces with its owner's"
     );
-    server.put(&owned(&server, "web", "a", 2));
+    server.put(&deployment("web", 2, Some(&owner)));
     sleep(secs(2)).await;
     assert_eq!(drain(&log), ["a"]);
     server.delete::<Deployment>("web");
