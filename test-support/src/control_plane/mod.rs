@@ -137,9 +137,25 @@ impl ControlPlane {
     /// for it). Panics, saying how to get the binaries, when there are none; panics with the
     /// servers' last log lines when they do not start.
     pub async fn shared() -> &'static ControlPlane {
-        match SHARED.get_or_init(ControlPlane::start).await {
+        match SHARED.get_or_init(ControlPlane::start_retrying).await {
             Ok(plane) => plane,
             Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// [`ControlPlane::start`], again with other ports (up to 3 tries) when a port was taken
+    /// between its choice and the server's bind: a free port is found by binding port 0 and
+    /// letting it go, and any process's outgoing connection may take it meanwhile.
+    async fn start_retrying() -> Result<ControlPlane, StartError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match ControlPlane::start().await {
+                Err(e) if tries < 3 && e.0.contains("address already in use") => {
+                    eprintln!("control plane: a chosen port was taken before its bind; again");
+                }
+                result => return result,
+            }
         }
     }
 

@@ -201,14 +201,17 @@ where
 }
 
 /// The names of the metrics of a controller on Leases (with the `metrics` feature), labelled
-/// `controller`: the shards it holds (a gauge), and with one shard, whether it leads (a gauge of
-/// 0 or 1, as controller-runtime's `leader_election_master_status`); the hand-overs it made (a
-/// counter).
+/// `controller`, all emitted and described in one place: the shards it holds (a gauge), and with
+/// one shard, whether it leads (a gauge of 0 or 1, as controller-runtime's
+/// `leader_election_master_status`); the hand-overs it made (a counter); the identity
+/// collisions it found (a counter: another process renews its membership Lease).
 pub const SHARDS_HELD: &str = "workqueue_kube_shards_held";
 /// See [`SHARDS_HELD`].
 pub const LEADER: &str = "workqueue_kube_leader";
 /// See [`SHARDS_HELD`].
 pub const HAND_OVERS_TOTAL: &str = "workqueue_kube_shard_hand_overs_total";
+/// See [`SHARDS_HELD`].
+pub const IDENTITY_COLLISIONS_TOTAL: &str = "workqueue_kube_lease_identity_collisions_total";
 
 impl<K> Controller<K>
 where

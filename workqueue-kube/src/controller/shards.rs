@@ -624,6 +624,34 @@ impl LeaseClock for SharedClock {
     }
 }
 
+/// Describes the Lease metrics to the recorder, once per process.
+#[cfg(feature = "metrics")]
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge};
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        describe_gauge!(
+            super::SHARDS_HELD,
+            Unit::Count,
+            "Shards this replica holds, per controller"
+        );
+        describe_gauge!(
+            super::LEADER,
+            "Whether this replica leads (1) or not (0), for a controller on one shard"
+        );
+        describe_counter!(
+            super::HAND_OVERS_TOTAL,
+            Unit::Count,
+            "Shards this replica handed over to another, per controller"
+        );
+        describe_counter!(
+            super::IDENTITY_COLLISIONS_TOTAL,
+            Unit::Count,
+            "Other processes found renewing this replica's membership Lease, per controller"
+        );
+    });
+}
+
 /// The shard-held metrics of a controller (with the `metrics` feature).
 #[derive(Debug)]
 pub(crate) struct ShardMetrics {
@@ -635,6 +663,8 @@ impl ShardMetrics {
     pub(crate) fn new(controller: &str) -> Self {
         #[cfg(not(feature = "metrics"))]
         let _ = controller;
+        #[cfg(feature = "metrics")]
+        describe();
         ShardMetrics {
             #[cfg(feature = "metrics")]
             controller: Arc::from(controller),
@@ -652,8 +682,10 @@ impl ShardMetrics {
                 metrics::gauge!(super::LEADER, "controller" => controller.clone()).set(held);
             }
             let stats = assignment.stats();
-            metrics::counter!(super::HAND_OVERS_TOTAL, "controller" => controller)
+            metrics::counter!(super::HAND_OVERS_TOTAL, "controller" => controller.clone())
                 .absolute(stats.hand_overs);
+            metrics::counter!(super::IDENTITY_COLLISIONS_TOTAL, "controller" => controller)
+                .absolute(stats.identity_collisions);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = assignment;

@@ -57,8 +57,8 @@ pub(crate) struct LeaseStats {
     pub(crate) hand_over_timeouts: u64,
     /// Shards given away after a hand-over (their Lease written to the taker, or vacated).
     pub(crate) releases: u64,
-    /// Membership renewals refused or not answered in time.
-    pub(crate) renew_failures: u64,
+    /// Collisions found: another process renews this replica's identity.
+    pub(crate) identity_collisions: u64,
 }
 
 /// What one replica holds: the state of each shard, the number of live replicas it counts,

@@ -3,7 +3,6 @@
 //! published to the controller. Every rule is the state machine's; this file only moves
 //! events in and requests out, reading the clock as each event arrives.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
@@ -49,8 +48,6 @@ pub(crate) struct Driver {
     /// Hand-overs sent to the controller: each resolves (with its shard and whether it came
     /// after its deadline) when acknowledged or dropped.
     acks: FuturesUnordered<BoxFuture<'static, (u32, bool)>>,
-    /// The ids of the membership writes in flight (their failures are counted).
-    member_writes: BTreeSet<u64>,
     stats: LeaseStats,
     ended: Option<Ended>,
     first_lost: Option<u32>,
@@ -86,7 +83,6 @@ impl Driver {
             hand_overs,
             requests: FuturesUnordered::new(),
             acks: FuturesUnordered::new(),
-            member_writes: BTreeSet::new(),
             stats: LeaseStats::default(),
             ended: None,
             first_lost: None,
@@ -160,7 +156,6 @@ impl Driver {
                             message: failure.1,
                         }),
                     }
-                    self.on_answer(id, &answer);
                     self.state.answered(id, answer, self.clock.now());
                 }
                 Some((shard, late)) = self.acks.next(), if !self.acks.is_empty() => {
@@ -253,12 +248,6 @@ impl Driver {
         }
     }
 
-    fn on_answer(&mut self, id: u64, answer: &Answer) {
-        if self.member_writes.remove(&id) && matches!(answer, Answer::Unknown | Answer::Conflict) {
-            self.stats.renew_failures += 1;
-        }
-    }
-
     /// Performs what the state machine asked for, and publishes what this replica holds.
     fn flush(&mut self) {
         while let Some(output) = self.state.poll() {
@@ -271,9 +260,6 @@ impl Driver {
     }
 
     fn send(&mut self, request: Request) {
-        if request.lease == LeaseName::Member(self.config.identity.as_str().into()) {
-            self.member_writes.insert(request.id);
-        }
         let api = self.api.clone();
         let name = self.names.name(&request.lease);
         let deadline = self.clock.tokio_instant(request.deadline);
@@ -334,7 +320,6 @@ impl Driver {
                 self.first_lost.get_or_insert(shard);
                 tracing::warn!(shard, epoch, "lost a shard");
             }
-            Decision::Deadline(_) => {}
             Decision::MembershipLost { token } => {
                 tracing::warn!(%token, "the membership ended: its Lease was taken over, fenced or deleted");
             }
@@ -343,12 +328,7 @@ impl Driver {
                     %other,
                     "another process renews this replica's membership Lease: two processes were given one identity; this one takes nothing while the other lives"
                 );
-                #[cfg(feature = "metrics")]
-                metrics::counter!(
-                    "workqueue_kube_lease_identity_collisions_total",
-                    "controller" => self.config.name.clone()
-                )
-                .increment(1);
+                self.stats.identity_collisions += 1;
             }
             Decision::Mismatch {
                 holder,

@@ -83,7 +83,7 @@
 //! **Identities.** Give each process its own identity (the pod's name; never a shared default).
 //! Two processes given one identity are still two holders (their instances differ): the second
 //! waits for the first's membership Lease to expire, holds nothing meanwhile, and reports the
-//! collision (an error event, and the metric `workqueue_kube_lease_identity_collisions_total`).
+//! collision (an error event, and the metric [`IDENTITY_COLLISIONS_TOTAL`](crate::controller::IDENTITY_COLLISIONS_TOTAL)).
 //! A process restarted under its identity takes its membership Lease over once it has expired
 //! (a lease duration after it first saw it), or at once if its predecessor vacated it.
 //!
@@ -238,7 +238,7 @@
 //! controller reports the shards held ([`SHARDS_HELD`](crate::controller::SHARDS_HELD), and
 //! [`LEADER`](crate::controller::LEADER) with one shard), the hand-overs
 //! ([`HAND_OVERS_TOTAL`](crate::controller::HAND_OVERS_TOTAL)) and the identity collisions
-//! (`workqueue_kube_lease_identity_collisions_total`), each labelled `controller`.
+//! ([`IDENTITY_COLLISIONS_TOTAL`](crate::controller::IDENTITY_COLLISIONS_TOTAL)), each labelled `controller`.
 
 mod assignment;
 mod clock;

@@ -42,9 +42,6 @@ pub(crate) enum Decision {
     Released { shard: u32, epoch: u64 },
     /// The belief ended without a hand-over: stop its work at once.
     Lost { shard: u32, epoch: u64 },
-    /// The belief deadline of every shard held (`None`: nothing held). Past it nothing of them
-    /// may run, whatever this machine has said since.
-    Deadline(Option<LocalInstant>),
     /// The membership ended under `token` (taken over, fenced or deleted).
     MembershipLost { token: Token },
     /// Another process renews this identity's membership: two processes share an identity.

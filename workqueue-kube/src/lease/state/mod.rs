@@ -97,8 +97,6 @@ pub(crate) struct ReplicaState {
     next_id: u64,
     next_epoch: u64,
     out: VecDeque<Output>,
-    /// The deadline last published.
-    deadline: Option<LocalInstant>,
     /// Set once shutting down (or stopping after a loss): why it will end.
     ending: Option<Ending>,
     ended: bool,
@@ -129,7 +127,6 @@ impl ReplicaState {
             next_id: 0,
             next_epoch: 1,
             out: VecDeque::new(),
-            deadline: None,
             ending: None,
             ended: false,
             mismatched: BTreeSet::new(),
@@ -351,7 +348,6 @@ impl ReplicaState {
         if self.member.serving(now) {
             self.collect(now);
         }
-        self.publish_deadline(now);
         if self.member.phase() == Phase::Left && !self.ended {
             self.ended = true;
             let ending = self.ending.unwrap_or(Ending::Shutdown);
@@ -497,15 +493,5 @@ impl ReplicaState {
             op,
             deadline,
         }));
-    }
-
-    fn publish_deadline(&mut self, now: LocalInstant) {
-        let held = self.slots.iter().any(|s| s.epoch.is_some());
-        let deadline = self.member.valid_until().filter(|&v| held && now < v);
-        if deadline != self.deadline {
-            self.deadline = deadline;
-            self.out
-                .push_back(Output::Decision(Decision::Deadline(deadline)));
-        }
     }
 }
