@@ -24,6 +24,13 @@ fn busiest(world: &World) -> usize {
     (0..held.len()).max_by_key(|&r| held[r].len()).unwrap()
 }
 
+/// Closes the ledger now; for each shard, how long in `from..now` nobody believed it held.
+fn unheld_since(world: &mut World, shards: u32, from: u64) -> Vec<u64> {
+    let now = world.now();
+    world.ledger.finish(now);
+    world.ledger.unheld(shards, from, now)
+}
+
 /// Closes the ledger now and checks it: never two holders, and beliefs seen.
 fn finish_safe(world: &mut World) -> usize {
     let now = world.now();
@@ -58,10 +65,7 @@ fn a_holders_watch_that_hangs_silently_is_replaced_and_nothing_stops() {
             ms: 300_000,
         });
         world.run_until(start + 300 * S);
-        let unheld = {
-            world.ledger.finish(world.now());
-            world.ledger.unheld(shards, start, world.now())
-        };
+        let unheld = unheld_since(&mut world, shards, start);
         assert!(
             unheld.iter().all(|&u| u == 0),
             "{shards} shards: unheld during the hang (ns): {unheld:?}"
@@ -103,12 +107,51 @@ fn a_standbys_watch_that_hangs_silently_disturbs_nobody() {
     let own = writes[standby].get("member").copied().unwrap_or(0);
     assert!((140..=160).contains(&own), "{writes:?}");
     assert!(!writes[standby].contains_key("fence"), "{writes:?}");
-    let unheld = {
-        world.ledger.finish(world.now());
-        world.ledger.unheld(1, start, world.now())
-    };
+    let unheld = unheld_since(&mut world, 1, start);
     assert_eq!(unheld, vec![0]);
     finish_safe(&mut world);
+}
+
+/// The V2 scenario: 3 replicas on `shards` shards; `fault` (given the holder's index) lasts 5
+/// minutes on the busiest. Within the bound (`each_way`: the fault's latency) every shard is
+/// believed by the others, and stays with them while the fault lasts; never two holders.
+/// Returns the world and the holder's process.
+fn others_take_over(
+    shards: u32,
+    each_way: Duration,
+    fault: impl Fn(usize) -> Fault,
+) -> (World, usize) {
+    let mut world = settle(Plan::new(3, shards), 20);
+    let victim = busiest(&world);
+    let process = world.process(victim);
+    let start = world.now();
+    world.inject(fault(victim));
+    let bound = step_down_bound(&world.plan, each_way);
+    let took = until(&mut world, Duration::from_secs(300), |w| {
+        let held = w.held();
+        let others: usize = (0..3).filter(|&r| r != victim).map(|r| held[r].len()).sum();
+        others == shards as usize
+    })
+    .expect("the others never took every shard");
+    println!(
+        "{shards} shards: taken over {} ms after the fault began",
+        took / MS
+    );
+    assert!(
+        took <= bound,
+        "took {} ms, bound {} ms",
+        took / MS,
+        bound / MS
+    );
+    // It stays out while the fault lasts: the shards stay with the others.
+    world.run_until(start + 300 * S);
+    let unheld = unheld_since(&mut world, shards, start + bound);
+    assert!(
+        unheld.iter().all(|&u| u == 0),
+        "{shards} shards: {unheld:?}"
+    );
+    finish_safe(&mut world);
+    (world, process)
 }
 
 /// V2: the holder's reads fail for 5 minutes while its writes work. It cannot believe; it
@@ -116,31 +159,12 @@ fn a_standbys_watch_that_hangs_silently_disturbs_nobody() {
 #[test]
 fn a_holder_whose_reads_fail_steps_down_and_others_take_over_within_the_bound() {
     for shards in [1, 8] {
-        let mut world = settle(Plan::new(3, shards), 20);
-        let victim = busiest(&world);
-        let process = world.process(victim);
-        let start = world.now();
-        world.inject(Fault::ReadsFail {
-            replica: victim,
-            ms: 300_000,
+        let (world, process) = others_take_over(shards, Duration::from_millis(20), |replica| {
+            Fault::ReadsFail {
+                replica,
+                ms: 300_000,
+            }
         });
-        let bound = step_down_bound(&world.plan, Duration::from_millis(20));
-        let took = until(&mut world, Duration::from_secs(300), |w| {
-            let held = w.held();
-            let others: usize = (0..3).filter(|&r| r != victim).map(|r| held[r].len()).sum();
-            others == shards as usize
-        })
-        .expect("the others never took every shard");
-        println!(
-            "{shards} shards: taken over {} ms after the reads failed",
-            took / MS
-        );
-        assert!(
-            took <= bound,
-            "took {} ms, bound {} ms",
-            took / MS,
-            bound / MS
-        );
         assert!(
             world
                 .decisions
@@ -148,14 +172,6 @@ fn a_holder_whose_reads_fail_steps_down_and_others_take_over_within_the_bound() 
                 .any(|(_, p, d)| *p == process && *d == Decision::SteppedDown),
             "the victim stepped down"
         );
-        // It stays out while its reads fail: the shards stay with the others.
-        world.run_until(start + 300 * S);
-        let unheld = {
-            world.ledger.finish(world.now());
-            world.ledger.unheld(shards, start + bound, world.now())
-        };
-        assert!(unheld.iter().all(|&u| u == 0), "{unheld:?}");
-        finish_safe(&mut world);
     }
 }
 
@@ -165,41 +181,11 @@ fn a_holder_whose_reads_fail_steps_down_and_others_take_over_within_the_bound() 
 #[test]
 fn a_holder_slower_than_the_renew_deadline_steps_down_and_gets_nothing_back() {
     for shards in [1, 8] {
-        let mut world = settle(Plan::new(3, shards), 20);
-        let victim = busiest(&world);
-        let start = world.now();
-        world.inject(Fault::Slow {
-            replica: victim,
+        others_take_over(shards, Duration::from_secs(6), |replica| Fault::Slow {
+            replica,
             ms: 300_000,
             each_way: 6_000,
         });
-        let bound = step_down_bound(&world.plan, Duration::from_secs(6));
-        let took = until(&mut world, Duration::from_secs(300), |w| {
-            let held = w.held();
-            let others: usize = (0..3).filter(|&r| r != victim).map(|r| held[r].len()).sum();
-            others == shards as usize
-        })
-        .expect("the others never took every shard");
-        println!(
-            "{shards} shards: taken over {} ms after the latency began",
-            took / MS
-        );
-        assert!(
-            took <= bound,
-            "took {} ms, bound {} ms",
-            took / MS,
-            bound / MS
-        );
-        world.run_until(start + 300 * S);
-        let unheld = {
-            world.ledger.finish(world.now());
-            world.ledger.unheld(shards, start + bound, world.now())
-        };
-        assert!(
-            unheld.iter().all(|&u| u == 0),
-            "{shards} shards: {unheld:?}"
-        );
-        finish_safe(&mut world);
     }
 }
 

@@ -122,27 +122,50 @@ async fn a_watch_that_hangs_silently_is_replaced_and_reported_once() {
     }
 }
 
+/// The V2 scenario: 3 replicas on `shards` shards; `fault` is put on the busiest one's link
+/// (given its name). Within the bound (`round_trip`: the fault's, in seconds) every shard is
+/// held by the others, and stays with them for 2 minutes; never two at once. Returns the
+/// replicas and the faulty one's index.
+async fn others_take_over(
+    shards: u32,
+    round_trip: u64,
+    fault: impl FnOnce(&ApiServer, &str),
+) -> (Vec<Replica>, usize) {
+    let server = ApiServer::new();
+    let ledger = Ledger::new();
+    let replicas = three(&server, &ledger, shards);
+    until(secs(30), "settled", || held_by_all(&replicas) == shards).await;
+    sleep(secs(5)).await;
+    let victim = busiest(&replicas);
+    fault(&server, &replicas[victim].name);
+    let others = |rs: &[Replica]| {
+        (0..3)
+            .filter(|&i| i != victim)
+            .map(|i| rs[i].held_count())
+            .sum::<u32>()
+    };
+    let took = until(bound(round_trip), "the others hold every shard", || {
+        others(&replicas) == shards
+    })
+    .await;
+    // And it stays that way while the fault lasts.
+    for _ in 0..120 {
+        sleep(secs(1)).await;
+        assert_eq!(others(&replicas), shards, "{shards} shards");
+    }
+    let (beliefs, _) = ledger.assert_never_two_at_once();
+    assert!(beliefs > shards as usize);
+    println!("{shards} shards: taken over {took:?} after the fault began");
+    (replicas, victim)
+}
+
 /// V2: the holder's reads fail (lists and watches) while its writes work: it steps down
 /// (reported), and within the bound every shard is held by the others.
 #[tokio::test(start_paused = true)]
 async fn a_holder_whose_reads_fail_steps_down_within_the_bound() {
     for shards in [1, 8] {
-        let server = ApiServer::new();
-        let ledger = Ledger::new();
-        let replicas = three(&server, &ledger, shards);
-        until(secs(30), "settled", || held_by_all(&replicas) == shards).await;
-        sleep(secs(5)).await;
-        let victim = busiest(&replicas);
-        let name = replicas[victim].name.clone();
-        server.set_partition(&name, Partition::ReadsFail);
-        let others = |rs: &[Replica]| {
-            (0..3)
-                .filter(|&i| i != victim)
-                .map(|i| rs[i].held_count())
-                .sum::<u32>()
-        };
-        let took = until(bound(0), "the others hold every shard", || {
-            others(&replicas) == shards
+        let (replicas, victim) = others_take_over(shards, 0, |server, name| {
+            server.set_partition(name, Partition::ReadsFail)
         })
         .await;
         let stepped = replicas[victim]
@@ -150,16 +173,7 @@ async fn a_holder_whose_reads_fail_steps_down_within_the_bound() {
             .lock()
             .unwrap()
             .contains(&Report::SteppedDown);
-        assert!(stepped, "{name} reported its step-down");
-        // And it stays that way while the reads fail.
-        for _ in 0..120 {
-            sleep(secs(1)).await;
-            assert_eq!(others(&replicas), shards, "{shards} shards");
-        }
-        server.set_partition(&name, Partition::Connected);
-        let (beliefs, _) = ledger.assert_never_two_at_once();
-        assert!(beliefs > shards as usize);
-        println!("{shards} shards: taken over {took:?} after the holder's reads failed");
+        assert!(stepped, "{} reported its step-down", replicas[victim].name);
     }
 }
 
@@ -168,30 +182,9 @@ async fn a_holder_whose_reads_fail_steps_down_within_the_bound() {
 #[tokio::test(start_paused = true)]
 async fn a_holder_slower_than_the_renew_deadline_gives_way_within_the_bound() {
     for shards in [1, 8] {
-        let server = ApiServer::new();
-        let ledger = Ledger::new();
-        let replicas = three(&server, &ledger, shards);
-        until(secs(30), "settled", || held_by_all(&replicas) == shards).await;
-        sleep(secs(5)).await;
-        let victim = busiest(&replicas);
-        let name = replicas[victim].name.clone();
-        server.set_latency(&name, secs(6), secs(6));
-        let others = |rs: &[Replica]| {
-            (0..3)
-                .filter(|&i| i != victim)
-                .map(|i| rs[i].held_count())
-                .sum::<u32>()
-        };
-        let took = until(bound(12), "the others hold every shard", || {
-            others(&replicas) == shards
+        others_take_over(shards, 12, |server, name| {
+            server.set_latency(name, secs(6), secs(6))
         })
         .await;
-        for _ in 0..120 {
-            sleep(secs(1)).await;
-            assert_eq!(others(&replicas), shards, "{shards} shards");
-        }
-        let (beliefs, _) = ledger.assert_never_two_at_once();
-        assert!(beliefs > shards as usize);
-        println!("{shards} shards: taken over {took:?} after 6 s latency each way began");
     }
 }

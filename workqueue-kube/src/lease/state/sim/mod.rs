@@ -484,22 +484,13 @@ impl World {
         if r.process != process || r.watch_gen != generation || r.state.is_none() {
             return;
         }
-        if r.reads_fail_until > self.now {
-            // The list fails; the driver tries again after a pause.
-            let t = self.now + 1_000 * MS;
-            self.at(
-                t,
-                Ev::Relist {
-                    replica,
-                    process,
-                    generation,
-                },
-            );
-            return;
-        }
-        if r.partitioned_until > self.now {
-            // Retried after the partition.
-            let t = r.partitioned_until;
+        // A failed list is retried after a pause; a partitioned one after the partition.
+        let retry = if r.reads_fail_until > self.now {
+            Some(self.now + 1_000 * MS)
+        } else {
+            (r.partitioned_until > self.now).then_some(r.partitioned_until)
+        };
+        if let Some(t) = retry {
             self.at(
                 t,
                 Ev::Relist {
