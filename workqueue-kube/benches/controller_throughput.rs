@@ -19,6 +19,8 @@
 //! cargo bench -p workqueue-kube --bench controller_throughput -- kube 1000 heavy  # one W16 run of one
 //! ```
 //!
+//! `W14_THREADS=4` (or `1`, or `current_thread`) changes the runtime (default: 2 worker threads).
+//!
 //! Each run is a process of its own (peak memory is the process's `VmHWM`); the runs alternate
 //! between the implementations. Figures: reconciles per second, p99 of the time from an object's
 //! trigger (the stream yielding its key) to its reconcile's start (the first poll of its future,
@@ -244,13 +246,13 @@ fn peak_rss_kib() -> u64 {
 fn child(which: &str, n: usize, heavy: bool) {
     // Built here, not by `workqueue-benches`' `workloads::runtime`: neither crate depends on the
     // other.
-    let runtime = match std::env::var("W14_RUNTIME").as_deref() {
-        Ok("current_thread") => tokio::runtime::Builder::new_current_thread()
+    let runtime = match runtime_threads() {
+        None => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap(),
-        _ => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        Some(threads) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
             .enable_all()
             .build()
             .unwrap(),
@@ -280,6 +282,16 @@ fn child(which: &str, n: usize, heavy: bool) {
         times.p99_us(),
         peak_rss_kib()
     );
+}
+
+/// The runtime's worker threads (`W14_THREADS`, default 2), or `None` for a `current_thread`
+/// runtime (`W14_THREADS=current_thread`).
+fn runtime_threads() -> Option<usize> {
+    match std::env::var("W14_THREADS").as_deref() {
+        Ok("current_thread") => None,
+        Ok(n) => Some(n.parse().expect("W14_THREADS: a number or current_thread")),
+        Err(_) => Some(2),
+    }
 }
 
 /// One run's reconciles per second, p99 trigger-to-start (µs) and peak RSS (KiB).
@@ -327,9 +339,11 @@ fn series(label: &str, n: usize, runs: usize, heavy: bool) {
     } else {
         format!("{label} controller throughput, {n} objects")
     };
-    println!(
-        "{what}, concurrency {CONCURRENCY}, 2 runtime threads, {runs} runs each (median [min, max])"
-    );
+    let threads = match runtime_threads() {
+        None => "a current_thread runtime".to_string(),
+        Some(n) => format!("{n} runtime threads"),
+    };
+    println!("{what}, concurrency {CONCURRENCY}, {threads}, {runs} runs each (median [min, max])");
     println!("| implementation | reconciles/s | p99 trigger-to-start (ms) | peak RSS (MiB) |");
     println!("|---|---:|---:|---:|");
     let mut medians = Vec::new();

@@ -72,8 +72,7 @@ async fn a_reconcile_is_not_polled_once_the_rule_says_no() {
     let results = results.await.unwrap();
 
     let polls = ledger.polls.lock().unwrap().clone();
-    // The seconds at which a key's reconcile was polled (its first poll may come twice: on a
-    // poller, then on a task of its own).
+    // The seconds at which a key's reconcile was polled.
     let of = |prefix: &str| -> Vec<u64> {
         let mut at: Vec<u64> = polls
             .iter()

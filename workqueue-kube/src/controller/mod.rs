@@ -81,7 +81,7 @@
 //! | `debounce(d)` | delays every request by `d`, requeues included | delays the triggers' keys only; requeues are not delayed |
 //! | graceful shutdown | running reconciles finish, however long they take | they finish within [`Config::shutdown_grace`] (30 s), then are dropped |
 //! | every trigger ended (a finite `for_stream`) | stops at once: what is scheduled and not started is dropped (a stream that ends at once reconciles nothing) | reconciles what the triggers queued (debounced ones when their debounce ends), drops requeues and retries, then ends |
-//! | where a reconcile runs | each is spawned as a task | a few tasks of the controller's give each future its first poll; one that has to wait goes on as a task of its own (one that returns at once needs none); one that computes before its first `.await` holds only its own object |
+//! | where a reconcile runs | each is spawned as a task | on the controller's worker tasks (at most `concurrency` of them), each of which runs one reconcile, then takes the next; one that computes before its first `.await` holds only its own worker |
 //! | tracing | a `reconciling object` span (`object.ref`, `object.reason`) | a `reconcile` span (`controller`, `key`, `reconcile_id`, `reasons`, ...), which `error_policy` is called inside too, and controller-runtime's metrics |
 //!
 //! Nothing of kube-runtime 5's `controller` module is missing.
@@ -500,10 +500,9 @@ where
     /// `reconciler` and `error_policy` are called on the task that polls the stream, with
     /// `context`, so none of them need be `Send` or `Sync` (a context holding a `Cell` is fine).
     /// Each reconcile's future runs in parallel on the runtime's threads, as kube-runtime spawns
-    /// them (hence `Send + 'static`): a few tasks of the controller's give each future its first
-    /// poll, and one that has to wait (an API call) goes on as a task of its own. A reconcile that
-    /// returns at its first poll (one that finds its object as it should be) needs no task, and
-    /// one that computes before its first `.await` holds only its own object.
+    /// them (hence `Send + 'static`): on the controller's worker tasks, each of which runs one
+    /// reconcile to its end and then takes the next (there are at most `concurrency` of them). A
+    /// reconcile that computes before its first `.await` holds only its own worker.
     ///
     /// The stream ends after a graceful shutdown ([`Controller::graceful_shutdown_on`],
     /// [`Controller::shutdown_on_signal`]) once running reconciles finished (within

@@ -1,7 +1,7 @@
 //! The dispatcher: the task that polls a runner's stream (or awaits `Runner::run`). It takes due
 //! keys from the queue while it may, calls the user's reconcile function (here, so that it need
-//! not be `Send`) and hands each future to the pollers as a job ([`super::jobs`]); it judges
-//! failures with the user's error policy (here too), and runs the one shutdown sequence.
+//! not be `Send`) and hands each future to the worker tasks as a job ([`super::workers`]); it
+//! judges failures with the user's error policy (here too), and runs the one shutdown sequence.
 //!
 //! It is a loop over named steps: the ends that came back ([`Dispatcher::collect_ends`]), the
 //! keys it may take now ([`Dispatcher::take_ready`]), the items these made, whether the run is
@@ -12,20 +12,19 @@
 //!   is not stopping), the readiness gate is open, and fewer than `limit` reconciles run or are
 //!   held; a lease taken while the gate closed meanwhile is held, and dispatched only if all of
 //!   that still holds when the gate opens (else it is put back);
-//! - `running` counts the jobs handed to the pollers whose [`End`] has not come back: every job
-//!   sends exactly one;
+//! - `running` counts the jobs pushed to the pool whose [`End`] has not come back: every job
+//!   sends exactly one; there are at least as many workers as running jobs (up to the limit);
 //! - the run ends only once `running` is 0 and nothing is held.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::poll_fn;
 use std::hash::{BuildHasher, Hash};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -35,18 +34,13 @@ use super::action::Reconciled;
 use super::catch::catch;
 use super::engine::{Begun, End, Engine};
 use super::feed::{Feeder, Source};
-use super::jobs::{self, Job, Jobs};
 use super::report::Report;
+use super::workers::{self, Pool};
 use super::{Action, Context, Error, Failure, Reconcile};
 
 /// How long the dispatcher stops taking keys after the queue's `get` panicked (a key whose
 /// `Clone` always panics would otherwise make it spin).
 const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
-
-/// How many jobs a dispatcher outside the worker threads makes before it hands them over (the
-/// rest of a turn's go at its end): small enough that a poller on another thread starts while the
-/// next are made, large enough to take the hand-off's lock once for several.
-const HAND_OFF: usize = 4;
 
 /// One item of a runner's stream.
 pub(crate) type Item<T, E> = Result<(T, Action), Error<T, E>>;
@@ -79,12 +73,12 @@ enum Shutdown {
 }
 
 /// What woke the dispatcher.
-enum Event<T> {
-    Ends,
+enum Event<T, E, C> {
+    End(Option<End<T, E, C>>),
     Shutdown,
     Gate(Result<(), watch::error::RecvError>),
     Source(Option<Result<(), JoinError>>),
-    Poller(Option<Result<(), JoinError>>),
+    Worker(Option<Result<(), JoinError>>),
     Lease(std::thread::Result<Option<Lease<T>>>),
     Deadline,
 }
@@ -103,10 +97,9 @@ where
     reconcile: R,
     policy: P,
     setup: Option<Setup<T>>,
-    jobs: Arc<Jobs>,
-    /// Jobs made in this turn, handed to the pollers in one batch.
-    batch: Vec<Job>,
-    pollers: JoinSet<()>,
+    pool: Arc<Pool>,
+    workers: JoinSet<()>,
+    ends: mpsc::UnboundedReceiver<End<T, R::Error, C>>,
     feeders: JoinSet<()>,
     feeder_stop: CancellationToken,
     /// Whether some source is still read.
@@ -119,11 +112,8 @@ where
     /// Whether the run ends once its sources have ended and the queue has nothing left.
     ends_with_sources: bool,
     running: usize,
-    /// Jobs made so far (compared with the pollers' first polls).
-    handed_out: u64,
     limit: usize,
     held: Vec<Lease<T>>,
-    inbox: VecDeque<End<T, R::Error, C>>,
     /// Items for the stream, in the order they came.
     items: VecDeque<Item<T, R::Error>>,
     /// Until when intake pauses after a panicking `get`.
@@ -137,10 +127,6 @@ where
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
     intake_watcher: Option<tokio_util::task::AbortOnDropHandle<()>>,
-    /// Whether the runtime has several worker threads.
-    multi_thread: bool,
-    /// Whether this dispatcher runs outside the runtime's worker threads (`block_on`).
-    outside: bool,
 }
 
 /// A dispatcher's settings.
@@ -161,6 +147,7 @@ where
 {
     pub(crate) fn new(
         engine: Engine<T, R::Error, C, S>,
+        ends: mpsc::UnboundedReceiver<End<T, R::Error, C>>,
         reconcile: R,
         policy: P,
         setup: Setup<T>,
@@ -171,9 +158,9 @@ where
             reconcile,
             policy,
             setup: Some(setup),
-            jobs: Arc::new(Jobs::new()),
-            batch: Vec::new(),
-            pollers: JoinSet::new(),
+            pool: Arc::new(Pool::default()),
+            workers: JoinSet::new(),
+            ends,
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
             feeding: false,
@@ -183,10 +170,8 @@ where
             shutdown: Shutdown::None,
             ends_with_sources: settings.ends_with_sources,
             running: 0,
-            handed_out: 0,
             limit: settings.limit.max(1),
             held: Vec::new(),
-            inbox: VecDeque::new(),
             items: VecDeque::new(),
             get_paused: None,
             queue_empty: false,
@@ -195,8 +180,6 @@ where
             worker_panics: 0,
             ended: false,
             intake_watcher: None,
-            multi_thread: false,
-            outside: false,
         }
     }
 
@@ -207,16 +190,9 @@ where
             return None;
         }
         self.start();
-        self.jobs.set_dispatching(true);
-        let item = self.next_item().await;
-        self.jobs.set_dispatching(false);
-        item
-    }
-
-    async fn next_item(&mut self) -> Option<Item<T, R::Error>> {
         loop {
             // The ends first (they free slots), then new work, and only then the items: the
-            // pollers get their next jobs before the consumer gets its results.
+            // workers get their next jobs before the consumer gets its results.
             self.collect_ends();
             self.take_ready();
             if let Some(item) = self.items.pop_front() {
@@ -244,7 +220,7 @@ where
             .report(queue.len(), self.worker_panics, outage)
     }
 
-    /// Starts the sources and the pollers (at the first poll: nothing runs before).
+    /// Starts the sources (at the first poll: nothing runs before).
     fn start(&mut self) {
         let Some(setup) = self.setup.take() else {
             return;
@@ -273,32 +249,13 @@ where
         self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             self.engine.intake_watcher(),
         )));
-        // As many pollers as the runtime has threads: one at work in the common case, the
-        // others for when it stalls (see `jobs`).
-        let threads = tokio::runtime::Handle::current().metrics().num_workers();
-        let pollers = threads.clamp(1, self.limit);
-        self.multi_thread = matches!(
-            tokio::runtime::Handle::current().runtime_flavor(),
-            tokio::runtime::RuntimeFlavor::MultiThread
-        );
-        // Outside the worker threads (`block_on`), pollers may wake the dispatcher as ends come,
-        // and it spins before it waits (see `jobs`).
-        self.outside = self.multi_thread && tokio::task::try_id().is_none();
-        self.engine.ends.set_eager(self.outside);
-        for _ in 0..pollers {
-            self.start_poller();
-        }
-        if pollers > 1 {
-            let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
-            jobs::watch(self.jobs.clone(), ends, tokio::runtime::Handle::current());
-        }
     }
 
-    fn start_poller(&mut self) {
-        let busy = self.jobs.add_poller(self.multi_thread);
-        let ends: Arc<dyn jobs::Flush> = self.engine.ends.clone();
-        let poller = jobs::poller(self.jobs.clone(), ends, self.multi_thread, busy);
-        self.pollers.spawn(poller);
+    /// Starts workers until there are as many as running jobs (see [`super::workers`]).
+    fn staff(&mut self) {
+        while !self.ended && self.workers.len() < self.running {
+            self.workers.spawn(workers::worker(self.pool.clone()));
+        }
     }
 
     // ---- the steps ------------------------------------------------------------------------------
@@ -306,24 +263,25 @@ where
     /// Handles the ends that came back (failures go to the error policy); their items wait in
     /// `items`.
     fn collect_ends(&mut self) {
-        if !self.engine.ends.take(&mut self.inbox) {
-            return;
-        }
-        while let Some(end) = self.inbox.pop_front() {
-            self.running -= 1;
-            self.queue_empty = false;
-            let item = match end {
-                End::Finished(item) => item.map(Ok),
-                End::Failed(failed) => {
-                    let failed = *failed;
-                    self.judge(failed.lease, failed.begun, failed.failure)
-                }
-            };
-            self.items.extend(item);
+        while let Ok(end) = self.ends.try_recv() {
+            self.on_end(end);
         }
     }
 
-    /// Takes the keys it may now (held ones first), and hands their jobs to the pollers. A key
+    fn on_end(&mut self, end: End<T, R::Error, C>) {
+        self.running -= 1;
+        self.queue_empty = false;
+        let item = match end {
+            End::Finished(item) => item.map(Ok),
+            End::Failed(failed) => {
+                let failed = *failed;
+                self.judge(failed.lease, failed.begun, failed.failure)
+            }
+        };
+        self.items.extend(item);
+    }
+
+    /// Takes the keys it may now (held ones first), and hands their jobs to the workers. A key
     /// that failed before its reconcile could start leaves its item in `items`.
     fn take_ready(&mut self) {
         while self.may_take() {
@@ -342,7 +300,6 @@ where
                 self.items.push_back(item);
             }
         }
-        self.jobs.push(&mut self.batch);
     }
 
     /// Whether the run is over: stopping, with nothing running or held. A run that ends with its
@@ -358,21 +315,9 @@ where
     }
 
     /// Waits for the next event.
-    async fn wait(&mut self) -> Event<T> {
-        // Outside the worker threads, a poller's next end is usually microseconds away: spin
-        // for it rather than wait (see `jobs`).
-        if self.outside
-            && self.first_polls_pending()
-            && !self.jobs.stalled()
-            && jobs::spin_until(|| self.engine.ends.any() || !self.first_polls_pending())
-            && self.engine.ends.any()
-        {
-            return Event::Ends;
-        }
+    async fn wait(&mut self) -> Event<T, R::Error, C> {
         let take = self.may_take_async();
         let deadline = self.deadline();
-        // Waiting: a poller that runs out of jobs need not spin for more.
-        self.jobs.set_dispatching(false);
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
         let watch_gate = self.gate.is_some() && !self.gate_final;
         let Dispatcher {
@@ -380,28 +325,32 @@ where
             gate,
             feeders,
             feeding,
-            pollers,
+            workers,
+            ends,
             ..
         } = self;
-        let ends = &engine.ends;
-        let event = tokio::select! {
+        tokio::select! {
             biased;
-            () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
+            end = ends.recv() => Event::End(end),
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
             changed = changed(gate), if watch_gate => Event::Gate(changed),
             joined = feeders.join_next(), if *feeding => Event::Source(joined),
-            joined = pollers.join_next(), if !pollers.is_empty() => Event::Poller(joined),
+            joined = workers.join_next(), if !workers.is_empty() => Event::Worker(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
-        };
-        self.jobs.set_dispatching(true);
-        event
+        }
     }
 
     /// Handles an event; an item it makes waits in `items`.
-    fn handle(&mut self, event: Event<T>) {
+    fn handle(&mut self, event: Event<T, R::Error, C>) {
         let item = match event {
-            Event::Ends => None,
+            Event::End(end) => {
+                // The engine holds a sender: the channel never closes while this runs.
+                if let Some(end) = end {
+                    self.on_end(end);
+                }
+                None
+            }
             Event::Shutdown => {
                 self.on_shutdown();
                 None
@@ -411,8 +360,8 @@ where
                 self.on_source(joined);
                 None
             }
-            Event::Poller(joined) => {
-                self.on_poller(joined);
+            Event::Worker(joined) => {
+                self.on_worker(joined);
                 None
             }
             Event::Lease(got) => self.on_lease(got),
@@ -455,13 +404,9 @@ where
         match started {
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
-                self.batch.push(self.engine.job(lease, begun, fut, ticket));
+                self.pool.push(self.engine.job(lease, begun, fut, ticket));
                 self.running += 1;
-                self.handed_out += 1;
-                if self.outside && self.batch.len() >= HAND_OFF {
-                    // A poller on another thread starts on these while the next are made.
-                    self.jobs.push(&mut self.batch);
-                }
+                self.staff();
                 None
             }
             Err(message) => self.judge(lease, begun, Failure::Panic(message)),
@@ -525,15 +470,12 @@ where
         }
     }
 
-    fn on_poller(&mut self, joined: Option<Result<(), JoinError>>) {
-        // Pollers catch the panics of the jobs they poll; this is defence in depth.
+    fn on_worker(&mut self, joined: Option<Result<(), JoinError>>) {
+        // Jobs catch the panics of user code; this is defence in depth.
         if let Some(Err(error)) = joined {
             self.worker_panics += 1;
-            self.jobs.remove_poller();
-            tracing::error!(%error, "a poller failed; starting another");
-            if !self.ended {
-                self.start_poller();
-            }
+            tracing::error!(%error, "a worker task failed; starting another");
+            self.staff();
         }
     }
 
@@ -544,11 +486,7 @@ where
         got: std::thread::Result<Option<Lease<T>>>,
     ) -> Option<Item<T, R::Error>> {
         match got {
-            Ok(Some(lease)) if self.may_take() => {
-                let item = self.dispatch(lease);
-                self.jobs.push(&mut self.batch);
-                item
-            }
+            Ok(Some(lease)) if self.may_take() => self.dispatch(lease),
             Ok(Some(lease)) if self.phase == Phase::Stopping || self.engine.intake_closed() => {
                 self.engine.put_back(lease);
                 None
@@ -602,12 +540,6 @@ where
 
     // ---- helpers --------------------------------------------------------------------------------
 
-    /// Whether jobs handed out have not had their first poll yet (their ends may be microseconds
-    /// away; those of reconciles that wait, as tasks, are not).
-    fn first_polls_pending(&self) -> bool {
-        self.jobs.progress() < self.handed_out
-    }
-
     fn begin_stopping(&mut self) {
         self.phase = Phase::Stopping;
         for lease in std::mem::take(&mut self.held) {
@@ -653,7 +585,7 @@ where
         }
     }
 
-    /// Ends the run: stops the sources and the pollers, and waits for them.
+    /// Ends the run: stops the sources and the workers, and waits for them.
     async fn end(&mut self) {
         self.ended = true;
         self.intake_watcher = None;
@@ -663,18 +595,18 @@ where
                 tracing::error!(%error, "a source reader failed");
             }
         }
-        self.jobs.close();
-        while let Some(joined) = self.pollers.join_next().await {
+        self.pool.close();
+        while let Some(joined) = self.workers.join_next().await {
             if let Err(error) = joined {
                 self.worker_panics += 1;
-                tracing::error!(%error, "a poller failed during shutdown");
+                tracing::error!(%error, "a worker task failed during shutdown");
             }
         }
     }
 }
 
 /// A dropped dispatcher (a stream dropped before it ended): running reconciles are dropped at
-/// their next poll, jobs not yet polled with the pollers; sources and pollers are aborted with
+/// their next poll, jobs not yet taken with the pool; sources and workers are aborted with
 /// their task sets. Their leases end as dropped or interrupted leases do.
 impl<T, R, C, S, P> Drop for Dispatcher<T, R, C, S, P>
 where
@@ -682,7 +614,7 @@ where
 {
     fn drop(&mut self) {
         self.engine.hard_stop();
-        self.jobs.close();
+        self.pool.close();
     }
 }
 

@@ -1,7 +1,7 @@
 //! What the runner does for one lease, step by step: [`Engine::begin`] (on the dispatcher: the
 //! counts, the reasons, the span and the context), [`Engine::job`] (the reconcile's future under
 //! the runner's limits: timeout, cancel grace, hard stop, an abort; then the verdict and the
-//! finish of a success, on a poller or a task of its own), [`Engine::judge`] (on the dispatcher:
+//! finish of a success, on a worker task), [`Engine::judge`] (on the dispatcher:
 //! the error policy on a failure, the failure event, the metrics) and [`Engine::finish`] (the
 //! report's counters, the outage signal, the failure counts and reasons, and the lease's outcome
 //! by the one mapping, [`Reconciled::outcome`]). None of them lets a panic of user code out.
@@ -17,6 +17,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use workqueue_core::ratelimit::Signal;
@@ -28,10 +29,10 @@ use super::action::Reconciled;
 use super::catch::catch;
 use super::context::Cancel;
 use super::failures::FailureCounts;
-use super::jobs::{Ends, Job};
 use super::metrics::{self, RunnerMetrics};
 use super::reasons::{self, Reasons};
 use super::report::Counters;
+use super::workers::Job;
 use super::{Action, Context, Failure};
 use crate::WorkQueue;
 
@@ -101,7 +102,8 @@ pub(crate) struct Engine<T, E, C, S> {
     draining: AtomicBool,
     /// Whether the stream yields items (a `Runner::results` stream; `run` yields none).
     items: bool,
-    pub(crate) ends: Arc<Ends<End<T, E, C>>>,
+    /// Where the jobs send their ends, to the dispatcher.
+    ends: mpsc::UnboundedSender<End<T, E, C>>,
 }
 
 /// What builds an [`Engine`].
@@ -116,6 +118,8 @@ pub(crate) struct Parts<T, E, C, S> {
     pub(crate) registry: Arc<Registry<T>>,
     pub(crate) items: bool,
     pub(crate) source_names: Arc<[Arc<str>]>,
+    /// Where the jobs send their ends (the dispatcher holds the receiver).
+    pub(crate) ends: mpsc::UnboundedSender<End<T, E, C>>,
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
@@ -209,6 +213,7 @@ where
             registry,
             items,
             source_names,
+            ends,
         } = parts;
         let metrics = RunnerMetrics::new(queue.name(), &source_names);
         let controller = Arc::from(queue.name().unwrap_or(metrics::UNNAMED));
@@ -240,7 +245,7 @@ where
             registry,
             draining: AtomicBool::new(false),
             items,
-            ends: Arc::new(Ends::new()),
+            ends,
         }
     }
 
@@ -402,7 +407,6 @@ where
             let engine = &*active.engine;
             let mut end = EndGuard {
                 ends: &engine.ends,
-                waited: false,
                 sent: false,
             };
             if engine.intake_closed() {
@@ -410,21 +414,10 @@ where
                 engine.put_back(lease);
                 return;
             }
-            let ran = {
-                let waited = &mut end.waited;
-                let span = begun.span.clone();
-                let mut drive = pin!(
-                    engine
-                        .run_reconcile(fut, lease.key(), &begun.ctx, ticket.as_ref())
-                        .instrument(span)
-                );
-                poll_fn(|cx| {
-                    let polled = drive.as_mut().poll(cx);
-                    *waited |= polled.is_pending();
-                    polled
-                })
-                .await
-            };
+            let ran = engine
+                .run_reconcile(fut, lease.key(), &begun.ctx, ticket.as_ref())
+                .instrument(begun.span.clone())
+                .await;
             // The reconcile's future is gone: `Aborts::stopped` may see it ended.
             drop(ticket);
             let ran = match active.end() {
@@ -665,16 +658,15 @@ pub(crate) fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
 /// stop of the runtime, a job never polled), so that the dispatcher's count of running
 /// reconciles is always right.
 struct EndGuard<'a, T, E, C> {
-    ends: &'a Ends<End<T, E, C>>,
-    /// Whether the job had to wait (it then runs as a task: its end wakes the dispatcher at once).
-    waited: bool,
+    ends: &'a mpsc::UnboundedSender<End<T, E, C>>,
     sent: bool,
 }
 
 impl<T, E, C> EndGuard<'_, T, E, C> {
     fn send(&mut self, end: End<T, E, C>) {
         self.sent = true;
-        self.ends.send(end, self.waited);
+        // The dispatcher is gone only when the run is dropped: nobody waits for the end.
+        let _ = self.ends.send(end);
     }
 
     fn failed(&mut self, lease: Lease<T>, begun: Begun<C>, failure: Failure<E>) {
@@ -689,7 +681,7 @@ impl<T, E, C> EndGuard<'_, T, E, C> {
 impl<T, E, C> Drop for EndGuard<'_, T, E, C> {
     fn drop(&mut self) {
         if !self.sent {
-            self.ends.send(End::Finished(None), true);
+            let _ = self.ends.send(End::Finished(None));
         }
     }
 }

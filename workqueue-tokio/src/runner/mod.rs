@@ -61,12 +61,14 @@
 //!
 //! The reconcile function and the error policy are called on the task that runs the runner (the
 //! one that awaits `run` or polls `results`), so they need not be `Send` or `Sync`. Each
-//! reconcile's future (`Send + 'static`) is given its first poll by one of a few poller tasks
-//! (one per runtime thread): most reconciles of a level-triggered controller find their object
-//! as it should be and return there, with no task of their own; one that has to wait (an API
-//! call) goes on as a task of its own, so that reconciles run in parallel on the runtime's
-//! threads. A reconcile that computes before its first `.await` holds only its poller: within a
-//! millisecond another poller takes the keys behind it, and new keys keep being handed out.
+//! reconcile's future (`Send + 'static`) runs on one of the runner's worker tasks, as client-go's
+//! reconciles run on its worker goroutines: a worker awaits one reconcile (and finishes its key),
+//! then takes the next. The runner starts a worker whenever more reconciles are under way than
+//! it has workers, so there are never more than [`Runner::workers`], nor more than ever ran at
+//! once; they end with the run. Reconciles so run in parallel on the runtime's threads as any
+//! tasks do, and one that computes before its first `.await` holds only its own worker (and, as
+//! any task that does not yield, the runtime thread it is on: on a `current_thread` runtime,
+//! everything).
 //!
 //! Hooks for a caller that runs several replicas or waits for a cache:
 //! [`Runner::readiness`] (hold reconciles until a gate opens), [`Runner::belongs`] (the one rule
@@ -106,11 +108,11 @@ mod dispatch;
 mod engine;
 mod failures;
 mod feed;
-mod jobs;
 pub mod metrics;
 mod reasons;
 mod reconcile;
 mod report;
+mod workers;
 
 use std::fmt;
 use std::future::Future;
@@ -645,7 +647,7 @@ where
     ///
     /// A source that ends or fails never ends the run (see [`source`](Runner::source)).
     ///
-    /// Must run inside a tokio runtime (reconciles, pollers and source readers are tasks).
+    /// Must run inside a tokio runtime (workers and source readers are tasks).
     /// Dropping the future drops the running reconciles at their next poll and aborts the source
     /// readers; leases finish as dropped or interrupted leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
@@ -729,6 +731,7 @@ where
             failure_log: self.failure_log,
             per_key_backoff: self.per_key_backoff,
         };
+        let (ends, ends_rx) = tokio::sync::mpsc::unbounded_channel();
         let engine = Engine::new(Parts {
             queue: self.queue,
             data: self.context,
@@ -740,6 +743,7 @@ where
             registry: self.registry,
             items,
             source_names,
+            ends,
         });
         let setup = Setup {
             sources: self.sources,
@@ -751,7 +755,14 @@ where
             cancel_grace: self.cancel_grace,
             ends_with_sources: items,
         };
-        Dispatcher::new(engine, self.reconcile, self.policy, setup, settings)
+        Dispatcher::new(
+            engine,
+            ends_rx,
+            self.reconcile,
+            self.policy,
+            setup,
+            settings,
+        )
     }
 }
 
