@@ -264,6 +264,20 @@ impl<E> Reconciled<E> {
         }
     }
 
+    /// controller-runtime's `result` label of this verdict (see the `metrics` module): a success
+    /// by the re-add it asks for, whatever its priority; `None` for an interrupted reconcile.
+    pub(crate) fn result(&self) -> Option<&'static str> {
+        match self {
+            Reconciled::Ok(action) => Some(match action.next {
+                Next::AwaitChange => "success",
+                Next::After(_) => "requeue_after",
+                Next::Backoff => "requeue",
+            }),
+            Reconciled::Failed(..) => Some("error"),
+            Reconciled::Interrupted => None,
+        }
+    }
+
     /// Whether the error policy gave up on this failure.
     pub(crate) fn given_up(&self) -> bool {
         matches!(self, Reconciled::Failed(_, action) if action.gives_up())

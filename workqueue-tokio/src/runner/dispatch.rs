@@ -18,13 +18,14 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::poll_fn;
 use std::hash::{BuildHasher, Hash};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -73,8 +74,8 @@ enum Shutdown {
 }
 
 /// What woke the dispatcher.
-enum Event<T, E, C> {
-    End(Option<End<T, E, C>>),
+enum Event<T> {
+    Ends,
     Shutdown,
     Gate(Result<(), watch::error::RecvError>),
     Source(Option<Result<(), JoinError>>),
@@ -99,7 +100,6 @@ where
     setup: Option<Setup<T>>,
     pool: Arc<Pool>,
     workers: JoinSet<()>,
-    ends: mpsc::UnboundedReceiver<End<T, R::Error, C>>,
     feeders: JoinSet<()>,
     feeder_stop: CancellationToken,
     /// Whether some source is still read.
@@ -147,7 +147,6 @@ where
 {
     pub(crate) fn new(
         engine: Engine<T, R::Error, C, S>,
-        ends: mpsc::UnboundedReceiver<End<T, R::Error, C>>,
         reconcile: R,
         policy: P,
         setup: Setup<T>,
@@ -160,7 +159,6 @@ where
             setup: Some(setup),
             pool: Arc::new(Pool::default()),
             workers: JoinSet::new(),
-            ends,
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
             feeding: false,
@@ -254,7 +252,8 @@ where
     /// Starts workers until there are as many as running jobs (see [`super::workers`]).
     fn staff(&mut self) {
         while !self.ended && self.workers.len() < self.running {
-            self.workers.spawn(workers::worker(self.pool.clone()));
+            let ends = self.engine.ends.clone();
+            self.workers.spawn(workers::worker(self.pool.clone(), ends));
         }
     }
 
@@ -263,22 +262,18 @@ where
     /// Handles the ends that came back (failures go to the error policy); their items wait in
     /// `items`.
     fn collect_ends(&mut self) {
-        while let Ok(end) = self.ends.try_recv() {
-            self.on_end(end);
+        for end in self.engine.ends.take() {
+            self.running -= 1;
+            self.queue_empty = false;
+            let item = match end {
+                End::Finished(item) => item.map(Ok),
+                End::Failed(failed) => {
+                    let failed = *failed;
+                    self.judge(failed.lease, failed.begun, failed.failure)
+                }
+            };
+            self.items.extend(item);
         }
-    }
-
-    fn on_end(&mut self, end: End<T, R::Error, C>) {
-        self.running -= 1;
-        self.queue_empty = false;
-        let item = match end {
-            End::Finished(item) => item.map(Ok),
-            End::Failed(failed) => {
-                let failed = *failed;
-                self.judge(failed.lease, failed.begun, failed.failure)
-            }
-        };
-        self.items.extend(item);
     }
 
     /// Takes the keys it may now (held ones first), and hands their jobs to the workers. A key
@@ -315,7 +310,7 @@ where
     }
 
     /// Waits for the next event.
-    async fn wait(&mut self) -> Event<T, R::Error, C> {
+    async fn wait(&mut self) -> Event<T> {
         let take = self.may_take_async();
         let deadline = self.deadline();
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
@@ -326,12 +321,12 @@ where
             feeders,
             feeding,
             workers,
-            ends,
             ..
         } = self;
+        let ends = &engine.ends;
         tokio::select! {
             biased;
-            end = ends.recv() => Event::End(end),
+            () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
             changed = changed(gate), if watch_gate => Event::Gate(changed),
             joined = feeders.join_next(), if *feeding => Event::Source(joined),
@@ -342,15 +337,9 @@ where
     }
 
     /// Handles an event; an item it makes waits in `items`.
-    fn handle(&mut self, event: Event<T, R::Error, C>) {
+    fn handle(&mut self, event: Event<T>) {
         let item = match event {
-            Event::End(end) => {
-                // The engine holds a sender: the channel never closes while this runs.
-                if let Some(end) = end {
-                    self.on_end(end);
-                }
-                None
-            }
+            Event::Ends => None,
             Event::Shutdown => {
                 self.on_shutdown();
                 None

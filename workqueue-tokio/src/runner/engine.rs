@@ -17,7 +17,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use workqueue_core::ratelimit::Signal;
@@ -32,7 +31,7 @@ use super::failures::FailureCounts;
 use super::metrics::{self, RunnerMetrics};
 use super::reasons::{self, Reasons};
 use super::report::Counters;
-use super::workers::Job;
+use super::workers::{Ends, Job};
 use super::{Action, Context, Failure};
 use crate::WorkQueue;
 
@@ -103,7 +102,7 @@ pub(crate) struct Engine<T, E, C, S> {
     /// Whether the stream yields items (a `Runner::results` stream; `run` yields none).
     items: bool,
     /// Where the jobs send their ends, to the dispatcher.
-    ends: mpsc::UnboundedSender<End<T, E, C>>,
+    pub(crate) ends: Arc<Ends<End<T, E, C>>>,
 }
 
 /// What builds an [`Engine`].
@@ -118,8 +117,6 @@ pub(crate) struct Parts<T, E, C, S> {
     pub(crate) registry: Arc<Registry<T>>,
     pub(crate) items: bool,
     pub(crate) source_names: Arc<[Arc<str>]>,
-    /// Where the jobs send their ends (the dispatcher holds the receiver).
-    pub(crate) ends: mpsc::UnboundedSender<End<T, E, C>>,
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
@@ -213,7 +210,6 @@ where
             registry,
             items,
             source_names,
-            ends,
         } = parts;
         let metrics = RunnerMetrics::new(queue.name(), &source_names);
         let controller = Arc::from(queue.name().unwrap_or(metrics::UNNAMED));
@@ -245,7 +241,7 @@ where
             registry,
             draining: AtomicBool::new(false),
             items,
-            ends,
+            ends: Arc::new(Ends::new()),
         }
     }
 
@@ -399,16 +395,13 @@ where
     where
         F: Future<Output = Result<Action, E>> + Send + 'static,
     {
-        let active = Active {
+        let mut guard = JobGuard {
             engine: self.clone(),
-            counted: AtomicBool::new(true),
+            active: true,
+            sent: false,
         };
         Box::pin(async move {
-            let engine = &*active.engine;
-            let mut end = EndGuard {
-                ends: &engine.ends,
-                sent: false,
-            };
+            let engine = guard.engine.clone();
             if engine.intake_closed() {
                 drop((fut, ticket));
                 engine.put_back(lease);
@@ -420,28 +413,28 @@ where
                 .await;
             // The reconcile's future is gone: `Aborts::stopped` may see it ended.
             drop(ticket);
-            let ran = match active.end() {
+            let ran = match guard.end_active() {
                 Ok(()) => ran,
                 Err(message) => Ran::Panicked(message),
             };
             let verdict = match ran {
                 Ran::Returned(Ok(action)) => Reconciled::Ok(action),
                 Ran::Interrupted => Reconciled::Interrupted,
-                Ran::Returned(Err(e)) => return end.failed(lease, begun, Failure::Error(e)),
+                Ran::Returned(Err(e)) => return guard.failed(lease, begun, Failure::Error(e)),
                 Ran::Panicked(message) => {
-                    return end.failed(lease, begun, Failure::Panic(message));
+                    return guard.failed(lease, begun, Failure::Panic(message));
                 }
-                Ran::TimedOut => return end.failed(lease, begun, Failure::Timeout),
+                Ran::TimedOut => return guard.failed(lease, begun, Failure::Timeout),
             };
             if let Err(message) = engine.observe(&begun, &verdict) {
-                return end.failed(lease, begun, Failure::Panic(message));
+                return guard.failed(lease, begun, Failure::Panic(message));
             }
             let key = engine.finish(lease, &begun, &verdict);
             let item = match (key, verdict) {
                 (Some(key), Reconciled::Ok(action)) => Some((key, action)),
                 _ => None,
             };
-            end.send(End::Finished(item));
+            guard.send(End::Finished(item));
         })
     }
 
@@ -654,19 +647,31 @@ pub(crate) fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
     })
 }
 
-/// Sends a job's [`End`]: `Finished(None)` if the job is dropped before it sent one (a hard
-/// stop of the runtime, a job never polled), so that the dispatcher's count of running
-/// reconciles is always right.
-struct EndGuard<'a, T, E, C> {
-    ends: &'a mpsc::UnboundedSender<End<T, E, C>>,
+/// What a job owes even if it is dropped (never polled, or dropped at a hard stop): its
+/// reconcile stops counting as active (from [`Engine::activate`]), and the dispatcher gets
+/// exactly one [`End`] (`Finished(None)` from the drop), so that its count of running reconciles
+/// is always right.
+struct JobGuard<T, E, C, S> {
+    engine: Arc<Engine<T, E, C, S>>,
+    /// Whether the reconcile still counts as active.
+    active: bool,
     sent: bool,
 }
 
-impl<T, E, C> EndGuard<'_, T, E, C> {
+impl<T, E, C, S> JobGuard<T, E, C, S> {
+    /// The reconcile is over. A recorder that panics here is `Err` (the caller fails the key);
+    /// the drop then tries once more, so the gauge stays right.
+    fn end_active(&mut self) -> Result<(), String> {
+        if self.active {
+            catch(|| self.engine.metrics.active(-1.0))?;
+            self.active = false;
+        }
+        Ok(())
+    }
+
     fn send(&mut self, end: End<T, E, C>) {
         self.sent = true;
-        // The dispatcher is gone only when the run is dropped: nobody waits for the end.
-        let _ = self.ends.send(end);
+        self.engine.ends.push(end);
     }
 
     fn failed(&mut self, lease: Lease<T>, begun: Begun<C>, failure: Failure<E>) {
@@ -678,41 +683,16 @@ impl<T, E, C> EndGuard<'_, T, E, C> {
     }
 }
 
-impl<T, E, C> Drop for EndGuard<'_, T, E, C> {
+impl<T, E, C, S> Drop for JobGuard<T, E, C, S> {
     fn drop(&mut self) {
-        if !self.sent {
-            let _ = self.ends.send(End::Finished(None));
-        }
-    }
-}
-
-/// A reconcile counted as active (from [`Engine::activate`]) until `end`, or its drop (a job
-/// dropped at shutdown, or never polled); owns the job's handle on the engine.
-struct Active<T, E, C, S> {
-    engine: Arc<Engine<T, E, C, S>>,
-    /// Whether the reconcile still counts as active.
-    counted: AtomicBool,
-}
-
-impl<T, E, C, S> Active<T, E, C, S> {
-    /// The reconcile is over. A recorder that panics here is `Err` (the caller fails the key);
-    /// the drop then tries once more, so the gauge stays right.
-    fn end(&self) -> Result<(), String> {
-        if !self.counted.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        catch(|| self.engine.metrics.active(-1.0))?;
-        self.counted.store(false, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-impl<T, E, C, S> Drop for Active<T, E, C, S> {
-    fn drop(&mut self) {
-        if *self.counted.get_mut()
+        if self.active
             && let Err(message) = catch(|| self.engine.metrics.active(-1.0))
         {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
+        }
+        if !self.sent {
+            self.engine.ends.push(End::Finished(None));
+            self.engine.ends.wake();
         }
     }
 }

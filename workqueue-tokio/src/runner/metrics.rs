@@ -38,9 +38,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use workqueue_core::Outcome;
-
-use super::action::{Failure, Reconciled};
+#[cfg(feature = "metrics")]
+use super::action::Failure;
+use super::action::Reconciled;
 #[cfg(feature = "metrics")]
 use super::reasons::Label;
 use super::reasons::ReasonSet;
@@ -86,52 +86,6 @@ pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
     25.0, 30.0, 40.0, 50.0, 60.0,
 ];
 
-/// How one reconcile ended, for the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    Success,
-    Requeue,
-    RequeueAfter,
-    Error,
-    Timeout,
-    Panic,
-    /// A failure the policy gave up on (`timeout`/`panic` say which failure).
-    GivenUp {
-        timeout: bool,
-        panic: bool,
-    },
-}
-
-impl Ended {
-    /// How `verdict` is counted; `None` for a reconcile interrupted at shutdown. What a success
-    /// counts as follows from its outcome (the one mapping, [`Reconciled::outcome`]).
-    fn of<E>(verdict: &Reconciled<E>) -> Option<Self> {
-        Some(match verdict {
-            Reconciled::Ok(_) => match verdict.outcome(false) {
-                o if o == Outcome::retry() => Ended::Requeue,
-                o if o == Outcome::forget() => Ended::Success,
-                _ => Ended::RequeueAfter,
-            },
-            Reconciled::Interrupted => return None,
-            Reconciled::Failed(failure, _) => {
-                let (timeout, panic) = (
-                    matches!(failure, Failure::Timeout),
-                    matches!(failure, Failure::Panic(_)),
-                );
-                if verdict.given_up() {
-                    Ended::GivenUp { timeout, panic }
-                } else if panic {
-                    Ended::Panic
-                } else if timeout {
-                    Ended::Timeout
-                } else {
-                    Ended::Error
-                }
-            }
-        })
-    }
-}
-
 /// The runner's metrics (a no-op without the `metrics` feature).
 #[derive(Debug)]
 pub(crate) struct RunnerMetrics {
@@ -147,50 +101,50 @@ fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        describe_counter!(
-            RECONCILE_TOTAL,
-            Unit::Count,
-            "Total number of reconciliations per controller"
-        );
-        describe_counter!(
-            RECONCILE_ERRORS_TOTAL,
-            Unit::Count,
-            "Total number of reconciliation errors per controller"
-        );
-        describe_counter!(
-            TERMINAL_RECONCILE_ERRORS_TOTAL,
-            Unit::Count,
-            "Total number of terminal reconciliation errors per controller"
-        );
-        describe_counter!(
-            RECONCILE_PANICS_TOTAL,
-            Unit::Count,
-            "Total number of reconciliation panics per controller"
-        );
-        describe_counter!(
-            RECONCILE_TIMEOUTS_TOTAL,
-            Unit::Count,
-            "Total number of reconciliation timeouts per controller"
-        );
+        for (name, help) in [
+            (
+                RECONCILE_TOTAL,
+                "Total number of reconciliations per controller",
+            ),
+            (
+                RECONCILE_ERRORS_TOTAL,
+                "Total number of reconciliation errors per controller",
+            ),
+            (
+                TERMINAL_RECONCILE_ERRORS_TOTAL,
+                "Total number of terminal reconciliation errors per controller",
+            ),
+            (
+                RECONCILE_PANICS_TOTAL,
+                "Total number of reconciliation panics per controller",
+            ),
+            (
+                RECONCILE_TIMEOUTS_TOTAL,
+                "Total number of reconciliation timeouts per controller",
+            ),
+            (
+                RECONCILE_REASONS_TOTAL,
+                "Total number of reconciliations per controller and reason the key was queued for",
+            ),
+        ] {
+            describe_counter!(name, Unit::Count, help);
+        }
+        for (name, help) in [
+            (
+                ACTIVE_WORKERS,
+                "Number of currently used workers per controller",
+            ),
+            (
+                MAX_CONCURRENT_RECONCILES,
+                "Maximum number of concurrent reconciles per controller",
+            ),
+        ] {
+            describe_gauge!(name, Unit::Count, help);
+        }
         describe_histogram!(
             RECONCILE_TIME_SECONDS,
             Unit::Seconds,
             "Length of time per reconciliation per controller"
-        );
-        describe_gauge!(
-            ACTIVE_WORKERS,
-            Unit::Count,
-            "Number of currently used workers per controller"
-        );
-        describe_counter!(
-            RECONCILE_REASONS_TOTAL,
-            Unit::Count,
-            "Total number of reconciliations per controller and reason the key was queued for"
-        );
-        describe_gauge!(
-            MAX_CONCURRENT_RECONCILES,
-            Unit::Count,
-            "Maximum number of concurrent reconciles per controller"
         );
     });
 }
@@ -273,7 +227,7 @@ impl RunnerMetrics {
     /// A reconcile ended with `verdict` after `elapsed` (nothing for one interrupted at
     /// shutdown).
     pub(crate) fn reconciled<E>(&self, verdict: &Reconciled<E>, elapsed: Duration) {
-        let Some(result) = Ended::of(verdict) else {
+        let Some(result) = verdict.result() else {
             return;
         };
         #[cfg(feature = "metrics")]
@@ -282,28 +236,21 @@ impl RunnerMetrics {
             let c = || self.controller.clone();
             histogram!(RECONCILE_TIME_SECONDS, CONTROLLER_LABEL => c())
                 .record(elapsed.as_secs_f64());
-            // (result, failed, timeout, panic, terminal)
-            let (label, failed, timeout, panic, terminal) = match result {
-                Ended::Success => ("success", false, false, false, false),
-                Ended::Requeue => ("requeue", false, false, false, false),
-                Ended::RequeueAfter => ("requeue_after", false, false, false, false),
-                Ended::Error => ("error", true, false, false, false),
-                Ended::Timeout => ("error", true, true, false, false),
-                Ended::Panic => ("error", true, false, true, false),
-                Ended::GivenUp { timeout, panic } => ("error", true, timeout, panic, true),
-            };
-            counter!(RECONCILE_TOTAL, CONTROLLER_LABEL => c(), RESULT_LABEL => label).increment(1);
-            if failed {
+            counter!(RECONCILE_TOTAL, CONTROLLER_LABEL => c(), RESULT_LABEL => result).increment(1);
+            if let Reconciled::Failed(failure, _) = verdict {
                 counter!(RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
-            }
-            if terminal {
-                counter!(TERMINAL_RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
-            }
-            if timeout {
-                counter!(RECONCILE_TIMEOUTS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
-            }
-            if panic {
-                counter!(RECONCILE_PANICS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+                if verdict.given_up() {
+                    counter!(TERMINAL_RECONCILE_ERRORS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+                }
+                match failure {
+                    Failure::Timeout => {
+                        counter!(RECONCILE_TIMEOUTS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+                    }
+                    Failure::Panic(_) => {
+                        counter!(RECONCILE_PANICS_TOTAL, CONTROLLER_LABEL => c()).increment(1);
+                    }
+                    Failure::Error(_) => {}
+                }
             }
         }
         #[cfg(not(feature = "metrics"))]

@@ -731,7 +731,6 @@ where
             failure_log: self.failure_log,
             per_key_backoff: self.per_key_backoff,
         };
-        let (ends, ends_rx) = tokio::sync::mpsc::unbounded_channel();
         let engine = Engine::new(Parts {
             queue: self.queue,
             data: self.context,
@@ -743,7 +742,6 @@ where
             registry: self.registry,
             items,
             source_names,
-            ends,
         });
         let setup = Setup {
             sources: self.sources,
@@ -755,14 +753,7 @@ where
             cancel_grace: self.cancel_grace,
             ends_with_sources: items,
         };
-        Dispatcher::new(
-            engine,
-            ends_rx,
-            self.reconcile,
-            self.policy,
-            setup,
-            settings,
-        )
+        Dispatcher::new(engine, self.reconcile, self.policy, setup, settings)
     }
 }
 

@@ -15,16 +15,24 @@
 //! workers are kept until the run ends. There are at most as many as reconciles may run at once,
 //! and no more than ever ran at once.
 //!
+//! Ends: a job sends its end to the dispatcher through [`Ends`] without waking it; a worker wakes
+//! it when it is about to wait (for the next job, or inside a job that waits). While a worker has
+//! queued jobs to run, the slots its ends freed could be used only by an idle worker, and an idle
+//! worker has woken the dispatcher before it waited. So the dispatcher is woken about once per
+//! batch of jobs rather than once per reconcile, which matters most where threads are scarce
+//! (other processes on the CPUs, a CPU quota): each wake is another thread to be scheduled.
+//!
 //! Nothing here knows on which runtime thread a task runs: a job that computes for long holds its
 //! worker (and, as any task does, its runtime thread), while the other workers are tasks the
 //! runtime schedules as it schedules any.
 
 use std::collections::VecDeque;
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 
-use parking_lot::Mutex;
+use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 
 /// A reconcile's whole life after its future was made: drive it, judge it, finish its lease, send
@@ -48,9 +56,14 @@ struct Jobs {
 }
 
 impl Pool {
+    fn lock_jobs(&self) -> MutexGuard<'_, Jobs> {
+        // Nothing panics while it is held.
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Queues a job for the next worker free.
     pub(crate) fn push(&self, job: Job) {
-        self.jobs.lock().queue.push_back(job);
+        self.lock_jobs().queue.push_back(job);
         self.ready.notify_one();
     }
 
@@ -58,12 +71,17 @@ impl Pool {
     /// dropped (their leases end as dropped leases do; their ends are sent by their guards).
     pub(crate) fn close(&self) {
         let queued = {
-            let mut jobs = self.jobs.lock();
+            let mut jobs = self.lock_jobs();
             jobs.closed = true;
             std::mem::take(&mut jobs.queue)
         };
         drop(queued);
         self.ready.notify_waiters();
+    }
+
+    /// The next job if one is queued.
+    fn try_next(&self) -> Option<Job> {
+        self.lock_jobs().queue.pop_front()
     }
 
     /// The next job, waiting for one; `None` once closed.
@@ -73,7 +91,7 @@ impl Pool {
             let mut ready = pin!(self.ready.notified());
             ready.as_mut().enable();
             {
-                let mut jobs = self.jobs.lock();
+                let mut jobs = self.lock_jobs();
                 if let Some(job) = jobs.queue.pop_front() {
                     return Some(job);
                 }
@@ -86,35 +104,106 @@ impl Pool {
     }
 }
 
-/// A worker: runs the pool's jobs one after another until it is closed. A job catches every
-/// panic of user code; one that still panics ends the worker (the dispatcher starts another).
-pub(crate) async fn worker(pool: Arc<Pool>) {
-    while let Some(job) = pool.next().await {
-        job.await;
+/// A worker: runs the pool's jobs one after another until it is closed, and wakes the
+/// dispatcher for the ends that wait before it waits itself (see the module docs). A job catches
+/// every panic of user code; one that still panics ends the worker (the dispatcher starts
+/// another).
+pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
+    loop {
+        let mut job = match pool.try_next() {
+            Some(job) => job,
+            None => {
+                ends.wake();
+                match pool.next().await {
+                    Some(job) => job,
+                    None => return,
+                }
+            }
+        };
+        poll_fn(|cx| {
+            let polled = job.as_mut().poll(cx);
+            if polled.is_pending() {
+                ends.wake();
+            }
+            polled
+        })
+        .await;
+    }
+}
+
+/// The ends of jobs on their way to the dispatcher, which is woken only by [`Ends::wake`] (see
+/// the module docs).
+pub(crate) struct Ends<M> {
+    queue: Mutex<Vec<M>>,
+    dispatcher: AtomicWaker,
+}
+
+impl<M> Ends<M> {
+    pub(crate) fn new() -> Self {
+        Ends {
+            queue: Mutex::new(Vec::new()),
+            dispatcher: AtomicWaker::new(),
+        }
+    }
+
+    fn lock_queue(&self) -> MutexGuard<'_, Vec<M>> {
+        // Nothing panics while it is held.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds an end, without waking the dispatcher.
+    pub(crate) fn push(&self, end: M) {
+        self.lock_queue().push(end);
+    }
+
+    /// Wakes the dispatcher if ends wait.
+    pub(crate) fn wake(&self) {
+        if !self.lock_queue().is_empty() {
+            self.dispatcher.wake();
+        }
+    }
+
+    /// The ends that wait (the dispatcher's).
+    pub(crate) fn take(&self) -> Vec<M> {
+        std::mem::take(&mut *self.lock_queue())
+    }
+
+    /// Ready once ends wait; the dispatcher's waker is kept for [`Ends::wake`].
+    pub(crate) fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.dispatcher.register(cx.waker());
+        if self.lock_queue().is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use super::*;
 
     #[tokio::test]
     async fn every_job_pushed_runs_and_close_ends_the_workers() {
         let pool = Arc::new(Pool::default());
-        let ran = Arc::new(AtomicUsize::new(0));
-        let workers: Vec<_> = (0..3).map(|_| tokio::spawn(worker(pool.clone()))).collect();
-        for _ in 0..100 {
-            let ran = ran.clone();
+        let ends = Arc::new(Ends::new());
+        let workers: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(worker(pool.clone(), ends.clone())))
+            .collect();
+        for i in 0..100 {
+            let ends = ends.clone();
             pool.push(Box::pin(async move {
                 tokio::task::yield_now().await;
-                ran.fetch_add(1, Ordering::Relaxed);
+                ends.push(i);
             }));
         }
-        while ran.load(Ordering::Relaxed) < 100 {
-            tokio::task::yield_now().await;
+        let mut ended = Vec::new();
+        while ended.len() < 100 {
+            poll_fn(|cx| ends.poll_ready(cx)).await;
+            ended.extend(ends.take());
         }
+        ended.sort_unstable();
+        assert_eq!(ended, (0..100).collect::<Vec<_>>());
         pool.close();
         for w in workers {
             w.await.expect("a worker ends once closed");
