@@ -74,8 +74,7 @@
 //!   through (`BuildQueue`, with `Blocking`, the default builder's marker), and the macro that
 //!   writes the operations both queues share (`queue_handle_methods!`, also exported at the
 //!   crate root as `__queue_handle_methods!`, as every exported macro is);
-//! - `consult_limiter`, the limiter half of an [`Outcome`], and `panic_message`, the message of
-//!   a caught panic (the tokio runner's);
+//! - `consult_limiter`, the limiter half of an [`Outcome`];
 //! - for the workspace's tests, fuzz targets and reference model: `StateTesting`, the
 //!   introspection and test switches of a [`state::QueueState`], with `finished_flags` and
 //!   `COMPACT_MIN`; `registered_wakers`, a [`ManualClock`]'s count of registered queues;
@@ -107,6 +106,7 @@ pub use drain::{DrainIncomplete, DrainStop};
 pub use lease::Lease;
 pub use options::{AddOptions, LOW_PRIORITY};
 pub use outcome::Outcome;
+pub use panics::panic_message;
 pub use parallelize::{ParallelizeError, Parallelized, parallelize};
 pub use queue::{Builder, WorkQueue};
 pub use state::{AddStatus, Counts};
@@ -135,7 +135,6 @@ pub mod __private {
     pub use crate::metrics::emit::refreshed_queues;
     pub use crate::metrics::tuning::FLUSH_EVERY;
     pub use crate::outcome::consult_limiter;
-    pub use crate::panics::panic_message;
     pub use crate::queue::Blocking;
     pub use crate::queue::BuildQueue;
     pub use crate::state::seam::{COMPACT_MIN, StateTesting, finished_flags};

@@ -15,9 +15,11 @@ w16_runs=${2:-9}
 conditions=${3:-quiet busy quota}
 runtimes=${4:-1 2 4 current_thread}
 
-cargo bench -p workqueue-kube --bench controller_throughput --no-run 2>/dev/null
-bench=$(cargo bench -p workqueue-kube --bench controller_throughput --no-run --message-format=json 2>/dev/null |
+# Built once, and copied: the series run this binary even if the tree changes meanwhile.
+built=$(cargo bench -p workqueue-kube --bench controller_throughput --no-run --message-format=json |
     sed -n 's/.*"executable":"\([^"]*controller_throughput[^"]*\)".*/\1/p' | tail -1)
+bench=$(mktemp /tmp/controller_throughput.XXXXXX)
+cp "$built" "$bench"
 
 # A cgroup with a one-core CPU quota, if one can be made here; its `cgroup.procs` on stdout.
 quota_cgroup() {
@@ -38,7 +40,7 @@ stop_busy() {
     for pid in "${busy[@]}"; do kill "$pid" 2>/dev/null || true; done
     busy=()
 }
-trap stop_busy EXIT
+trap 'stop_busy; rm -f "$bench"' EXIT
 
 for condition in $conditions; do
     prefix=()

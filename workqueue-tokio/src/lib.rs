@@ -198,5 +198,5 @@ pub use workqueue_core::Lease;
 pub use workqueue_core::state::DefaultHashBuilder;
 pub use workqueue_core::{
     AddOptions, AddStatus, Builder, Clock, Counts, DrainIncomplete, DrainStop, Instant,
-    LOW_PRIORITY, Outcome,
+    LOW_PRIORITY, Outcome, panic_message,
 };

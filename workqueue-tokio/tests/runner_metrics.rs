@@ -431,8 +431,8 @@ async fn a_panicking_queue_metrics_recorder_in_get_does_not_kill_the_worker() {
 }
 
 /// `Action::requeue(Duration::ZERO)` is counted as result `requeue` (controller-runtime's
-/// `Requeue: true`), every result is zeroed at the start, and the queue counts the rate-limited
-/// requeue as a retry.
+/// `Requeue: true`), and so is a backoff at another priority; every result is zeroed at the
+/// start, and the queue counts the rate-limited requeue as a retry.
 #[tokio::test(start_paused = true)]
 async fn requeue_after_zero_counts_as_result_requeue() {
     let recorder = DebuggingRecorder::new();
@@ -445,10 +445,10 @@ async fn requeue_after_zero_counts_as_result_requeue() {
     let runner = Runner::new(
         q.clone(),
         |_key: &'static str, ctx: workqueue_tokio::runner::Context| {
-            std::future::ready(Ok::<_, ()>(if ctx.rate_limited_retries() < 2 {
-                Action::requeue(Duration::ZERO)
-            } else {
-                Action::await_change()
+            std::future::ready(Ok::<_, ()>(match ctx.rate_limited_retries() {
+                0 => Action::requeue(Duration::ZERO),
+                1 => Action::backoff().with_priority(5),
+                _ => Action::await_change(),
             }))
         },
     );

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use kube::Client;
 use kube::Resource;
@@ -343,13 +343,16 @@ where
         tokio::select! {
             biased;
             _ = finish => Event::Finish,
-            () = changed(assignment) => Event::Changed,
-            hand_over = recv(hand_overs) => match hand_over {
-                Some(hand_over) => Event::HandOver(hand_over),
-                None => Event::HandOversClosed,
-            },
+            // Once the protocol is gone, its assignment no longer changes.
+            Ok(()) = assignment.changed() => Event::Changed,
+            Some(hand_over) = OptionFuture::from(hand_overs.as_mut().map(|rx| rx.recv())) => {
+                match hand_over {
+                    Some(hand_over) => Event::HandOver(hand_over),
+                    None => Event::HandOversClosed,
+                }
+            }
             Some(shard) = settling.next(), if !settling.is_empty() => Event::Settled(shard),
-            () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+            Some(()) = OptionFuture::from(deadline.map(tokio::time::sleep_until)) => Event::Deadline,
             ended = joined(protocol) => Event::ProtocolEnded(ended),
         }
     }
@@ -576,20 +579,6 @@ where
     }
 }
 
-/// Completes when the assignment changes; never once the protocol is gone.
-async fn changed(assignment: &mut watch::Receiver<Assignment>) {
-    if assignment.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn joined(protocol: &mut Option<JoinHandle<Ended>>) -> Option<Ended> {
     match protocol {
         Some(handle) => {
@@ -597,13 +586,6 @@ async fn joined(protocol: &mut Option<JoinHandle<Ended>>) -> Option<Ended> {
             *protocol = None;
             ended
         }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

@@ -137,7 +137,7 @@ impl<F, D> Relation<F, D> {
             (self.mapper)(object).into_iter().collect::<Vec<_>>()
         }));
         called.unwrap_or_else(|payload| {
-            let message = panic_message(payload.as_ref());
+            let message = workqueue_tokio::panic_message(payload.as_ref());
             tracing::error!(object = %related, panic = %message, "a watches mapper panicked; that object's keys were not queued");
             self.reports.send(RunnerError::MapperPanicked {
                 object: Box::new(related),
@@ -200,17 +200,6 @@ fn of_one<K: Resource>(
     match keys {
         Ok(keys) => stream::iter(keys.into_iter().map(move |key| Ok((key, opts)))).left_stream(),
         Err(error) => stream::iter([Err(error)]).right_stream(),
-    }
-}
-
-/// The message of a panic's payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        (*message).to_string()
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "a panic without a message".to_string()
     }
 }
 

@@ -8,6 +8,5 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 /// touches only state that stays consistent when `f` panics (counters, the queue, which keeps its
 /// invariants through a panic of user code).
 pub fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    catch_unwind(AssertUnwindSafe(f))
-        .map_err(|payload| workqueue_core::__private::panic_message(&*payload))
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| workqueue_core::panic_message(&*payload))
 }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::future::OptionFuture;
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
@@ -328,11 +329,13 @@ where
             biased;
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
-            changed = changed(gate), if watch_gate => Event::Gate(changed),
+            Some(changed) = OptionFuture::from(gate.as_mut().map(|g| g.changed())), if watch_gate => {
+                Event::Gate(changed)
+            }
             joined = feeders.join_next(), if *feeding => Event::Source(joined),
             joined = workers.join_next(), if !workers.is_empty() => Event::Worker(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
-            () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
+            Some(()) = OptionFuture::from(deadline.map(tokio::time::sleep_until)) => Event::Deadline,
         }
     }
 
@@ -495,7 +498,7 @@ where
                 None
             }
             Err(payload) => {
-                self.get_panicked(&workqueue_core::__private::panic_message(&*payload));
+                self.get_panicked(&workqueue_core::panic_message(&*payload));
                 None
             }
         }
@@ -617,20 +620,6 @@ where
             .field("running", &self.running)
             .field("limit", &self.limit)
             .finish_non_exhaustive()
-    }
-}
-
-async fn changed(gate: &mut Option<watch::Receiver<bool>>) -> Result<(), watch::error::RecvError> {
-    match gate {
-        Some(gate) => gate.changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -468,9 +468,7 @@ where
         }));
         let returned = |r: Option<std::thread::Result<Result<Action, E>>>| match r {
             Some(Ok(r)) => Ran::Returned(r),
-            Some(Err(payload)) => {
-                Ran::Panicked(workqueue_core::__private::panic_message(&*payload))
-            }
+            Some(Err(payload)) => Ran::Panicked(workqueue_core::panic_message(&*payload)),
             None => Ran::Interrupted,
         };
         let limit = async {
