@@ -20,6 +20,7 @@ built=$(cargo bench -p workqueue-kube --bench controller_throughput --no-run --m
     sed -n 's/.*"executable":"\([^"]*controller_throughput[^"]*\)".*/\1/p' | tail -1)
 bench=$(mktemp /tmp/controller_throughput.XXXXXX)
 cp "$built" "$bench"
+chmod +x "$bench"
 
 # A cgroup with a one-core CPU quota, if one can be made here; its `cgroup.procs` on stdout.
 quota_cgroup() {

@@ -37,7 +37,7 @@ use super::catch::catch;
 use super::engine::{Begun, End, Engine};
 use super::feed::{Feeder, Source};
 use super::report::Report;
-use super::workers::{self, Pool};
+use super::workers::{self, Job, Pool};
 use super::{Action, Context, Error, Failure, Reconcile};
 
 /// How long the dispatcher stops taking keys after the queue's `get` panicked (a key whose
@@ -100,6 +100,8 @@ where
     policy: P,
     setup: Option<Setup<T>>,
     pool: Arc<Pool>,
+    /// Jobs made in this turn, pushed to the pool at once.
+    batch: Vec<Job>,
     workers: JoinSet<()>,
     feeders: JoinSet<()>,
     feeder_stop: CancellationToken,
@@ -159,6 +161,7 @@ where
             policy,
             setup: Some(setup),
             pool: Arc::new(Pool::default()),
+            batch: Vec::new(),
             workers: JoinSet::new(),
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
@@ -194,6 +197,7 @@ where
             // workers get their next jobs before the consumer gets its results.
             self.collect_ends();
             self.take_ready();
+            self.pool.push(&mut self.batch);
             if let Some(item) = self.items.pop_front() {
                 return Some(item);
             }
@@ -312,7 +316,7 @@ where
 
     /// Waits for the next event.
     async fn wait(&mut self) -> Event<T> {
-        let take = self.may_take_async();
+        let take = self.may_take();
         let deadline = self.deadline();
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
         let watch_gate = self.gate.is_some() && !self.gate_final;
@@ -396,7 +400,7 @@ where
         match started {
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
-                self.pool.push(self.engine.job(lease, begun, fut, ticket));
+                self.batch.push(self.engine.job(lease, begun, fut, ticket));
                 self.running += 1;
                 self.staff();
                 None
@@ -550,12 +554,6 @@ where
 
     /// Whether a key may be taken now.
     fn may_take(&self) -> bool {
-        self.may_take_async() && self.get_paused.is_none()
-    }
-
-    /// [`may_take`](Self::may_take) but for the pause after a panicking `get` (the wait has its
-    /// own deadline for it).
-    fn may_take_async(&self) -> bool {
         self.phase != Phase::Stopping
             && !self.queue_empty
             && self.get_paused.is_none()

@@ -15,6 +15,10 @@
 //! workers are kept until the run ends. There are at most as many as reconciles may run at once,
 //! and no more than ever ran at once.
 //!
+//! Hand-overs come in batches both ways, so that where the dispatcher and a worker share a CPU
+//! they do not take turns for every reconcile: the dispatcher pushes the jobs it made in one go
+//! at once, and the ends come back as follows.
+//!
 //! Ends: a job sends its end to the dispatcher through [`Ends`] without waking it; a worker wakes
 //! it when it is about to wait (for the next job, or inside a job that waits). While a worker has
 //! queued jobs to run, the slots its ends freed could be used only by an idle worker, and an idle
@@ -34,6 +38,9 @@ use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
+
+// std's locks, not `parking_lot`'s: those spin with `sched_yield` before they park, which where
+// other processes share the CPUs hands the CPU away while the holder waits to run.
 
 /// A reconcile's whole life after its future was made: drive it, judge it, finish its lease, send
 /// its end.
@@ -61,10 +68,15 @@ impl Pool {
         self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues a job for the next worker free.
-    pub(crate) fn push(&self, job: Job) {
-        self.lock_jobs().queue.push_back(job);
-        self.ready.notify_one();
+    /// Queues the jobs of `batch` (emptying it) for the next workers free. One hand-over for a
+    /// batch: a worker woken by the first job must not have to wake the dispatcher for the next
+    /// (see the module docs).
+    pub(crate) fn push(&self, batch: &mut Vec<Job>) {
+        let n = batch.len();
+        self.lock_jobs().queue.extend(batch.drain(..));
+        for _ in 0..n {
+            self.ready.notify_one();
+        }
     }
 
     /// No more jobs: the workers end once they finish their jobs, and the jobs not yet taken are
@@ -190,13 +202,15 @@ mod tests {
         let workers: Vec<_> = (0..3)
             .map(|_| tokio::spawn(worker(pool.clone(), ends.clone())))
             .collect();
+        let mut batch: Vec<Job> = Vec::new();
         for i in 0..100 {
             let ends = ends.clone();
-            pool.push(Box::pin(async move {
+            batch.push(Box::pin(async move {
                 tokio::task::yield_now().await;
                 ends.push(i);
             }));
         }
+        pool.push(&mut batch);
         let mut ended = Vec::new();
         while ended.len() < 100 {
             poll_fn(|cx| ends.poll_ready(cx)).await;
