@@ -37,7 +37,7 @@ use super::catch::catch;
 use super::engine::{Begun, End, Engine};
 use super::feed::{Feeder, Source};
 use super::report::Report;
-use super::workers::{self, Job, Pool};
+use super::workers::{self, Pool};
 use super::{Action, Context, Error, Failure, Reconcile};
 
 /// How long the dispatcher stops taking keys after the queue's `get` panicked (a key whose
@@ -100,8 +100,10 @@ where
     policy: P,
     setup: Option<Setup<T>>,
     pool: Arc<Pool>,
-    /// Jobs made in this turn, pushed to the pool at once.
-    batch: Vec<Job>,
+    /// Jobs pushed in this turn whose workers are not woken yet (see [`super::workers`]).
+    unwoken: usize,
+    /// Whether a job was pushed in this turn.
+    pushed: bool,
     workers: JoinSet<()>,
     feeders: JoinSet<()>,
     feeder_stop: CancellationToken,
@@ -161,7 +163,8 @@ where
             policy,
             setup: Some(setup),
             pool: Arc::new(Pool::default()),
-            batch: Vec::new(),
+            unwoken: 0,
+            pushed: false,
             workers: JoinSet::new(),
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
@@ -197,7 +200,8 @@ where
             // workers get their next jobs before the consumer gets its results.
             self.collect_ends();
             self.take_ready();
-            self.pool.push(&mut self.batch);
+            self.pool.wake(std::mem::take(&mut self.unwoken));
+            self.pushed = false;
             if let Some(item) = self.items.pop_front() {
                 return Some(item);
             }
@@ -400,7 +404,10 @@ where
         match started {
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
-                self.batch.push(self.engine.job(lease, begun, fut, ticket));
+                let first = !std::mem::replace(&mut self.pushed, true);
+                self.pool
+                    .push(self.engine.job(lease, begun, fut, ticket), first);
+                self.unwoken += usize::from(!first);
                 self.running += 1;
                 self.staff();
                 None

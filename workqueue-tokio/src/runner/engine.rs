@@ -265,7 +265,7 @@ where
 
     /// Counts a panic of the queue's `get` (no lease was taken).
     pub(crate) fn get_panicked(&self, message: &str) {
-        Counters::bump(&self.counters.get_panics);
+        self.counters.get_panicked();
         tracing::error!(
             panic = %message,
             "the queue's get panicked (a key's Clone or a metrics recorder); \

@@ -121,13 +121,12 @@ where
             match read {
                 Read::More => {}
                 Read::Ended => {
-                    Counters::bump(&self.counters.sources_ended);
+                    self.counters.source_ended(false);
                     tracing::info!(source = %name, "a source ended; the runner goes on without it");
                     return;
                 }
                 Read::Panicked(message) => {
-                    Counters::bump(&self.counters.sources_ended);
-                    Counters::bump(&self.counters.source_panics);
+                    self.counters.source_ended(true);
                     tracing::error!(
                         source = %name,
                         panic = %message,
@@ -152,7 +151,7 @@ where
                 Ok((key, _)) if self.belongs.as_ref().is_some_and(|r| !belongs(&**r, &key)) => {}
                 Ok(key) => keys.push(key),
                 Err(error) => {
-                    Counters::bump(&self.counters.source_errors);
+                    self.counters.source_error();
                     tracing::warn!(source = %name, %error, "a source yielded an error; skipped");
                 }
             }
@@ -160,7 +159,7 @@ where
         if keys.is_empty() {
             return;
         }
-        Counters::add(&self.counters.source_items, keys.len());
+        self.counters.source_items(keys.len());
         // The reasons first, so the lease that an add causes finds its reason.
         if let Err(message) = catch(|| {
             self.reasons

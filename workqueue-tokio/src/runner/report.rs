@@ -63,29 +63,51 @@ pub struct Report {
     pub outage_openings: u64,
 }
 
+/// The [`Report`]'s counters while the run goes on (the jobs, the dispatcher and the sources'
+/// readers count concurrently).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) processed: AtomicU64,
-    pub(crate) retried: AtomicU64,
-    pub(crate) given_up: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) panics: AtomicU64,
-    pub(crate) timeouts: AtomicU64,
-    pub(crate) interrupted: AtomicU64,
-    pub(crate) get_panics: AtomicU64,
-    pub(crate) source_items: AtomicU64,
-    pub(crate) source_errors: AtomicU64,
-    pub(crate) sources_ended: AtomicU64,
-    pub(crate) source_panics: AtomicU64,
+    processed: AtomicU64,
+    retried: AtomicU64,
+    given_up: AtomicU64,
+    errors: AtomicU64,
+    panics: AtomicU64,
+    timeouts: AtomicU64,
+    interrupted: AtomicU64,
+    get_panics: AtomicU64,
+    source_items: AtomicU64,
+    source_errors: AtomicU64,
+    sources_ended: AtomicU64,
+    source_panics: AtomicU64,
 }
 
 impl Counters {
-    pub(crate) fn bump(counter: &AtomicU64) {
+    fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn add(counter: &AtomicU64, n: usize) {
-        counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    /// A panic escaped the queue's `get`.
+    pub(crate) fn get_panicked(&self) {
+        Self::bump(&self.get_panics);
+    }
+
+    /// A source added `n` keys.
+    pub(crate) fn source_items(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.source_items.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A source yielded an error.
+    pub(crate) fn source_error(&self) {
+        Self::bump(&self.source_errors);
+    }
+
+    /// A source ended; `panicked`: by a panic.
+    pub(crate) fn source_ended(&self, panicked: bool) {
+        Self::bump(&self.sources_ended);
+        if panicked {
+            Self::bump(&self.source_panics);
+        }
     }
 
     /// Counts one lease's verdict: exactly one of processed, interrupted, or a failure (error,

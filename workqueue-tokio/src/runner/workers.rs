@@ -16,8 +16,11 @@
 //! and no more than ever ran at once.
 //!
 //! Hand-overs come in batches both ways, so that where the dispatcher and a worker share a CPU
-//! they do not take turns for every reconcile: the dispatcher pushes the jobs it made in one go
-//! at once, and the ends come back as follows.
+//! they do not take turns for every reconcile. The dispatcher queues each job as it makes it
+//! (a worker at work takes it at once), wakes one waiting worker for the first job of a turn, and
+//! the others for the rest once the turn's jobs are made: a worker woken early that runs on the
+//! dispatcher's CPU finishes what is queued and waits, instead of waking the dispatcher for every
+//! job. The ends come back as follows.
 //!
 //! Ends: a job sends its end to the dispatcher through [`Ends`] without waking it; a worker wakes
 //! it when it is about to wait (for the next job, or inside a job that waits). While a worker has
@@ -68,12 +71,17 @@ impl Pool {
         self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues the jobs of `batch` (emptying it) for the next workers free. One hand-over for a
-    /// batch: a worker woken by the first job must not have to wake the dispatcher for the next
-    /// (see the module docs).
-    pub(crate) fn push(&self, batch: &mut Vec<Job>) {
-        let n = batch.len();
-        self.lock_jobs().queue.extend(batch.drain(..));
+    /// Queues a job for the next worker free; `wake`: wakes a waiting worker for it now (else
+    /// [`Pool::wake`] does later).
+    pub(crate) fn push(&self, job: Job, wake: bool) {
+        self.lock_jobs().queue.push_back(job);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Wakes up to `n` waiting workers, for jobs pushed without a wake.
+    pub(crate) fn wake(&self, n: usize) {
         for _ in 0..n {
             self.ready.notify_one();
         }
@@ -202,15 +210,15 @@ mod tests {
         let workers: Vec<_> = (0..3)
             .map(|_| tokio::spawn(worker(pool.clone(), ends.clone())))
             .collect();
-        let mut batch: Vec<Job> = Vec::new();
         for i in 0..100 {
             let ends = ends.clone();
-            batch.push(Box::pin(async move {
+            let job = Box::pin(async move {
                 tokio::task::yield_now().await;
                 ends.push(i);
-            }));
+            });
+            pool.push(job, i % 2 == 0);
         }
-        pool.push(&mut batch);
+        pool.wake(50);
         let mut ended = Vec::new();
         while ended.len() < 100 {
             poll_fn(|cx| ends.poll_ready(cx)).await;
