@@ -100,8 +100,12 @@ where
     policy: P,
     setup: Option<Setup<T>>,
     pool: Arc<Pool>,
+    /// The ends taken from the workers (empty between turns; kept for its buffer).
+    inbox: Vec<End<T, R::Error, C>>,
     /// Jobs pushed in this turn whose workers are not woken yet (see [`super::workers`]).
     unwoken: usize,
+    /// The runtime's worker threads: how many workers can run at once.
+    threads: usize,
     /// Whether a job was pushed in this turn.
     pushed: bool,
     workers: JoinSet<()>,
@@ -163,7 +167,9 @@ where
             policy,
             setup: Some(setup),
             pool: Arc::new(Pool::default()),
+            inbox: Vec::new(),
             unwoken: 0,
+            threads: 1,
             pushed: false,
             workers: JoinSet::new(),
             feeders: JoinSet::new(),
@@ -200,7 +206,8 @@ where
             // workers get their next jobs before the consumer gets its results.
             self.collect_ends();
             self.take_ready();
-            self.pool.wake(std::mem::take(&mut self.unwoken));
+            let unwoken = std::mem::take(&mut self.unwoken);
+            self.pool.wake(unwoken.min(self.threads - 1));
             self.pushed = false;
             if let Some(item) = self.items.pop_front() {
                 return Some(item);
@@ -256,6 +263,8 @@ where
         self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             self.engine.intake_watcher(),
         )));
+        let threads = tokio::runtime::Handle::current().metrics().num_workers();
+        self.threads = threads.max(1);
     }
 
     /// Starts workers until there are as many as running jobs (see [`super::workers`]).
@@ -271,7 +280,9 @@ where
     /// Handles the ends that came back (failures go to the error policy); their items wait in
     /// `items`.
     fn collect_ends(&mut self) {
-        for end in self.engine.ends.take() {
+        self.engine.ends.take(&mut self.inbox);
+        let mut inbox = std::mem::take(&mut self.inbox);
+        for end in inbox.drain(..) {
             self.running -= 1;
             self.queue_empty = false;
             let item = match end {
@@ -283,6 +294,7 @@ where
             };
             self.items.extend(item);
         }
+        self.inbox = inbox;
     }
 
     /// Takes the keys it may now (held ones first), and hands their jobs to the workers. A key

@@ -395,13 +395,13 @@ where
     where
         F: Future<Output = Result<Action, E>> + Send + 'static,
     {
-        let mut guard = JobGuard {
+        let guard = JobGuard {
             engine: self.clone(),
-            active: true,
-            sent: false,
+            active: AtomicBool::new(true),
+            sent: AtomicBool::new(false),
         };
         Box::pin(async move {
-            let engine = guard.engine.clone();
+            let engine = &*guard.engine;
             if engine.intake_closed() {
                 drop((fut, ticket));
                 engine.put_back(lease);
@@ -649,30 +649,33 @@ pub(crate) fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
 /// reconcile stops counting as active (from [`Engine::activate`]), and the dispatcher gets
 /// exactly one [`End`] (`Finished(None)` from the drop), so that its count of running reconciles
 /// is always right.
+///
+/// Its flags are atomics only so that the job can borrow it across its awaits (it is `Sync`);
+/// one task uses it.
 struct JobGuard<T, E, C, S> {
     engine: Arc<Engine<T, E, C, S>>,
     /// Whether the reconcile still counts as active.
-    active: bool,
-    sent: bool,
+    active: AtomicBool,
+    sent: AtomicBool,
 }
 
 impl<T, E, C, S> JobGuard<T, E, C, S> {
     /// The reconcile is over. A recorder that panics here is `Err` (the caller fails the key);
     /// the drop then tries once more, so the gauge stays right.
-    fn end_active(&mut self) -> Result<(), String> {
-        if self.active {
+    fn end_active(&self) -> Result<(), String> {
+        if self.active.load(Ordering::Relaxed) {
             catch(|| self.engine.metrics.active(-1.0))?;
-            self.active = false;
+            self.active.store(false, Ordering::Relaxed);
         }
         Ok(())
     }
 
-    fn send(&mut self, end: End<T, E, C>) {
-        self.sent = true;
+    fn send(&self, end: End<T, E, C>) {
+        self.sent.store(true, Ordering::Relaxed);
         self.engine.ends.push(end);
     }
 
-    fn failed(&mut self, lease: Lease<T>, begun: Begun<C>, failure: Failure<E>) {
+    fn failed(&self, lease: Lease<T>, begun: Begun<C>, failure: Failure<E>) {
         self.send(End::Failed(Box::new(Failed {
             lease,
             begun,
@@ -683,12 +686,12 @@ impl<T, E, C, S> JobGuard<T, E, C, S> {
 
 impl<T, E, C, S> Drop for JobGuard<T, E, C, S> {
     fn drop(&mut self) {
-        if self.active
+        if *self.active.get_mut()
             && let Err(message) = catch(|| self.engine.metrics.active(-1.0))
         {
             let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
         }
-        if !self.sent {
+        if !*self.sent.get_mut() {
             self.engine.ends.push(End::Finished(None));
             self.engine.ends.wake();
         }

@@ -15,12 +15,16 @@
 //! workers are kept until the run ends. There are at most as many as reconciles may run at once,
 //! and no more than ever ran at once.
 //!
-//! Hand-overs come in batches both ways, so that where the dispatcher and a worker share a CPU
-//! they do not take turns for every reconcile. The dispatcher queues each job as it makes it
-//! (a worker at work takes it at once), wakes one waiting worker for the first job of a turn, and
-//! the others for the rest once the turn's jobs are made: a worker woken early that runs on the
-//! dispatcher's CPU finishes what is queued and waits, instead of waking the dispatcher for every
-//! job. The ends come back as follows.
+//! Wakes: as many workers as the runtime has threads are woken for a turn's jobs, and one more
+//! whenever a worker's job has to wait while jobs are queued. A reconcile that returns at once
+//! needs no other worker (the one awake takes the next job), one that waits hands the queue to
+//! another, and one that computes before its first `.await` holds only its worker while the
+//! others run on the runtime's other threads. The dispatcher queues each job as it makes it (a
+//! worker at work takes it at once), wakes one worker for the first job of a turn and the others
+//! once the turn's jobs are made: a worker woken early on the dispatcher's CPU finishes what is
+//! queued and waits, instead of waking the dispatcher for every job.
+//!
+//! Hand-overs come in batches the other way too, as follows.
 //!
 //! Ends: a job sends its end to the dispatcher through [`Ends`] without waking it; a worker wakes
 //! it when it is about to wait (for the next job, or inside a job that waits). While a worker has
@@ -99,6 +103,11 @@ impl Pool {
         self.ready.notify_waiters();
     }
 
+    /// Whether jobs are queued.
+    fn queued(&self) -> bool {
+        !self.lock_jobs().queue.is_empty()
+    }
+
     /// The next job if one is queued.
     fn try_next(&self) -> Option<Job> {
         self.lock_jobs().queue.pop_front()
@@ -144,6 +153,9 @@ pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
             let polled = job.as_mut().poll(cx);
             if polled.is_pending() {
                 ends.wake();
+                if pool.queued() {
+                    pool.wake(1);
+                }
             }
             polled
         })
@@ -183,9 +195,10 @@ impl<M> Ends<M> {
         }
     }
 
-    /// The ends that wait (the dispatcher's).
-    pub(crate) fn take(&self) -> Vec<M> {
-        std::mem::take(&mut *self.lock_queue())
+    /// Moves the ends that wait into `into` (empty: the buffers are swapped, so neither side
+    /// allocates again in a steady run).
+    pub(crate) fn take(&self, into: &mut Vec<M>) {
+        std::mem::swap(&mut *self.lock_queue(), into);
     }
 
     /// Ready once ends wait; the dispatcher's waker is kept for [`Ends::wake`].
@@ -222,7 +235,9 @@ mod tests {
         let mut ended = Vec::new();
         while ended.len() < 100 {
             poll_fn(|cx| ends.poll_ready(cx)).await;
-            ended.extend(ends.take());
+            let mut taken = Vec::new();
+            ends.take(&mut taken);
+            ended.extend(taken);
         }
         ended.sort_unstable();
         assert_eq!(ended, (0..100).collect::<Vec<_>>());
