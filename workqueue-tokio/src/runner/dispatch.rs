@@ -207,7 +207,7 @@ where
             self.collect_ends();
             self.take_ready();
             let unwoken = std::mem::take(&mut self.unwoken);
-            self.pool.wake(unwoken.min(self.threads - 1));
+            self.pool.end_turn(unwoken, self.threads);
             self.pushed = false;
             if let Some(item) = self.items.pop_front() {
                 return Some(item);

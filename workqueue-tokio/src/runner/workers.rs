@@ -91,6 +91,17 @@ impl Pool {
         }
     }
 
+    /// The end of a dispatcher's turn that pushed `unwoken` jobs without a wake: if jobs are
+    /// still queued, wakes up to `threads - 1` more workers, and at least one. That one matters:
+    /// the worker woken for the turn's first job may have run it on another thread and gone back
+    /// to waiting before the others were pushed; without a wake after the last push, they would
+    /// wait for the next turn, which may never come (every slot taken by them).
+    pub(crate) fn end_turn(&self, unwoken: usize, threads: usize) {
+        if unwoken > 0 && self.queued() {
+            self.wake(unwoken.min(threads.saturating_sub(1).max(1)));
+        }
+    }
+
     /// No more jobs: the workers end once they finish their jobs, and the jobs not yet taken are
     /// dropped (their leases end as dropped leases do; their ends are sent by their guards).
     pub(crate) fn close(&self) {
@@ -215,6 +226,42 @@ impl<M> Ends<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The interleaving behind the rule of [`Pool::end_turn`]: the worker woken for a turn's
+    /// first job runs it and waits again before the turn's next job is pushed; the end of the
+    /// turn wakes it for that one.
+    #[tokio::test]
+    async fn a_job_pushed_after_the_woken_worker_went_back_to_waiting_runs() {
+        let pool = Arc::new(Pool::default());
+        let ends = Arc::new(Ends::new());
+        let worker = tokio::spawn(worker(pool.clone(), ends.clone()));
+        let job = |i: u32| -> Job {
+            let ends = ends.clone();
+            Box::pin(async move { ends.push(i) })
+        };
+        let ended = |n: usize| {
+            let ends = ends.clone();
+            async move {
+                let mut all = Vec::new();
+                while all.len() < n {
+                    poll_fn(|cx| ends.poll_ready(cx)).await;
+                    let mut taken = Vec::new();
+                    ends.take(&mut taken);
+                    all.extend(taken);
+                }
+                all
+            }
+        };
+        pool.push(job(0), true);
+        assert_eq!(ended(1).await, [0], "the woken worker ran the first job");
+        tokio::task::yield_now().await; // it waits again
+        pool.push(job(1), false);
+        pool.end_turn(1, 1);
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), ended(1)).await;
+        assert_eq!(second.expect("the second job ran"), [1]);
+        pool.close();
+        worker.await.unwrap();
+    }
 
     #[tokio::test]
     async fn every_job_pushed_runs_and_close_ends_the_workers() {
