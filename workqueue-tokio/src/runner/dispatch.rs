@@ -416,7 +416,8 @@ where
         match started {
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
-                let first = !std::mem::replace(&mut self.pushed, true);
+                // With one runtime thread, no worker could start on it while this turn goes on.
+                let first = self.threads > 1 && !std::mem::replace(&mut self.pushed, true);
                 self.pool
                     .push(self.engine.job(lease, begun, fut, ticket), first);
                 self.unwoken += usize::from(!first);
