@@ -106,6 +106,8 @@ where
     unwoken: usize,
     /// The runtime's worker threads: how many workers can run at once.
     threads: usize,
+    /// Whether the runtime is multi-threaded: a worker woken during a turn may start at once.
+    multi_thread: bool,
     /// Whether a job was pushed in this turn.
     pushed: bool,
     workers: JoinSet<()>,
@@ -170,6 +172,7 @@ where
             inbox: Vec::new(),
             unwoken: 0,
             threads: 1,
+            multi_thread: false,
             pushed: false,
             workers: JoinSet::new(),
             feeders: JoinSet::new(),
@@ -263,8 +266,9 @@ where
         self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             self.engine.intake_watcher(),
         )));
-        let threads = tokio::runtime::Handle::current().metrics().num_workers();
-        self.threads = threads.max(1);
+        let runtime = tokio::runtime::Handle::current();
+        self.threads = runtime.metrics().num_workers().max(1);
+        self.multi_thread = runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread;
     }
 
     /// Starts workers until there are as many as running jobs (see [`super::workers`]).
@@ -416,8 +420,8 @@ where
         match started {
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
-                // With one runtime thread, no worker could start on it while this turn goes on.
-                let first = self.threads > 1 && !std::mem::replace(&mut self.pushed, true);
+                // On a current-thread runtime no worker starts while this turn goes on.
+                let first = self.multi_thread && !std::mem::replace(&mut self.pushed, true);
                 self.pool
                     .push(self.engine.job(lease, begun, fut, ticket), first);
                 self.unwoken += usize::from(!first);

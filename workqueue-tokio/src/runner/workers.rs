@@ -20,8 +20,9 @@
 //! needs no other worker (the one awake takes the next job), one that waits hands the queue to
 //! another, and one that computes before its first `.await` holds only its worker while the
 //! others run on the runtime's other threads. The dispatcher queues each job as it makes it (a
-//! worker at work takes it at once), wakes one worker for the first job of a turn (where the
-//! runtime has other threads to run it on) and the others once the turn's jobs are made: a worker woken early on the dispatcher's CPU finishes what is
+//! worker at work takes it at once), wakes one worker for the first job of a turn (on a
+//! multi-thread runtime, where it may start at once) and the others once the turn's jobs are
+//! made: a worker woken early on the dispatcher's CPU finishes what is
 //! queued and waits, instead of waking the dispatcher for every job.
 //!
 //! Hand-overs come in batches the other way too, as follows.
