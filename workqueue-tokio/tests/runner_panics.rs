@@ -1,6 +1,6 @@
 //! Panics in the reconcile and in the user code around it (the error policy, the rate limiter,
-//! the key's `Clone`, the queue's `get`, a tracing subscriber): caught, counted, and never fatal
-//! to the run.
+//! the key's `Clone`, the queue's `get`): caught, counted, and never fatal to a worker. A tracing
+//! subscriber's panics are in `runner_subscriber_panics.rs`.
 //!
 //! The tests print the panics' messages to stderr; that is expected.
 //!
@@ -9,7 +9,6 @@
 mod common;
 mod runner_support;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::Duration;
 
@@ -413,90 +412,4 @@ async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() 
     let expected = (waited.as_nanos() / GET_PANIC_PAUSE.as_nanos()) as u64 + 1;
     assert_eq!(report.get_panics, expected, "{report:?}");
     assert_eq!(log.len(), 0);
-}
-
-// ---- a worker task that dies --------------------------------------------------------------------
-
-/// A tracing subscriber that panics the first time a span is entered on a thread of the runtime
-/// named [`WORKERS`] (where the runner's worker tasks poll reconciles inside their spans), and
-/// records nothing.
-struct PanicsOnFirstEnter(Arc<AtomicBool>);
-
-const WORKERS: &str = "runtime-worker";
-
-impl tracing::Subscriber for PanicsOnFirstEnter {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {
-        if std::thread::current().name() == Some(WORKERS) && !self.0.swap(true, SeqCst) {
-            panic!("the subscriber panicked on enter");
-        }
-    }
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// A panic that escapes a reconcile's job (a tracing subscriber that panics as the worker enters
-/// the reconcile's span, outside every catch around user code) ends that worker task: the run
-/// counts it in `worker_panics`, starts another worker, retries the key (its lease is dropped
-/// while unwinding) and reconciles every key.
-#[test]
-fn a_worker_task_that_dies_is_replaced_and_its_key_is_retried() {
-    let panicked = Arc::new(AtomicBool::new(false));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name(WORKERS)
-        .build()
-        .unwrap();
-    // The spans are made on this thread, by the dispatcher; entered on the runtime's threads.
-    let _subscriber = tracing::subscriber::set_default(PanicsOnFirstEnter(panicked.clone()));
-    let queue: WorkQueue<u32> = WorkQueue::new();
-    queue.add_batch(0..20);
-    let reconciled = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let reconcile = {
-        let reconciled = reconciled.clone();
-        move |key: u32, _ctx: Context| {
-            let reconciled = reconciled.clone();
-            async move {
-                reconciled.lock().unwrap().push(key);
-                Ok::<_, ()>(Action::await_change())
-            }
-        }
-    };
-    // One worker: the run goes on only if the one that died is replaced.
-    let runner = Runner::new(queue.clone(), reconcile).workers(1);
-    // The dispatcher on this thread (not spawned), the workers on the
-    // runtime's.
-    let (report, ()) = runtime.block_on(async {
-        let all = async {
-            while reconciled.lock().unwrap().len() < 20 {
-                sleep(ms(10)).await;
-            }
-            queue.shut_down();
-        };
-        let all = async {
-            tokio::time::timeout(secs(30), all)
-                .await
-                .expect("every key reconciled within 30 s");
-        };
-        tokio::join!(runner.run(CancellationToken::new()), all)
-    });
-    assert!(panicked.load(SeqCst), "the subscriber panicked");
-    assert_eq!(report.worker_panics, 1, "{report:?}");
-    let mut keys = reconciled.lock().unwrap().clone();
-    keys.sort_unstable();
-    keys.dedup();
-    assert_eq!(keys, (0..20).collect::<Vec<_>>(), "every key reconciled");
-    assert_eq!(
-        report.processed as usize,
-        reconciled.lock().unwrap().len(),
-        "{report:?}"
-    );
 }

@@ -408,9 +408,12 @@ where
             Some(message) => Err(message),
             None => self.engine.activate().and_then(|()| {
                 let (key, ctx, reconcile) = (lease.key(), &begun.ctx, &mut self.reconcile);
-                let started = begun
-                    .span
-                    .in_scope(|| catch(|| reconcile.reconcile(key.clone(), ctx.clone())));
+                // The span's enter is a subscriber's code: inside the catch too.
+                let started = catch(|| {
+                    begun
+                        .span
+                        .in_scope(|| reconcile.reconcile(key.clone(), ctx.clone()))
+                });
                 if started.is_err() {
                     self.engine.deactivate();
                 }
