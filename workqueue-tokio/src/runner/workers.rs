@@ -22,8 +22,8 @@
 //! others run on the runtime's other threads. The dispatcher queues each job as it makes it (a
 //! worker at work takes it at once), wakes one worker for the first job of a turn (on a
 //! multi-thread runtime, where it may start at once) and the others once the turn's jobs are
-//! made: a worker woken early on the dispatcher's CPU finishes what is
-//! queued and waits, instead of waking the dispatcher for every job.
+//! made: a worker woken early on the dispatcher's CPU finishes what is queued and waits, instead
+//! of waking the dispatcher for every job.
 //!
 //! Hand-overs come in batches the other way too, as follows.
 //!
@@ -56,8 +56,10 @@ pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The jobs not yet taken by a worker.
 ///
-/// Invariant: every push either wakes a waiting worker or leaves `ready` a permit, so a job is
-/// never queued while every worker waits.
+/// Invariant: a job is never left queued while every worker waits. A worker looks at the queue
+/// after it registers for `ready` and before it waits, and takes jobs until the queue is empty;
+/// the dispatcher's turn ends with a wake after its last push whenever jobs are still queued
+/// ([`Pool::end_turn`]); each wake reaches a waiting worker or leaves `ready` a permit.
 #[derive(Default)]
 pub(crate) struct Pool {
     jobs: Mutex<Jobs>,
