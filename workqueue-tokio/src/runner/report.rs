@@ -35,8 +35,10 @@ pub struct Report {
     /// queue). No key was leased, so no other counter saw them; after each, the worker paused
     /// briefly (100 ms) before it asked for a key again.
     pub get_panics: u64,
-    /// Workers that ended with a panic the runner did not catch (none should: this is defence in
-    /// depth). Each was replaced by a new worker unless intake had stopped.
+    /// Worker tasks that ended with a panic the runner did not catch (a tracing subscriber that
+    /// panics as a worker enters a reconcile's span; otherwise none should: this is defence in
+    /// depth). The key is retried, and another worker is started whenever reconciles under way
+    /// outnumber the workers left.
     pub worker_panics: u64,
     /// Keys still ready in the queue when the run ended.
     pub still_queued: usize,
