@@ -22,11 +22,13 @@ fn a_subscriber_that_panics_in_the_runner() {
     a_worker_task_that_dies_is_replaced_and_its_key_is_retried();
 }
 
-/// A tracing subscriber that panics the first time a span is entered on a thread of the runtime
-/// named [`WORKERS`] (where the runner's worker tasks poll reconciles inside their spans), and
-/// records nothing.
-/// With `.1`, on any thread.
-struct PanicsOnFirstEnter(Arc<AtomicBool>, bool);
+/// A tracing subscriber that records nothing and panics the first time a span is entered: on a
+/// thread of the runtime named [`WORKERS`] (where the runner's worker tasks poll reconciles
+/// inside their spans), or on any thread with `any_thread`.
+struct PanicsOnFirstEnter {
+    panicked: Arc<AtomicBool>,
+    any_thread: bool,
+}
 
 const WORKERS: &str = "runtime-worker";
 
@@ -41,8 +43,8 @@ impl tracing::Subscriber for PanicsOnFirstEnter {
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, _: &tracing::Event<'_>) {}
     fn enter(&self, _: &tracing::span::Id) {
-        let here = std::thread::current().name() == Some(WORKERS) || self.1;
-        if here && !self.0.swap(true, SeqCst) {
+        let here = self.any_thread || std::thread::current().name() == Some(WORKERS);
+        if here && !self.panicked.swap(true, SeqCst) {
             panic!("the subscriber panicked on enter");
         }
     }
@@ -62,7 +64,10 @@ fn a_worker_task_that_dies_is_replaced_and_its_key_is_retried() {
         .build()
         .unwrap();
     // The spans are made on this thread, by the dispatcher; entered on the runtime's threads.
-    let subscriber = PanicsOnFirstEnter(panicked.clone(), false);
+    let subscriber = PanicsOnFirstEnter {
+        panicked: panicked.clone(),
+        any_thread: false,
+    };
     let _subscriber = tracing::subscriber::set_default(subscriber);
     let queue: WorkQueue<u32> = WorkQueue::new();
     queue.add_batch(0..20);
@@ -113,7 +118,10 @@ fn a_worker_task_that_dies_is_replaced_and_its_key_is_retried() {
 /// and the run goes on.
 fn a_subscriber_that_panics_on_the_dispatchers_enter_fails_the_key() {
     let panicked = Arc::new(AtomicBool::new(false));
-    let subscriber = PanicsOnFirstEnter(panicked.clone(), true);
+    let subscriber = PanicsOnFirstEnter {
+        panicked: panicked.clone(),
+        any_thread: true,
+    };
     let _subscriber = tracing::subscriber::set_default(subscriber);
     let queue: WorkQueue<u32> = WorkQueue::new();
     queue.add_batch(0..5);

@@ -102,14 +102,12 @@ where
     pool: Arc<Pool>,
     /// The ends taken from the workers (empty between turns; kept for its buffer).
     inbox: Vec<End<T, R::Error, C>>,
-    /// Jobs pushed in this turn whose workers are not woken yet (see [`super::workers`]).
-    unwoken: usize,
+    /// Jobs pushed in this turn (see [`super::workers`] for the wakes they get).
+    turn_jobs: usize,
     /// The runtime's worker threads: how many workers can run at once.
     threads: usize,
     /// Whether the runtime is multi-threaded: a worker woken during a turn may start at once.
     multi_thread: bool,
-    /// Whether a job was pushed in this turn.
-    pushed: bool,
     workers: JoinSet<()>,
     feeders: JoinSet<()>,
     feeder_stop: CancellationToken,
@@ -170,10 +168,9 @@ where
             setup: Some(setup),
             pool: Arc::new(Pool::default()),
             inbox: Vec::new(),
-            unwoken: 0,
+            turn_jobs: 0,
             threads: 1,
             multi_thread: false,
-            pushed: false,
             workers: JoinSet::new(),
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
@@ -209,9 +206,10 @@ where
             // workers get their next jobs before the consumer gets its results.
             self.collect_ends();
             self.take_ready();
-            let unwoken = std::mem::take(&mut self.unwoken);
+            // The turn's first job was woken as it was pushed on a multi-thread runtime.
+            let pushed = std::mem::take(&mut self.turn_jobs);
+            let unwoken = pushed - usize::from(self.multi_thread && pushed > 0);
             self.pool.end_turn(unwoken, self.threads);
-            self.pushed = false;
             if let Some(item) = self.items.pop_front() {
                 return Some(item);
             }
@@ -424,10 +422,10 @@ where
             Ok(fut) => {
                 let ticket = self.engine.register(lease.key());
                 // On a current-thread runtime no worker starts while this turn goes on.
-                let first = self.multi_thread && !std::mem::replace(&mut self.pushed, true);
+                let wake = self.multi_thread && self.turn_jobs == 0;
                 self.pool
-                    .push(self.engine.job(lease, begun, fut, ticket), first);
-                self.unwoken += usize::from(!first);
+                    .push(self.engine.job(lease, begun, fut, ticket), wake);
+                self.turn_jobs += 1;
                 self.running += 1;
                 self.staff();
                 None
