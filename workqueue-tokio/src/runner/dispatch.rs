@@ -32,13 +32,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use workqueue_core::Lease;
 
-use super::action::Reconciled;
 use super::catch::catch;
-use super::engine::{Begun, End, Engine};
-use super::feed::{Feeder, Source};
+use super::engine::{End, Engine};
+use super::feed::{Source, feed};
 use super::report::Report;
 use super::workers::{self, Pool};
-use super::{Action, Context, Error, Failure, Reconcile};
+use super::{Action, Context, Error, Failure, Reconcile, Runner, Settings};
 
 /// How long the dispatcher stops taking keys after the queue's `get` panicked (a key whose
 /// `Clone` always panics would otherwise make it spin).
@@ -85,12 +84,6 @@ enum Event<T> {
     Deadline,
 }
 
-/// What starts at the first poll.
-pub(crate) struct Setup<T> {
-    pub(crate) sources: Vec<Source<T>>,
-    pub(crate) gate: Option<watch::Receiver<bool>>,
-}
-
 pub(crate) struct Dispatcher<T, R, C, S, P>
 where
     R: Reconcile<T, C>,
@@ -98,7 +91,8 @@ where
     engine: Arc<Engine<T, R::Error, C, S>>,
     reconcile: R,
     policy: P,
-    setup: Option<Setup<T>>,
+    /// The sources, until they are started at the first poll.
+    sources: Option<Vec<Source<T>>>,
     pool: Arc<Pool>,
     /// The ends taken from the workers (empty between turns; kept for its buffer).
     inbox: Vec<End<T, R::Error, C>>,
@@ -121,7 +115,7 @@ where
     /// Whether the run ends once its sources have ended and the queue has nothing left.
     ends_with_sources: bool,
     running: usize,
-    limit: usize,
+    settings: Settings,
     held: Vec<Lease<T>>,
     /// Items for the stream, in the order they came.
     items: VecDeque<Item<T, R::Error>>,
@@ -130,20 +124,10 @@ where
     /// The queue was found shut down and empty while reconciles ran: `get` is not awaited again
     /// until one ends (its finish may queue its key again: a key added while it ran).
     queue_empty: bool,
-    shutdown_grace: Duration,
-    cancel_grace: Duration,
     worker_panics: u64,
     ended: bool,
     /// Marks intake closed as soon as the shutdown token is cancelled.
     intake_watcher: Option<tokio_util::task::AbortOnDropHandle<()>>,
-}
-
-/// A dispatcher's settings.
-pub(crate) struct Settings {
-    pub(crate) limit: usize,
-    pub(crate) shutdown_grace: Duration,
-    pub(crate) cancel_grace: Duration,
-    pub(crate) ends_with_sources: bool,
 }
 
 impl<T, R, C, S, P> Dispatcher<T, R, C, S, P>
@@ -154,18 +138,30 @@ where
     R: Reconcile<T, C>,
     P: FnMut(&T, &Failure<R::Error>, &Context<C>) -> Action,
 {
+    /// The dispatcher of `runner`'s run; `items`: whether it yields items (and ends with its
+    /// sources).
     pub(crate) fn new(
-        engine: Engine<T, R::Error, C, S>,
-        reconcile: R,
-        policy: P,
-        setup: Setup<T>,
-        settings: Settings,
+        runner: Runner<T, R, C, S, P>,
+        shutdown: CancellationToken,
+        items: bool,
     ) -> Self {
+        let Runner {
+            queue,
+            reconcile,
+            policy,
+            context,
+            sources,
+            gate,
+            settings,
+            rules,
+        } = runner;
+        let names = sources.iter().map(|s| s.name().clone()).collect();
+        let engine = Engine::new(queue, context, settings, rules, shutdown, items, names);
         Dispatcher {
             engine: Arc::new(engine),
             reconcile,
             policy,
-            setup: Some(setup),
+            sources: Some(sources),
             pool: Arc::new(Pool::default()),
             inbox: Vec::new(),
             turn_jobs: 0,
@@ -175,19 +171,17 @@ where
             feeders: JoinSet::new(),
             feeder_stop: CancellationToken::new(),
             feeding: false,
-            gate: None,
+            gate,
             gate_final: false,
             phase: Phase::Running,
             shutdown: Shutdown::None,
-            ends_with_sources: settings.ends_with_sources,
+            ends_with_sources: items,
             running: 0,
-            limit: settings.limit.max(1),
+            settings,
             held: Vec::new(),
             items: VecDeque::new(),
             get_paused: None,
             queue_empty: false,
-            shutdown_grace: settings.shutdown_grace,
-            cancel_grace: settings.cancel_grace,
             worker_panics: 0,
             ended: false,
             intake_watcher: None,
@@ -231,36 +225,25 @@ where
             queue.core.outage_openings(),
         );
         self.engine
-            .counters
+            .counters()
             .report(queue.len(), self.worker_panics, outage)
     }
 
     /// Starts the sources (at the first poll: nothing runs before).
     fn start(&mut self) {
-        let Some(setup) = self.setup.take() else {
+        let Some(sources) = self.sources.take() else {
             return;
         };
-        let metrics_limit = if self.limit == usize::MAX {
-            0
-        } else {
-            self.limit
-        };
-        if let Err(message) = catch(|| self.engine.metrics.start(metrics_limit)) {
+        let limit = self.settings.workers;
+        let metrics_limit = if limit == usize::MAX { 0 } else { limit };
+        if let Err(message) = catch(|| self.engine.metrics().start(metrics_limit)) {
             tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
         }
-        let feeder = Arc::new(Feeder {
-            queue: self.engine.queue().clone(),
-            reasons: self.engine.reasons.clone(),
-            counters: self.engine.counters.clone(),
-            intake: self.engine.intake().clone(),
-            stop: self.feeder_stop.clone(),
-            belongs: self.engine.belongs_rule(),
-        });
-        for (index, source) in setup.sources.into_iter().enumerate() {
-            self.feeders.spawn(feeder.clone().feed(index, source));
+        for (index, source) in sources.into_iter().enumerate() {
+            let (engine, stop) = (self.engine.clone(), self.feeder_stop.clone());
+            self.feeders.spawn(feed(engine, stop, index, source));
         }
         self.feeding = !self.feeders.is_empty();
-        self.gate = setup.gate;
         self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             self.engine.intake_watcher(),
         )));
@@ -272,7 +255,7 @@ where
     /// Starts workers until there are as many as running jobs (see [`super::workers`]).
     fn staff(&mut self) {
         while !self.ended && self.workers.len() < self.running {
-            let ends = self.engine.ends.clone();
+            let ends = self.engine.ends().clone();
             self.workers.spawn(workers::worker(self.pool.clone(), ends));
         }
     }
@@ -282,17 +265,14 @@ where
     /// Handles the ends that came back (failures go to the error policy); their items wait in
     /// `items`.
     fn collect_ends(&mut self) {
-        self.engine.ends.take(&mut self.inbox);
+        self.engine.ends().take(&mut self.inbox);
         let mut inbox = std::mem::take(&mut self.inbox);
         for end in inbox.drain(..) {
             self.running -= 1;
             self.queue_empty = false;
             let item = match end {
                 End::Finished(item) => item.map(Ok),
-                End::Failed(failed) => {
-                    let failed = *failed;
-                    self.judge(failed.lease, failed.begun, failed.failure)
-                }
+                End::Failed(failed) => self.engine.judge(*failed, &mut self.policy),
             };
             self.items.extend(item);
         }
@@ -346,7 +326,7 @@ where
             workers,
             ..
         } = self;
-        let ends = &engine.ends;
+        let ends = engine.ends();
         tokio::select! {
             biased;
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
@@ -401,61 +381,28 @@ where
             self.engine.put_back(lease);
             return None;
         }
-        let mut begun = self.engine.begin(&lease);
-        let started = match begun.early.take() {
-            Some(message) => Err(message),
-            None => self.engine.activate().and_then(|()| {
-                let (key, ctx, reconcile) = (lease.key(), &begun.ctx, &mut self.reconcile);
-                // The span's enter is a subscriber's code: inside the catch too.
-                let started = catch(|| {
-                    begun
-                        .span
-                        .in_scope(|| reconcile.reconcile(key.clone(), ctx.clone()))
-                });
-                if started.is_err() {
-                    self.engine.deactivate();
-                }
-                started
-            }),
-        };
-        match started {
-            Ok(fut) => {
-                let ticket = self.engine.register(lease.key());
+        let reconcile = &mut self.reconcile;
+        match self
+            .engine
+            .start(lease, |key, ctx| reconcile.reconcile(key, ctx))
+        {
+            Ok(job) => {
                 // On a current-thread runtime no worker starts while this turn goes on.
                 let wake = self.multi_thread && self.turn_jobs == 0;
-                self.pool
-                    .push(self.engine.job(lease, begun, fut, ticket), wake);
+                self.pool.push(job, wake);
                 self.turn_jobs += 1;
                 self.running += 1;
                 self.staff();
                 None
             }
-            Err(message) => self.judge(lease, begun, Failure::Panic(message)),
-        }
-    }
-
-    /// Judges a failure with the error policy, finishes its lease, and says what the stream
-    /// yields.
-    fn judge(
-        &mut self,
-        lease: Lease<T>,
-        begun: Begun<C>,
-        failure: Failure<R::Error>,
-    ) -> Option<Item<T, R::Error>> {
-        let engine = &self.engine;
-        let verdict = engine.judge(lease.key(), &begun, failure, &mut self.policy);
-        let key = engine.finish(lease, &begun, &verdict)?;
-        match verdict {
-            Reconciled::Ok(action) => Some(Ok((key, action))),
-            Reconciled::Failed(failure, _) => Some(Err(Error::Failed(key, failure))),
-            Reconciled::Interrupted => None,
+            Err(failed) => self.engine.judge(*failed, &mut self.policy),
         }
     }
 
     fn on_shutdown(&mut self) {
         self.engine.close_intake();
         self.begin_stopping();
-        self.shutdown = Shutdown::Grace(Instant::now().checked_add(self.shutdown_grace));
+        self.shutdown = Shutdown::Grace(Instant::now().checked_add(self.settings.shutdown_grace));
     }
 
     /// The gate changed, or its sender went. A gate closed for good before it opened ends the
@@ -543,7 +490,7 @@ where
         match self.shutdown {
             Shutdown::Grace(Some(at)) if at <= now => {
                 self.engine.abort();
-                self.shutdown = Shutdown::Cancelled(now.checked_add(self.cancel_grace));
+                self.shutdown = Shutdown::Cancelled(now.checked_add(self.settings.cancel_grace));
             }
             Shutdown::Cancelled(Some(at)) if at <= now => {
                 if self.running > 0 {
@@ -582,7 +529,7 @@ where
         self.phase != Phase::Stopping
             && !self.queue_empty
             && self.get_paused.is_none()
-            && self.running + self.held.len() < self.limit
+            && self.running + self.held.len() < self.settings.workers
             && self.gate_open()
             && !self.engine.intake_closed()
     }
@@ -641,7 +588,7 @@ where
         f.debug_struct("Dispatcher")
             .field("phase", &self.phase)
             .field("running", &self.running)
-            .field("limit", &self.limit)
+            .field("limit", &self.settings.workers)
             .finish_non_exhaustive()
     }
 }
@@ -670,9 +617,8 @@ mod tests {
             }
         };
         let shutdown = CancellationToken::new();
-        let mut dispatcher = Runner::new(queue.clone(), reconcile)
-            .readiness(gate)
-            .into_dispatcher(shutdown.clone(), true);
+        let runner = Runner::new(queue.clone(), reconcile).readiness(gate);
+        let mut dispatcher = Dispatcher::new(runner, shutdown.clone(), true);
         dispatcher.start();
         queue.add("a");
         let lease = queue.try_get().expect("a is due");

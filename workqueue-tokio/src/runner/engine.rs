@@ -23,36 +23,18 @@ use workqueue_core::ratelimit::Signal;
 use workqueue_core::state::OutageEvent;
 use workqueue_core::{AddOptions, Lease, Outcome};
 
-use super::aborts::{Registered, Registry};
+use super::aborts::Registered;
 use super::action::Reconciled;
 use super::catch::catch;
 use super::context::Cancel;
+use super::dispatch::Item;
 use super::failures::FailureCounts;
 use super::metrics::{self, RunnerMetrics};
 use super::reasons::{self, Reasons};
 use super::report::Counters;
 use super::workers::{Ends, Job};
-use super::{Action, Context, Failure};
+use super::{Action, Belongs, Context, Error, Failure, Rules, Settings};
 use crate::WorkQueue;
-
-/// Whether a failure may be a shared outage (see `Runner::outage_classifier`).
-pub(crate) type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
-
-/// Whether a key belongs to this runner (see `Runner::belongs`).
-pub(crate) type Belongs<T> = dyn Fn(&T) -> bool + Send + Sync;
-
-/// The runner's settings that apply to every lease.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    /// The time limit of one reconcile (`None`: none).
-    pub(crate) timeout: Option<Duration>,
-    /// How long a reconcile whose context was cancelled may take before its future is dropped.
-    pub(crate) cancel_grace: Duration,
-    /// The level of the failure event (`None`: no event).
-    pub(crate) failure_log: Option<tracing::Level>,
-    /// Whether a failure's `Action::requeue(d)` waits the rate limiter's delay, at least `d`.
-    pub(crate) per_key_backoff: bool,
-}
 
 /// How a job ended, for the dispatcher.
 pub(crate) enum End<T, E, C> {
@@ -65,16 +47,16 @@ pub(crate) enum End<T, E, C> {
 
 /// A failed reconcile on its way to the error policy.
 pub(crate) struct Failed<T, E, C> {
-    pub(crate) lease: Lease<T>,
-    pub(crate) begun: Begun<C>,
-    pub(crate) failure: Failure<E>,
+    lease: Lease<T>,
+    begun: Begun<C>,
+    failure: Failure<E>,
 }
 
 /// Everything the per-lease steps share.
 pub(crate) struct Engine<T, E, C, S> {
     queue: WorkQueue<T, S>,
     data: Arc<C>,
-    limits: Limits,
+    settings: Settings,
     /// Cancelled when intake stops (the shutdown token): no reconcile starts after it.
     intake: CancellationToken,
     /// Set as soon as `intake` is cancelled (by a task that waits for it), so that the hot path
@@ -84,51 +66,33 @@ pub(crate) struct Engine<T, E, C, S> {
     abort: Arc<CancellationToken>,
     /// Cancelled to drop running reconciles.
     hard_stop: CancellationToken,
-    pub(crate) counters: Arc<Counters>,
+    counters: Counters,
     failures: FailureCounts<T>,
-    pub(crate) reasons: Arc<Reasons<T>>,
-    pub(crate) metrics: RunnerMetrics,
+    reasons: Reasons<T>,
+    metrics: RunnerMetrics,
     /// The controller's name in the reconcile span (the queue's, or `"unnamed"`).
     controller: Arc<str>,
     /// Whether outage detection is on (signals are computed only then).
     outage: bool,
-    classifier: Option<Box<Classifier<E>>>,
-    belongs: Option<Arc<Belongs<T>>>,
-    /// Whether a running reconcile of a key may be polled again (see `Runner::poll_while`).
-    poll_while: Option<Arc<Belongs<T>>>,
-    registry: Arc<Registry<T>>,
+    rules: Rules<T, E>,
     /// Set once the stream's sources have ended: re-adds are dropped.
     draining: AtomicBool,
     /// Whether the stream yields items (a `Runner::results` stream; `run` yields none).
     items: bool,
     /// Where the jobs send their ends, to the dispatcher.
-    pub(crate) ends: Arc<Ends<End<T, E, C>>>,
-}
-
-/// What builds an [`Engine`].
-pub(crate) struct Parts<T, E, C, S> {
-    pub(crate) queue: WorkQueue<T, S>,
-    pub(crate) data: Arc<C>,
-    pub(crate) limits: Limits,
-    pub(crate) intake: CancellationToken,
-    pub(crate) classifier: Option<Box<Classifier<E>>>,
-    pub(crate) belongs: Option<Arc<Belongs<T>>>,
-    pub(crate) poll_while: Option<Arc<Belongs<T>>>,
-    pub(crate) registry: Arc<Registry<T>>,
-    pub(crate) items: bool,
-    pub(crate) source_names: Arc<[Arc<str>]>,
+    ends: Arc<Ends<End<T, E, C>>>,
 }
 
 /// A lease's state between [`Engine::begin`] and [`Engine::finish`].
 #[derive(Debug)]
-pub(crate) struct Begun<C> {
+struct Begun<C> {
     /// The reconcile's context (and the error policy's).
-    pub(crate) ctx: Context<C>,
+    ctx: Context<C>,
     /// The reconcile's span.
-    pub(crate) span: tracing::Span,
+    span: tracing::Span,
     /// A panic of user code before the reconcile (the key's `Clone` or `Display`, the limiter, a
     /// recorder): the reconcile must not run, and the lease fails with it.
-    pub(crate) early: Option<String>,
+    early: Option<String>,
     started: tokio::time::Instant,
 }
 
@@ -185,9 +149,24 @@ impl<T, E, C, S> Engine<T, E, C, S> {
         }
     }
 
-    /// The belongs rule, if any (for the sources).
-    pub(crate) fn belongs_rule(&self) -> Option<Arc<Belongs<T>>> {
-        self.belongs.clone()
+    /// The report's counters.
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Why keys were queued.
+    pub(crate) fn reasons(&self) -> &Reasons<T> {
+        &self.reasons
+    }
+
+    /// The runner's metrics.
+    pub(crate) fn metrics(&self) -> &RunnerMetrics {
+        &self.metrics
+    }
+
+    /// Where the jobs send their ends.
+    pub(crate) fn ends(&self) -> &Arc<Ends<End<T, E, C>>> {
+        &self.ends
     }
 }
 
@@ -198,19 +177,17 @@ where
     E: fmt::Debug + Send + 'static,
     C: Send + Sync + 'static,
 {
-    pub(crate) fn new(parts: Parts<T, E, C, S>) -> Self {
-        let Parts {
-            queue,
-            data,
-            limits,
-            intake,
-            classifier,
-            belongs,
-            poll_while,
-            registry,
-            items,
-            source_names,
-        } = parts;
+    /// The engine of a run: `intake` is the shutdown token; `items`, whether the run yields
+    /// them (a `Runner::results` stream).
+    pub(crate) fn new(
+        queue: WorkQueue<T, S>,
+        data: Arc<C>,
+        settings: Settings,
+        rules: Rules<T, E>,
+        intake: CancellationToken,
+        items: bool,
+        source_names: Arc<[Arc<str>]>,
+    ) -> Self {
         let metrics = RunnerMetrics::new(queue.name(), &source_names);
         let controller = Arc::from(queue.name().unwrap_or(metrics::UNNAMED));
         // One tracing hook for every runner: a queue run again is not told twice.
@@ -224,21 +201,18 @@ where
         Engine {
             queue,
             data,
-            limits,
+            settings,
             intake_closed: Arc::new(AtomicBool::new(intake.is_cancelled())),
             intake,
             abort: Arc::new(CancellationToken::new()),
             hard_stop: CancellationToken::new(),
-            counters: Arc::new(Counters::default()),
+            counters: Counters::default(),
             failures: FailureCounts::new(),
-            reasons: Arc::new(Reasons::new(source_names)),
+            reasons: Reasons::new(source_names),
             metrics,
             controller,
             outage,
-            classifier,
-            belongs,
-            poll_while,
-            registry,
+            rules,
             draining: AtomicBool::new(false),
             items,
             ends: Arc::new(Ends::new()),
@@ -258,7 +232,8 @@ where
     /// Whether `key` belongs to this runner (always, without a rule). A rule that panics says
     /// no (the panic is logged): a key this replica may not own is not run.
     pub(crate) fn belongs(&self, key: &T) -> bool {
-        self.belongs
+        self.rules
+            .belongs
             .as_ref()
             .is_none_or(|rule| belongs(&**rule, key))
     }
@@ -308,7 +283,7 @@ where
     /// here (the key's `Hash`, `Eq`, `Display`, the limiter, a recorder) is kept in
     /// [`Begun::early`]; the rest is still filled in (the policy needs the counts, the logs want
     /// the span).
-    pub(crate) fn begin(&self, lease: &Lease<T>) -> Begun<C> {
+    fn begin(&self, lease: &Lease<T>) -> Begun<C> {
         let key = lease.key();
         let started = tokio::time::Instant::now();
         let mut early = None;
@@ -362,30 +337,53 @@ where
         }
     }
 
-    /// Registers a reconcile about to start with the [`Aborts`](super::Aborts), if any.
-    pub(crate) fn register(&self, key: &T) -> Option<Registered<T>> {
-        self.registry.register(|| key.clone())
-    }
-
-    /// Counts a reconcile as active, before its function is called. A recorder that panics here
-    /// fails the key before its reconcile starts.
-    pub(crate) fn activate(&self) -> Result<(), String> {
-        catch(|| self.metrics.active(1.0))
-    }
-
-    /// Undoes [`Engine::activate`] for a reconcile that did not start.
-    pub(crate) fn deactivate(&self) {
-        if let Err(message) = catch(|| self.metrics.active(-1.0)) {
-            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
+    /// Begins `lease` and calls the reconcile function for it (`call`, in its span): the job
+    /// that runs the rest, or the failure of user code before the reconcile could start (for
+    /// the error policy). The reconcile counts as active from before the call.
+    pub(crate) fn start<F>(
+        self: &Arc<Self>,
+        lease: Lease<T>,
+        call: impl FnOnce(T, Context<C>) -> F,
+    ) -> Result<Job, Box<Failed<T, E, C>>>
+    where
+        F: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let mut begun = self.begin(&lease);
+        let called = match begun.early.take() {
+            Some(message) => Err(message),
+            None => catch(|| self.metrics.active(1.0)).and_then(|()| {
+                let (key, ctx) = (lease.key(), &begun.ctx);
+                // The span's enter is a subscriber's code: inside the catch too.
+                let called = catch(|| begun.span.in_scope(|| call(key.clone(), ctx.clone())));
+                if called.is_err()
+                    && let Err(message) = catch(|| self.metrics.active(-1.0))
+                {
+                    let _ = catch(
+                        || tracing::error!(panic = %message, "the metrics recorder panicked"),
+                    );
+                }
+                called
+            }),
+        };
+        match called {
+            Ok(fut) => {
+                // Registered with the `Aborts`, if any, before it starts.
+                let ticket = self.rules.registry.register(|| lease.key().clone());
+                Ok(self.job(lease, begun, fut, ticket))
+            }
+            Err(message) => Err(Box::new(Failed {
+                lease,
+                begun,
+                failure: Failure::Panic(message),
+            })),
         }
     }
 
-    /// The rest of a lease whose reconcile's future is `fut` (counted active by
-    /// [`Engine::activate`]), as one job: unless intake stopped before its first poll (then the
+    /// The rest of a lease whose reconcile's future is `fut` (counted active), as one job: unless intake stopped before its first poll (then the
     /// lease is put back), the reconcile under the runner's limits, the verdict of a success or
     /// an interruption and its finish; a failure goes back to the dispatcher for the error
     /// policy. Sends exactly one [`End`], and ends the reconcile's activity, even if dropped.
-    pub(crate) fn job<F>(
+    fn job<F>(
         self: &Arc<Self>,
         lease: Lease<T>,
         begun: Begun<C>,
@@ -459,7 +457,7 @@ where
         let mut caught = pin!(AssertUnwindSafe(fut).catch_unwind());
         // `None`: the rule said no before a poll; the future is dropped unpolled.
         let mut fut = pin!(poll_fn(|cx| {
-            if let Some(rule) = &self.poll_while
+            if let Some(rule) = &self.rules.poll_while
                 && !belongs(&**rule, key)
             {
                 return Poll::Ready(None);
@@ -472,7 +470,7 @@ where
             None => Ran::Interrupted,
         };
         let limit = async {
-            match self.limits.timeout {
+            match self.settings.timeout {
                 Some(t) => sleep_or_never(t).await,
                 None => std::future::pending().await,
             }
@@ -494,7 +492,7 @@ where
                 tokio::select! {
                     biased;
                     _ = &mut fut => {}
-                    () = sleep_or_never(self.limits.cancel_grace) => {}
+                    () = sleep_or_never(self.settings.cancel_grace) => {}
                     () = self.hard_stop.cancelled() => {}
                 }
                 Ran::TimedOut
@@ -508,11 +506,15 @@ where
     /// policy answered makes this ask the policy about that panic, and the later answer counts.
     pub(crate) fn judge(
         &self,
-        key: &T,
-        begun: &Begun<C>,
-        failure: Failure<E>,
+        failed: Failed<T, E, C>,
         mut policy: impl FnMut(&T, &Failure<E>, &Context<C>) -> Action,
-    ) -> Reconciled<E> {
+    ) -> Option<Item<T, E>> {
+        let Failed {
+            lease,
+            begun,
+            failure,
+        } = failed;
+        let key = lease.key();
         let ctx = &begun.ctx;
         let mut decide = |failure: Failure<E>| {
             let message = match catch(|| policy(key, &failure, ctx)) {
@@ -524,15 +526,20 @@ where
             let action = catch(|| policy(key, &failure, ctx)).unwrap_or(Action::backoff());
             Reconciled::Failed(failure, action)
         };
-        let verdict = decide(failure);
-        let Err(message) = self.observe(begun, &verdict) else {
-            return verdict;
-        };
-        let verdict = decide(Failure::Panic(message));
-        if let Err(message) = self.observe(begun, &verdict) {
-            let _ = catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
+        let mut verdict = decide(failure);
+        if let Err(message) = self.observe(&begun, &verdict) {
+            verdict = decide(Failure::Panic(message));
+            if let Err(message) = self.observe(&begun, &verdict) {
+                let _ =
+                    catch(|| tracing::error!(panic = %message, "the metrics recorder panicked"));
+            }
         }
-        verdict
+        let key = self.finish(lease, &begun, &verdict)?;
+        match verdict {
+            Reconciled::Ok(action) => Some(Ok((key, action))),
+            Reconciled::Failed(failure, _) => Some(Err(Error::Failed(key, failure))),
+            Reconciled::Interrupted => None,
+        }
     }
 
     /// The failure event and the metrics of a verdict; a recorder or logger that panics is
@@ -540,10 +547,10 @@ where
     fn observe(&self, begun: &Begun<C>, verdict: &Reconciled<E>) -> Result<(), String> {
         let elapsed = begun.started.elapsed();
         catch(|| {
-            if self.limits.failure_log.is_some() && matches!(verdict, Reconciled::Failed(..)) {
+            if self.settings.failure_log.is_some() && matches!(verdict, Reconciled::Failed(..)) {
                 begun
                     .span
-                    .in_scope(|| log_failure(self.limits.failure_log, verdict));
+                    .in_scope(|| log_failure(self.settings.failure_log, verdict));
             }
             self.metrics.reconciled(verdict, elapsed);
         })
@@ -555,12 +562,7 @@ where
     /// without a re-add, whatever the verdict asks (its new owner runs it), and so is every key
     /// once the stream's sources ended. Returns the key (a clone) when the stream yields items.
     /// Never panics.
-    pub(crate) fn finish(
-        &self,
-        lease: Lease<T>,
-        begun: &Begun<C>,
-        verdict: &Reconciled<E>,
-    ) -> Option<T> {
+    fn finish(&self, lease: Lease<T>, begun: &Begun<C>, verdict: &Reconciled<E>) -> Option<T> {
         self.counters.count(verdict);
         let key = lease.key();
         let item = if self.items {
@@ -583,7 +585,7 @@ where
             Outcome::done()
         } else {
             self.record(key, verdict);
-            verdict.outcome(self.limits.per_key_backoff)
+            verdict.outcome(self.settings.per_key_backoff)
         };
         let outcome = match signal {
             Some(signal) => outcome.with_signal(signal),
@@ -603,7 +605,7 @@ where
             Reconciled::Interrupted => return Signal::Ignored,
             Reconciled::Failed(failure, action) => (failure, action),
         };
-        let shared = match &self.classifier {
+        let shared = match &self.rules.classifier {
             None => true,
             Some(classify) => catch(|| classify(failure, action)).unwrap_or_else(|message| {
                 let _ = catch(|| tracing::error!(panic = %message, "the outage classifier panicked; the failure counts"));
@@ -636,7 +638,7 @@ where
 
 /// Whether `key` belongs here by `rule`. A rule that panics says no (the panic is logged): a key
 /// this replica may not own is not run.
-pub(crate) fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
+fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
     catch(|| rule(key)).unwrap_or_else(|message| {
         let _ = catch(
             || tracing::error!(panic = %message, "the belongs rule panicked; the key is not taken"),
@@ -772,7 +774,7 @@ impl<T, E, C, S> fmt::Debug for Engine<T, E, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
             .field("controller", &self.controller)
-            .field("limits", &self.limits)
+            .field("settings", &self.settings)
             .field("outage", &self.outage)
             .finish_non_exhaustive()
     }

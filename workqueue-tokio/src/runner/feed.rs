@@ -11,18 +11,17 @@ use futures_util::stream::{BoxStream, Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::catch;
-use super::engine::{Belongs, belongs};
-use super::reasons::{Reasons, source_bit};
-use super::report::Counters;
+use super::engine::Engine;
+use super::reasons::source_bit;
+use crate::AddOptions;
 use crate::source::{BATCH, SourceItem};
-use crate::{AddOptions, WorkQueue};
 
 /// A source's item once its user type is gone: a key and its options, or an error's message.
 type Item<T> = Result<(T, AddOptions), String>;
 
 /// A named stream of keys given to [`Runner::source`](super::Runner::source).
 pub(crate) struct Source<T> {
-    pub(crate) name: Arc<str>,
+    name: Arc<str>,
     stream: BoxStream<'static, Item<T>>,
 }
 
@@ -41,6 +40,13 @@ impl<T: Send + 'static> Source<T> {
                 .map(|item| item.into_add().map_err(|e| e.to_string()))
                 .boxed(),
         }
+    }
+}
+
+impl<T> Source<T> {
+    /// The source's name.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
     }
 }
 
@@ -88,99 +94,98 @@ async fn read_batch<T>(stream: &mut BoxStream<'static, Item<T>>, batch: &mut Vec
     .await
 }
 
-/// What a feeder needs of the runner.
-pub(crate) struct Feeder<T, S> {
-    pub(crate) queue: WorkQueue<T, S>,
-    pub(crate) reasons: Arc<Reasons<T>>,
-    pub(crate) counters: Arc<Counters>,
-    /// Intake: cancelled at shutdown, when the runner stops reading its sources.
-    pub(crate) intake: CancellationToken,
-    /// Cancelled when the run ends for any reason.
-    pub(crate) stop: CancellationToken,
-    /// The runner's belongs rule: a key that does not belong is not queued.
-    pub(crate) belongs: Option<Arc<Belongs<T>>>,
+/// Feeds the queue from the source at `index` until it ends or panics, or the run stops
+/// (`stop`, cancelled when the run ends for any reason, or the engine's intake, at shutdown).
+pub(crate) async fn feed<T, E, C, S>(
+    engine: Arc<Engine<T, E, C, S>>,
+    stop: CancellationToken,
+    index: usize,
+    mut source: Source<T>,
+) where
+    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    E: fmt::Debug + Send + 'static,
+    C: Send + Sync + 'static,
+{
+    let name = source.name.clone();
+    let mut batch = Vec::new();
+    loop {
+        let read = tokio::select! {
+            biased;
+            () = engine.intake().cancelled() => return,
+            () = stop.cancelled() => return,
+            read = read_batch(&mut source.stream, &mut batch) => read,
+        };
+        add(&engine, index, &name, &mut batch);
+        match read {
+            Read::More => {}
+            Read::Ended => {
+                engine.counters().source_ended(false);
+                tracing::info!(source = %name, "a source ended; the runner goes on without it");
+                return;
+            }
+            Read::Panicked(message) => {
+                engine.counters().source_ended(true);
+                tracing::error!(
+                    source = %name,
+                    panic = %message,
+                    "a source panicked; it is ended, the runner goes on without it"
+                );
+                return;
+            }
+        }
+        // A source that is always ready must not starve the workers on this runtime.
+        tokio::task::coop::consume_budget().await;
+    }
 }
 
-impl<T, S> Feeder<T, S>
+/// Adds a batch to the queue: errors are logged and skipped, runs of keys with equal options
+/// go in one batch add each. Empties `batch`. Never panics: a key whose `Hash`, `Eq` or
+/// `Clone` panics is lost, with a log; the keys after it are still added.
+fn add<T, E, C, S>(engine: &Engine<T, E, C, S>, index: usize, name: &str, batch: &mut Vec<Item<T>>)
 where
     T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
     S: BuildHasher + Send + Sync + 'static,
+    E: fmt::Debug + Send + 'static,
+    C: Send + Sync + 'static,
 {
-    /// Feeds the queue from the source at `index` until it ends or panics, or the run stops.
-    pub(crate) async fn feed(self: Arc<Self>, index: usize, mut source: Source<T>) {
-        let name = source.name.clone();
-        let mut batch = Vec::new();
-        loop {
-            let read = tokio::select! {
-                biased;
-                () = self.intake.cancelled() => return,
-                () = self.stop.cancelled() => return,
-                read = read_batch(&mut source.stream, &mut batch) => read,
-            };
-            self.add(index, &name, &mut batch);
-            match read {
-                Read::More => {}
-                Read::Ended => {
-                    self.counters.source_ended(false);
-                    tracing::info!(source = %name, "a source ended; the runner goes on without it");
-                    return;
-                }
-                Read::Panicked(message) => {
-                    self.counters.source_ended(true);
-                    tracing::error!(
-                        source = %name,
-                        panic = %message,
-                        "a source panicked; it is ended, the runner goes on without it"
-                    );
-                    return;
-                }
+    let mut keys = Vec::with_capacity(batch.len());
+    for item in batch.drain(..) {
+        match item {
+            // A key of another owner is not queued (the rule catches its own panics).
+            Ok((key, _)) if !engine.belongs(&key) => {}
+            Ok(key) => keys.push(key),
+            Err(error) => {
+                engine.counters().source_error();
+                tracing::warn!(source = %name, %error, "a source yielded an error; skipped");
             }
-            // A source that is always ready must not starve the workers on this runtime.
-            tokio::task::coop::consume_budget().await;
         }
     }
-
-    /// Adds a batch to the queue: errors are logged and skipped, runs of keys with equal options
-    /// go in one batch add each. Empties `batch`. Never panics: a key whose `Hash`, `Eq` or
-    /// `Clone` panics is lost, with a log; the keys after it are still added.
-    fn add(&self, index: usize, name: &str, batch: &mut Vec<Item<T>>) {
-        let mut keys = Vec::with_capacity(batch.len());
-        for item in batch.drain(..) {
-            match item {
-                // A key of another owner is not queued (the rule catches its own panics).
-                Ok((key, _)) if self.belongs.as_ref().is_some_and(|r| !belongs(&**r, &key)) => {}
-                Ok(key) => keys.push(key),
-                Err(error) => {
-                    self.counters.source_error();
-                    tracing::warn!(source = %name, %error, "a source yielded an error; skipped");
-                }
+    if keys.is_empty() {
+        return;
+    }
+    engine.counters().source_items(keys.len());
+    // The reasons first, so the lease that an add causes finds its reason.
+    if let Err(message) = catch(|| {
+        engine
+            .reasons()
+            .mark(keys.iter().map(|(k, _)| k), source_bit(index))
+    }) {
+        tracing::error!(source = %name, panic = %message, "a key panicked while its reason was recorded");
+    }
+    let mut keys = keys.into_iter().peekable();
+    while let Some(&(_, opts)) = keys.peek() {
+        // `run` borrows `keys`: keys after one that panics stay there for the next round.
+        let run = std::iter::from_fn(|| keys.next_if(|(_, o)| *o == opts)).map(|(k, _)| k);
+        let added = catch(|| {
+            if opts == AddOptions::default() {
+                engine.queue().add_batch(run);
+            } else {
+                engine.queue().add_batch_with(run, opts);
             }
-        }
-        if keys.is_empty() {
-            return;
-        }
-        self.counters.source_items(keys.len());
-        // The reasons first, so the lease that an add causes finds its reason.
-        if let Err(message) = catch(|| {
-            self.reasons
-                .mark(keys.iter().map(|(k, _)| k), source_bit(index))
-        }) {
-            tracing::error!(source = %name, panic = %message, "a key panicked while its reason was recorded");
-        }
-        let mut keys = keys.into_iter().peekable();
-        while let Some(&(_, opts)) = keys.peek() {
-            // `run` borrows `keys`: keys after one that panics stay there for the next round.
-            let run = std::iter::from_fn(|| keys.next_if(|(_, o)| *o == opts)).map(|(k, _)| k);
-            let added = catch(|| {
-                if opts == AddOptions::default() {
-                    self.queue.add_batch(run);
-                } else {
-                    self.queue.add_batch_with(run, opts);
-                }
-            });
-            if let Err(message) = added {
-                tracing::error!(source = %name, panic = %message, "adding a key panicked; that key is lost");
-            }
+        });
+        if let Err(message) = added {
+            tracing::error!(source = %name, panic = %message, "adding a key panicked; that key is lost");
         }
     }
 }

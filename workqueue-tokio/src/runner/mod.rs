@@ -136,8 +136,7 @@ pub(crate) use catch::catch;
 use crate::WorkQueue;
 use crate::source::SourceItem;
 use aborts::Registry;
-use dispatch::{Dispatcher, Settings, Setup};
-use engine::{Belongs, Classifier, Engine, Limits, Parts};
+use dispatch::Dispatcher;
 use feed::Source;
 
 /// The default error policy: [`Action::backoff()`] for every failure.
@@ -171,15 +170,42 @@ pub struct Runner<
     policy: P,
     context: Arc<C>,
     sources: Vec<Source<T>>,
-    workers: usize,
-    timeout: Option<Duration>,
-    cancel_grace: Duration,
-    shutdown_grace: Duration,
-    failure_log: Option<tracing::Level>,
-    classifier: Option<Box<Classifier<R::Error>>>,
-    per_key_backoff: bool,
     gate: Option<watch::Receiver<bool>>,
+    settings: Settings,
+    rules: Rules<T, R::Error>,
+}
+
+/// Whether a failure may be a shared outage (see `Runner::outage_classifier`).
+type Classifier<E> = dyn Fn(&Failure<E>, &Action) -> bool + Send + Sync;
+
+/// Whether a key belongs to this runner (see `Runner::belongs`).
+type Belongs<T> = dyn Fn(&T) -> bool + Send + Sync;
+
+/// A runner's settings, read by its parts (the engine and the dispatcher).
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    /// How many reconciles may run at once (at least one).
+    workers: usize,
+    /// The time limit of one reconcile (`None`: none).
+    timeout: Option<Duration>,
+    /// How long a reconcile whose context was cancelled may take before its future is dropped.
+    cancel_grace: Duration,
+    /// How long reconciles running at shutdown may take before their contexts are cancelled.
+    shutdown_grace: Duration,
+    /// The level of the failure event (`None`: no event).
+    failure_log: Option<tracing::Level>,
+    /// Whether a failure's `Action::requeue(d)` waits the rate limiter's delay, at least `d`.
+    per_key_backoff: bool,
+}
+
+/// A runner's rules about keys and failures (user code, called from its tasks), and the
+/// registry its abort handles reach.
+struct Rules<T, E> {
+    /// Whether a failure may be a shared outage (see `Runner::outage_classifier`).
+    classifier: Option<Box<Classifier<E>>>,
+    /// Whether a key belongs to this runner (see `Runner::belongs`).
     belongs: Option<Arc<Belongs<T>>>,
+    /// Whether a running reconcile of a key may be polled again (see `Runner::poll_while`).
     poll_while: Option<Arc<Belongs<T>>>,
     registry: Arc<Registry<T>>,
 }
@@ -268,17 +294,21 @@ where
             policy: back_off::<T, R::Error, C>,
             context: data,
             sources: Vec::new(),
-            workers: 1,
-            timeout: None,
-            cancel_grace: Duration::from_secs(5),
-            shutdown_grace: Duration::from_secs(30),
-            failure_log: Some(tracing::Level::ERROR),
-            classifier: None,
-            per_key_backoff: false,
             gate: None,
-            belongs: None,
-            poll_while: None,
-            registry: Arc::new(Registry::new()),
+            settings: Settings {
+                workers: 1,
+                timeout: None,
+                cancel_grace: Duration::from_secs(5),
+                shutdown_grace: Duration::from_secs(30),
+                failure_log: Some(tracing::Level::ERROR),
+                per_key_backoff: false,
+            },
+            rules: Rules {
+                classifier: None,
+                belongs: None,
+                poll_while: None,
+                registry: Arc::new(Registry::new()),
+            },
         }
     }
 }
@@ -290,7 +320,7 @@ where
     /// The number of workers: how many reconciles may run at once. At least one: 0 is taken as
     /// 1; `usize::MAX` is no limit.
     pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
+        self.settings.workers = n.max(1);
         self
     }
 
@@ -344,17 +374,9 @@ where
             policy,
             context: self.context,
             sources: self.sources,
-            workers: self.workers,
-            timeout: self.timeout,
-            cancel_grace: self.cancel_grace,
-            shutdown_grace: self.shutdown_grace,
-            failure_log: self.failure_log,
-            classifier: self.classifier,
-            per_key_backoff: self.per_key_backoff,
             gate: self.gate,
-            belongs: self.belongs,
-            poll_while: self.poll_while,
-            registry: self.registry,
+            settings: self.settings,
+            rules: self.rules,
         }
     }
 
@@ -403,7 +425,7 @@ where
     where
         F: Fn(&Failure<R::Error>, &Action) -> bool + Send + Sync + 'static,
     {
-        self.classifier = Some(Box::new(classify));
+        self.rules.classifier = Some(Box::new(classify));
         self
     }
 
@@ -411,7 +433,7 @@ where
     /// dropped after the cancel grace, and it counts as [`Failure::Timeout`]. A limit too long to
     /// represent as an instant (`Duration::MAX`) is no limit.
     pub fn reconcile_timeout(mut self, limit: Duration) -> Self {
-        self.timeout = Some(limit);
+        self.settings.timeout = Some(limit);
         self
     }
 
@@ -419,7 +441,7 @@ where
     /// dropped. Default 5 s. A grace too long to represent as an instant (`Duration::MAX`) is no
     /// limit: the runner waits until the reconcile returns.
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
-        self.cancel_grace = grace;
+        self.settings.cancel_grace = grace;
         self
     }
 
@@ -429,14 +451,14 @@ where
     /// policy that logs failures its own way. Default: `ERROR`, as controller-runtime logs
     /// "Reconciler error".
     pub fn failure_log(mut self, level: Option<tracing::Level>) -> Self {
-        self.failure_log = level;
+        self.settings.failure_log = level;
         self
     }
 
     /// How long in-flight reconciles may run after shutdown before their contexts are cancelled.
     /// Default 30 s. A grace too long to represent as an instant (`Duration::MAX`) is no limit.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.shutdown_grace = grace;
+        self.settings.shutdown_grace = grace;
         self
     }
 
@@ -444,7 +466,7 @@ where
     /// waits the rate limiter's delay for it, and at least `d` (without it, exactly `d`). Off by
     /// default. A success's `requeue(d)` is a poll and always waits exactly `d`.
     pub fn per_key_backoff(mut self, enabled: bool) -> Self {
-        self.per_key_backoff = enabled;
+        self.settings.per_key_backoff = enabled;
         self
     }
 
@@ -502,7 +524,7 @@ where
     /// # drop(runner);
     /// ```
     pub fn belongs(mut self, rule: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
-        self.belongs = Some(Arc::new(rule));
+        self.rules.belongs = Some(Arc::new(rule));
         self
     }
 
@@ -536,14 +558,14 @@ where
     /// # drop(runner);
     /// ```
     pub fn poll_while(mut self, rule: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self {
-        self.poll_while = Some(Arc::new(rule));
+        self.rules.poll_while = Some(Arc::new(rule));
         self
     }
 
     /// A handle to abort running reconciles by key, from any task (see [`Aborts`]). The runner
     /// keeps track of its running reconciles only once it has handed out a handle.
     pub fn abort_handle(&self) -> Aborts<T> {
-        Aborts::new(self.registry.clone())
+        Aborts::new(self.rules.registry.clone())
     }
 }
 
@@ -651,7 +673,7 @@ where
     /// Dropping the future drops the running reconciles at their next poll and aborts the source
     /// readers; leases finish as dropped or interrupted leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
-        let mut dispatcher = self.into_dispatcher(shutdown, false);
+        let mut dispatcher = Dispatcher::new(self, shutdown, false);
         while dispatcher.next().await.is_some() {}
         dispatcher.report()
     }
@@ -711,49 +733,11 @@ where
         self,
         shutdown: CancellationToken,
     ) -> impl Stream<Item = Result<(T, Action), Error<T, R::Error>>> {
-        let dispatcher = self.into_dispatcher(shutdown, true);
+        let dispatcher = Dispatcher::new(self, shutdown, true);
         stream::unfold(dispatcher, |mut dispatcher| async move {
             let item = dispatcher.next().await?;
             Some((item, dispatcher))
         })
-    }
-
-    /// The dispatcher of a run; `items`: whether it yields items (and ends with its sources).
-    fn into_dispatcher(
-        self,
-        shutdown: CancellationToken,
-        items: bool,
-    ) -> Dispatcher<T, R, C, S, P> {
-        let source_names: Arc<[Arc<str>]> = self.sources.iter().map(|s| s.name.clone()).collect();
-        let limits = Limits {
-            timeout: self.timeout,
-            cancel_grace: self.cancel_grace,
-            failure_log: self.failure_log,
-            per_key_backoff: self.per_key_backoff,
-        };
-        let engine = Engine::new(Parts {
-            queue: self.queue,
-            data: self.context,
-            limits,
-            intake: shutdown,
-            classifier: self.classifier,
-            belongs: self.belongs,
-            poll_while: self.poll_while,
-            registry: self.registry,
-            items,
-            source_names,
-        });
-        let setup = Setup {
-            sources: self.sources,
-            gate: self.gate,
-        };
-        let settings = Settings {
-            limit: self.workers,
-            shutdown_grace: self.shutdown_grace,
-            cancel_grace: self.cancel_grace,
-            ends_with_sources: items,
-        };
-        Dispatcher::new(engine, self.reconcile, self.policy, setup, settings)
     }
 }
 
@@ -761,15 +745,11 @@ impl<T, R: Reconcile<T, C>, C, S, P> fmt::Debug for Runner<T, R, C, S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Runner")
             .field("sources", &self.sources)
-            .field("workers", &self.workers)
-            .field("timeout", &self.timeout)
-            .field("cancel_grace", &self.cancel_grace)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("per_key_backoff", &self.per_key_backoff)
+            .field("settings", &self.settings)
             .field("readiness", &self.gate.is_some())
-            .field("belongs", &self.belongs.is_some())
-            .field("poll_while", &self.poll_while.is_some())
-            .field("outage_classifier", &self.classifier.is_some())
+            .field("belongs", &self.rules.belongs.is_some())
+            .field("poll_while", &self.rules.poll_while.is_some())
+            .field("outage_classifier", &self.rules.classifier.is_some())
             .finish_non_exhaustive()
     }
 }
