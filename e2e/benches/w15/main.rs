@@ -30,6 +30,11 @@
 //!
 //! Options: `--runs N` (of each, default 3), `--namespaces N` (10), `--per-namespace N`
 //! (1,000), `--rate N` (updates/s, 1,000), `--churn SECS` (30), `--only ours|kube-runtime`.
+//!
+//! **Heap profiles**: with `W15_HEAPTRACK=DIR`, each controller runs with heaptrack's preload
+//! library and writes its raw trace to `DIR/<run>.raw` (the churn process is not traced); read
+//! one with `heaptrack_interpret < DIR/<run>.raw | zstd > p.zst; heaptrack_print p.zst`. A traced
+//! run's timings and RSS are heaptrack's, not figures.
 
 mod roles;
 
@@ -166,6 +171,14 @@ fn spawn(
     let mut command: Command = this_binary(None);
     pass_client(&plane.config(), dir, &mut command);
     command.env(roles::ROLE, role);
+    if let Some(traces) = std::env::var_os("W15_HEAPTRACK").filter(|_| role != roles::CHURN) {
+        command
+            .env("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so")
+            .env(
+                "DUMP_HEAPTRACK_OUTPUT",
+                Path::new(&traces).join(format!("{name}.raw")),
+            );
+    }
     for (key, value) in env {
         command.env(key, value);
     }

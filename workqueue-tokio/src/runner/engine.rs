@@ -1,10 +1,11 @@
-//! What the runner does for one lease, step by step: [`Engine::begin`] (on the dispatcher: the
-//! counts, the reasons, the span and the context), [`Engine::job`] (the reconcile's future under
-//! the runner's limits: timeout, cancel grace, hard stop, an abort; then the verdict and the
-//! finish of a success, on a worker task), [`Engine::judge`] (on the dispatcher:
-//! the error policy on a failure, the failure event, the metrics) and [`Engine::finish`] (the
-//! report's counters, the outage signal, the failure counts and reasons, and the lease's outcome
-//! by the one mapping, [`Reconciled::outcome`]). None of them lets a panic of user code out.
+//! What the runner does for one lease, step by step: [`Engine::start`] (on the dispatcher: the
+//! counts, the reasons, the span and the context, and the call of the reconcile function),
+//! [`Engine::job`] (the reconcile's future under the runner's limits: timeout, cancel grace,
+//! hard stop, an abort; then the verdict and the finish of a success, on a worker task),
+//! [`Engine::judge`] (on the dispatcher: the error policy on a failure, the failure event, the
+//! metrics) and [`Engine::finish`] (the report's counters, the outage signal, the failure counts
+//! and reasons, and the lease's outcome by the one mapping, [`Reconciled::outcome`]). None of
+//! them lets a panic of user code out.
 
 use std::fmt;
 use std::future::{Future, poll_fn};
@@ -648,7 +649,7 @@ fn belongs<T>(rule: &Belongs<T>, key: &T) -> bool {
 }
 
 /// What a job owes even if it is dropped (never polled, or dropped at a hard stop): its
-/// reconcile stops counting as active (from [`Engine::activate`]), and the dispatcher gets
+/// reconcile stops counting as active (from [`Engine::start`]), and the dispatcher gets
 /// exactly one [`End`] (`Finished(None)` from the drop), so that its count of running reconciles
 /// is always right.
 ///
