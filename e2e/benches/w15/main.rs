@@ -34,7 +34,8 @@
 //! **Heap profiles**: with `W15_HEAPTRACK=DIR`, each controller runs with heaptrack's preload
 //! library and writes its raw trace to `DIR/<run>.raw` (the churn process is not traced); read
 //! one with `heaptrack_interpret < DIR/<run>.raw | zstd > p.zst; heaptrack_print p.zst`. A traced
-//! run's timings and RSS are heaptrack's, not figures.
+//! run's timings and RSS are heaptrack's, not figures. With `W15_SMAPS=DIR`, each controller's
+//! `/proc/<pid>/smaps` after the start-up is copied to `DIR/<run>.smaps` (where its RSS is).
 
 mod roles;
 
@@ -249,6 +250,10 @@ async fn run(
         }
     }
     let startup_rss_kib = peak_rss_kib(pid).expect("the controller's peak RSS");
+    if let Some(dir) = std::env::var_os("W15_SMAPS") {
+        let to = Path::new(&dir).join(format!("{token}.smaps"));
+        let _ = std::fs::copy(format!("/proc/{pid}/smaps"), to);
+    }
     let before = scrape(&client).await.expect("scraping /metrics");
     let startup_reconciles = lines.iter().filter(|l| l.kind == START).count();
     let startup_requests = before.since(&before_start).of("configmaps") / startup_reconciles as f64;
