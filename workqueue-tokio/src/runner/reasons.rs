@@ -2,9 +2,9 @@
 //! reconcile's tracing span. Never given to the reconcile (see [`Context`](super::Context)).
 
 use std::collections::HashMap;
-
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use workqueue_core::state::DefaultHashBuilder;
@@ -34,8 +34,15 @@ pub(crate) fn source_bit(index: usize) -> u64 {
 /// the add it explains, so the lease that the add causes finds it; it may be found by an earlier
 /// lease of the same key (a delayed add explained before its time): reasons are a log aid, not
 /// an exact account.
+///
+/// Keys are held as 64-bit hashes, not clones, so that a queued key costs no allocation here.
+/// Two keys whose hashes collide share one entry: a lease of one may show the other's reasons
+/// too, or none (`direct`); a drained stream then keeps both keys (a shared entry has more bits,
+/// never fewer), never drops one it should run.
 pub(crate) struct Reasons<T> {
-    pending: Mutex<HashMap<T, u64, DefaultHashBuilder>>,
+    pending: Mutex<HashMap<u64, u64, DefaultHashBuilder>>,
+    hasher: DefaultHashBuilder,
+    key: PhantomData<fn(&T)>,
     /// Whether `pending` may hold entries: false only while it is empty (written under its
     /// lock). A runner without sources and without retries then takes no lock per lease. A mark
     /// is made before the add it explains, and the queue's lock orders that add before the lease
@@ -45,31 +52,28 @@ pub(crate) struct Reasons<T> {
     names: Arc<[Arc<str>]>,
 }
 
-impl<T: Hash + Eq + Clone> Reasons<T> {
+impl<T: Hash> Reasons<T> {
     pub(crate) fn new(names: Arc<[Arc<str>]>) -> Self {
         Reasons {
             pending: Mutex::new(HashMap::default()),
+            hasher: DefaultHashBuilder::default(),
+            key: PhantomData,
             any: AtomicBool::new(false),
             names,
         }
     }
 
-    /// Adds `bit` to the reasons of every key (cloning only keys without pending reasons).
+    /// Adds `bit` to the reasons of every key.
     pub(crate) fn mark<'a>(&self, keys: impl IntoIterator<Item = &'a T>, bit: u64)
     where
         T: 'a,
     {
-        // A panic in a key's Hash or Eq leaves the map valid (std's map is panic-safe) and is
-        // the caller's to catch; so is poisoning ignored.
+        // A panic in a key's Hash leaves the map valid (std's map is panic-safe) and is the
+        // caller's to catch; so is poisoning ignored.
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         self.any.store(true, Ordering::Release);
         for key in keys {
-            match pending.get_mut(key) {
-                Some(bits) => *bits |= bit,
-                None => {
-                    pending.insert(key.clone(), bit);
-                }
-            }
+            *pending.entry(self.hasher.hash_one(key)).or_default() |= bit;
         }
     }
 
@@ -77,7 +81,7 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
     pub(crate) fn take(&self, key: &T) -> ReasonSet {
         let bits = if self.any.load(Ordering::Acquire) {
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            let bits = pending.remove(key).unwrap_or(0);
+            let bits = pending.remove(&self.hasher.hash_one(key)).unwrap_or(0);
             if pending.is_empty() {
                 self.any.store(false, Ordering::Release);
             }
@@ -99,7 +103,7 @@ impl<T: Hash + Eq + Clone> Reasons<T> {
         }
         let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending
-            .get(key)
+            .get(&self.hasher.hash_one(key))
             .is_some_and(|&bits| bits != 0 && bits & !(REQUEUE | RETRY) == 0)
     }
 
