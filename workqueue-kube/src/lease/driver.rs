@@ -20,24 +20,36 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use super::LABEL_CONTROLLER;
 use super::assignment::{Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardState};
 use super::clock::LeaseClock;
-use super::config::LeaseConfig;
+use super::config::Settings;
 use super::failures::{Failures, Report, RequestFailed, Tell};
-use super::protocol::Ended;
-use super::state::{
-    Answer, Config, Decision, Ending, LeaseName, Names, Op, Output, Reason, Record, ReplicaState,
-    Request,
-};
+use super::names::{LeaseName, Names};
+use super::state::{Answer, Decision, Ending, Op, Output, Reason, Record, ReplicaState, Request};
 use super::wire::{from_lease, to_lease};
 
 /// How long the watch waits after its first error before it tries again; the pause doubles with
 /// each error in a row, up to the retry period, and starts again after an event.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
+/// Why [`ShardLeases::run`](super::ShardLeases::run) ended. Either way nothing is held any more: every shard was handed
+/// over, or its belief ended by time; the membership Lease was vacated, or expires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The shutdown future completed.
+    Shutdown,
+    /// A shard (or the membership) was lost and the configuration says
+    /// [`OnLoss::Stop`](super::OnLoss::Stop).
+    Lost {
+        /// The first shard lost; `None` when the membership was lost while no shard was
+        /// believed.
+        shard: Option<u32>,
+    },
+}
+
 /// The answer to one request, by id, with its verb and, if it failed, what was said.
 type Answered = (u64, Answer, &'static str, Option<(String, String)>);
 
 pub(crate) struct Driver {
-    config: Arc<LeaseConfig>,
+    config: Settings,
     names: Names,
     api: Api<Lease>,
     clock: Arc<dyn LeaseClock>,
@@ -66,7 +78,7 @@ fn seed() -> u64 {
 
 impl Driver {
     pub(crate) fn new(
-        config: Arc<LeaseConfig>,
+        config: Settings,
         api: Api<Lease>,
         clock: Arc<dyn LeaseClock>,
         assignment: watch::Sender<Assignment>,
@@ -75,7 +87,7 @@ impl Driver {
     ) -> Driver {
         Driver {
             names: Names::new(&config.name),
-            state: ReplicaState::new(Config::from_lease_config(&config), seed()),
+            state: ReplicaState::new(config.clone(), seed()),
             config,
             api,
             clock,
@@ -212,7 +224,7 @@ impl Driver {
         event: watcher::Event<Lease>,
         listing: &mut Option<Vec<(LeaseName, Record)>>,
     ) {
-        let duration = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+        let duration = self.config.lease_duration;
         let read = |lease: &Lease| from_lease(&self.names, lease, duration);
         match event {
             watcher::Event::Init => *listing = Some(Vec::new()),
@@ -287,7 +299,7 @@ impl Driver {
             Op::Delete(_) => "delete",
         };
         let names = self.names.clone();
-        let duration = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+        let duration = self.config.lease_duration;
         self.requests.push(Box::pin(async move {
             let read = |lease: &Lease| from_lease(&names, lease, duration).map(|(_, r)| r);
             let write = perform(&api, &name, &op, body, read);
@@ -362,7 +374,7 @@ impl Driver {
                 self.tell(Report::SteppedDown);
             }
             Decision::Timing { holder, duration } => {
-                let ours = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+                let ours = self.config.lease_duration;
                 tracing::warn!(
                     %holder,
                     ?duration,

@@ -33,15 +33,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::clock::LocalInstant;
-use super::config::{LeaseConfig, OnLoss};
-use member::{Answered, Change, Membership, Phase, Settings};
+use super::config::{OnLoss, Settings};
+use member::{Answered, Change, Membership, Phase};
 use slots::{Slot, SlotPhase};
 use targets::Targets;
 use view::View;
 
-#[allow(unused_imports)] // Names: for the driver, next.
+use super::names::LeaseName;
 pub(crate) use io::{Answer, Decision, Ending, Op, Output, Reason, Request};
-pub(crate) use record::{Content, LeaseName, Names, PROTOCOL, Record, Rv, Token};
+pub(crate) use record::{Content, PROTOCOL, Record, Rv, Token};
 
 /// What a request in flight is for.
 #[derive(Clone, Debug)]
@@ -56,35 +56,10 @@ enum Purpose {
     Collect,
 }
 
-/// The protocol's settings, from a [`LeaseConfig`].
-#[derive(Clone, Debug)]
-pub(crate) struct Config {
-    pub(crate) identity: String,
-    pub(crate) shards: u32,
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
-    pub(crate) on_loss: OnLoss,
-}
-
-impl Config {
-    pub(crate) fn from_lease_config(config: &LeaseConfig) -> Config {
-        Config {
-            identity: config.identity.clone(),
-            shards: config.shards,
-            // As written into the Leases: whole seconds, rounded up.
-            lease_duration: Duration::from_secs(config.lease_duration_seconds() as u64),
-            renew_deadline: config.renew_deadline,
-            retry_period: config.retry_period,
-            on_loss: config.on_loss,
-        }
-    }
-}
-
 /// One replica's protocol.
 #[derive(Debug)]
 pub(crate) struct ReplicaState {
-    config: Config,
+    config: Settings,
     view: View,
     member: Membership,
     slots: Vec<Slot>,
@@ -110,16 +85,10 @@ pub(crate) struct ReplicaState {
 
 impl ReplicaState {
     /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
-    pub(crate) fn new(config: Config, seed: u64) -> ReplicaState {
-        let settings = Settings {
-            shards: config.shards,
-            duration: config.lease_duration,
-            renew_deadline: config.renew_deadline,
-            retry_period: config.retry_period,
-        };
+    pub(crate) fn new(config: Settings, seed: u64) -> ReplicaState {
         ReplicaState {
             view: View::new(config.shards, config.lease_duration),
-            member: Membership::new(&config.identity, seed, settings),
+            member: Membership::new(seed, config.clone()),
             slots: vec![Slot::default(); config.shards as usize],
             targets: Targets::default(),
             requests: HashMap::new(),

@@ -515,23 +515,26 @@ mod by_hand {
     //! One replica driven event by event, for what the simulated world cannot make happen.
 
     use super::super::{
-        Answer, Config, Decision, LeaseName, Op, Output, Record, ReplicaState, Request, Rv,
+        Answer, Decision, LeaseName, Op, Output, Record, ReplicaState, Request, Rv,
     };
     use super::*;
     use crate::lease::clock::LocalInstant;
-    use crate::lease::config::OnLoss;
+    use crate::lease::config::{OnLoss, Settings};
 
     fn at(ms: u64) -> LocalInstant {
         LocalInstant::from_duration(Duration::from_millis(ms))
     }
 
     fn replica(shards: u32) -> ReplicaState {
-        let config = Config {
+        let config = Settings {
+            name: "ctl".into(),
+            namespace: "default".into(),
             identity: "a".into(),
             shards,
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            hand_over_timeout: Duration::from_secs(10),
             on_loss: OnLoss::Rejoin,
         };
         ReplicaState::new(config, 7)
