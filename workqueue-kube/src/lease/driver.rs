@@ -105,12 +105,11 @@ impl Driver {
         }
     }
 
-    /// Runs until the state machine ends (after `shutdown`, or a loss with `OnLoss::Stop`), or
-    /// until a shutdown could not finish within the hand-over timeout plus the renew deadline.
+    /// Runs until the state machine ends: after `shutdown` or a loss with `OnLoss::Stop`, once
+    /// it has left or given up leaving.
     pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) -> Ended {
         let mut shutdown = pin!(shutdown);
         let mut shutdown_seen = false;
-        let mut give_up: Option<Instant> = None;
         let mut watch = self.watch();
         let mut watch_started = Instant::now();
         let mut listing: Option<Vec<(LeaseName, Record)>> = None;
@@ -133,15 +132,6 @@ impl Driver {
                 listing = None;
                 watch_paused = None;
             }
-            if let (Some(ending), None) = (self.state.ending(), give_up) {
-                // Shutting down: the drains, then the vacating write. After a loss nothing is
-                // left to drain: a retry period to vacate, then the Lease expires instead.
-                let limit = match ending {
-                    Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
-                    Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
-                };
-                give_up = Some(Instant::now() + limit);
-            }
             let now = self.clock.now();
             // A millisecond late: tokio's timers fire on milliseconds, and the clock's
             // conversion rounds down; a tick before the wake-up would find nothing due.
@@ -154,10 +144,6 @@ impl Driver {
                 () = &mut shutdown, if !shutdown_seen => {
                     shutdown_seen = true;
                     self.state.shut_down(self.clock.now());
-                }
-                () = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
-                    tracing::warn!("could not leave in time: the membership Lease expires instead");
-                    return self.state.ending().map_or(Ended::Shutdown, |e| self.ended_by(e));
                 }
                 Some((id, answer, verb, failed)) = self.requests.next(), if !self.requests.is_empty() => {
                     match failed {
@@ -322,7 +308,8 @@ impl Driver {
                 shard,
                 epoch,
                 reason,
-            } => self.hand_over(shard, epoch, reason),
+                deadline,
+            } => self.hand_over(shard, epoch, reason, self.clock.tokio_instant(deadline)),
             Decision::Released { shard, .. } => {
                 self.stats.releases += 1;
                 tracing::info!(shard, "gave the shard away");
@@ -387,6 +374,9 @@ impl Driver {
                     ours,
                 });
             }
+            Decision::GaveUp => {
+                tracing::warn!("could not leave in time: the membership Lease expires instead");
+            }
             Decision::Ended(ending) => self.ended = Some(self.ended_by(ending)),
         }
     }
@@ -407,11 +397,10 @@ impl Driver {
         }
     }
 
-    /// Asks the controller to drain `shard`; it is given away once the request is acknowledged
-    /// or dropped (a dropped request: nothing of the shard runs), or at once when nobody
-    /// receives hand-overs.
-    fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason) {
-        let deadline = Instant::now() + self.config.hand_over_timeout;
+    /// Asks the controller to drain `shard` by `deadline`; it is given away once the request is
+    /// acknowledged or dropped (a dropped request: nothing of the shard runs), or at once when
+    /// nobody receives hand-overs.
+    fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason, deadline: Instant) {
         let (ack, acked) = oneshot::channel();
         let request = HandOver {
             shard,

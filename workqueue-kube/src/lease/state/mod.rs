@@ -74,6 +74,9 @@ pub(crate) struct ReplicaState {
     out: VecDeque<Output>,
     /// Set once shutting down (or stopping after a loss): why it will end.
     ending: Option<Ending>,
+    /// Set with `ending`: when leaving gives up ([`Decision::GaveUp`]) if it has not ended by
+    /// then. No event at or past it is taken in.
+    give_up: Option<LocalInstant>,
     ended: bool,
     mismatched: BTreeSet<Token>,
     /// The holders whose lease duration unlike ours was reported.
@@ -97,6 +100,7 @@ impl ReplicaState {
             next_epoch: 1,
             out: VecDeque::new(),
             ending: None,
+            give_up: None,
             ended: false,
             mismatched: BTreeSet::new(),
             timing_reported: BTreeSet::new(),
@@ -127,6 +131,9 @@ impl ReplicaState {
 
     /// The answer to request `id`.
     pub(crate) fn answered(&mut self, id: u64, answer: Answer, now: LocalInstant) {
+        if self.gave_up(now) {
+            return;
+        }
         // Every event settles: what is due now is done now (next_wake reports only later
         // instants).
         let Some((lease, purpose)) = self.requests.remove(&id) else {
@@ -156,6 +163,9 @@ impl ReplicaState {
 
     /// The controller stopped all work of `shard` after a [`Decision::HandOver`].
     pub(crate) fn drained(&mut self, shard: u32, now: LocalInstant) {
+        if self.gave_up(now) {
+            return;
+        }
         let Some(slot) = self.slots.get_mut(shard as usize) else {
             return self.settle(now);
         };
@@ -235,11 +245,6 @@ impl ReplicaState {
         self.member.token()
     }
 
-    /// Why it is leaving, if it is.
-    pub(crate) fn ending(&self) -> Option<Ending> {
-        self.ending
-    }
-
     #[cfg(test)]
     pub(crate) fn ended(&self) -> bool {
         self.ended
@@ -282,13 +287,16 @@ impl ReplicaState {
         for (_, t) in self.recent.values() {
             at(*t + self.config.retry_period);
         }
+        if let Some(t) = self.give_up {
+            at(t);
+        }
         wake
     }
 
     // The rules, applied after every event.
 
     fn settle(&mut self, now: LocalInstant) {
-        if self.ended {
+        if self.gave_up(now) {
             return;
         }
         let me = self.view.member(self.member.identity()).cloned();
@@ -317,12 +325,35 @@ impl ReplicaState {
         if self.member.serving(now) {
             self.collect(now);
         }
+        if let (Some(ending), None) = (self.ending, self.give_up) {
+            // Leaving is bounded: the drains and the vacating write after a shutdown; after a
+            // loss nothing is left to drain (the belief ended), a retry period to vacate.
+            let limit = match ending {
+                Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
+                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
+            };
+            self.give_up = Some(now + limit);
+        }
         if self.member.phase() == Phase::Left && !self.ended {
             self.ended = true;
             let ending = self.ending.unwrap_or(Ending::Shutdown);
             self.out
                 .push_back(Output::Decision(Decision::Ended(ending)));
         }
+    }
+
+    /// Whether it has ended; ends it first if leaving is past its limit: nothing is written
+    /// any more, and the membership Lease expires instead of being vacated.
+    fn gave_up(&mut self, now: LocalInstant) -> bool {
+        if let (false, Some(ending), Some(at)) = (self.ended, self.ending, self.give_up)
+            && now >= at
+        {
+            self.ended = true;
+            self.out.push_back(Output::Decision(Decision::GaveUp));
+            self.out
+                .push_back(Output::Decision(Decision::Ended(ending)));
+        }
+        self.ended
     }
 
     /// Reports each holder whose record carries a lease duration unlike this replica's, once.
@@ -398,12 +429,12 @@ impl ReplicaState {
         }
         if self.ending.is_some() {
             for shard in 0..self.config.shards {
-                self.hand_over(shard, Reason::Shutdown);
+                self.hand_over(shard, Reason::Shutdown, now);
             }
         }
     }
 
-    fn hand_over(&mut self, shard: u32, reason: Reason) {
+    fn hand_over(&mut self, shard: u32, reason: Reason, now: LocalInstant) {
         let slot = &mut self.slots[shard as usize];
         if let (Some(epoch), SlotPhase::Idle) = (slot.epoch, &slot.phase) {
             slot.phase = SlotPhase::Draining;
@@ -411,6 +442,7 @@ impl ReplicaState {
                 shard,
                 epoch,
                 reason,
+                deadline: now + self.config.hand_over_timeout,
             }));
         }
     }
