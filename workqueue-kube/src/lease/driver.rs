@@ -412,6 +412,8 @@ impl Driver {
             ack,
         };
         tracing::info!(shard, epoch, ?reason, "handing over");
+        // The shard shows as taking no keys before the controller hears of the hand-over.
+        self.publish();
         if self.hand_overs.send(request).is_err() {
             self.state.drained(shard, self.clock.now());
             return;
