@@ -395,7 +395,6 @@ where
                     tracing::warn!(shard, "shard lost: its reconciles are aborted");
                     self.stop(shard, Instant::now(), None);
                 }
-                ShardChange::GivingUp { .. } => {}
             }
         }
         self.seen = now;

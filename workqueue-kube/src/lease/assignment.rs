@@ -1,5 +1,10 @@
 //! The controller's side of the protocol: what this replica holds (a `watch`), and the
 //! hand-overs it must acknowledge (an `mpsc` of requests carrying a `oneshot`).
+//!
+//! A hand-over is signalled once, by its [`HandOver`] request: the controller acts on nothing
+//! else. The `watch` only shows its shard as taking no keys ([`ShardState::GivingUp`]), and
+//! shows it before the request is sent, so that the filters refuse the shard's keys before the
+//! controller hears of the hand-over.
 
 use std::sync::Arc;
 
@@ -27,8 +32,9 @@ pub(crate) enum ShardState {
     NotHeld,
     /// Held: take its keys while [`Holding::valid_until`] is in the future.
     Held(Holding),
-    /// Being handed over (a [`HandOver`] was sent): take none of its keys; what runs may
-    /// finish until the hand-over's deadline, and never past `valid_until`.
+    /// Being handed over (its [`HandOver`] is sent right after this is published): take none
+    /// of its keys; what runs may finish until the hand-over's deadline, and never past
+    /// `valid_until`. No [`ShardChange`]: the request is the signal.
     GivingUp(Holding),
 }
 
@@ -134,32 +140,23 @@ impl Assignment {
     }
 
     /// What changed since `before`, shard by shard in order: for a shard, `Ended` comes before
-    /// `Acquired` when it was lost and taken again in between.
+    /// `Acquired` when it was lost and taken again in between. A hand-over's start is no
+    /// change (its [`HandOver`] request says it).
     pub(crate) fn changes_since(&self, before: &Assignment) -> Vec<ShardChange> {
         let mut changes = Vec::new();
         for shard in 0..self.shard_count() {
-            let (old, new) = (before.state(shard), self.state(shard));
-            let (old_epoch, new_epoch) = (
-                old.holding().map(|h| h.epoch),
-                new.holding().map(|h| h.epoch),
-            );
-            if old_epoch.is_some() && old_epoch != new_epoch {
+            let old_epoch = before.state(shard).holding().map(|h| h.epoch);
+            let new = self.state(shard).holding();
+            if old_epoch.is_some() && old_epoch != new.map(|h| h.epoch) {
                 changes.push(ShardChange::Ended { shard });
             }
-            match new {
-                ShardState::Held(h) | ShardState::GivingUp(h) if old_epoch != new_epoch => {
-                    changes.push(ShardChange::Acquired {
-                        shard,
-                        valid_until: h.valid_until,
-                    });
-                    if matches!(new, ShardState::GivingUp(_)) {
-                        changes.push(ShardChange::GivingUp { shard });
-                    }
-                }
-                ShardState::GivingUp(_) if matches!(old, ShardState::Held(_)) => {
-                    changes.push(ShardChange::GivingUp { shard });
-                }
-                _ => {}
+            if let Some(h) = new
+                && old_epoch != Some(h.epoch)
+            {
+                changes.push(ShardChange::Acquired {
+                    shard,
+                    valid_until: h.valid_until,
+                });
             }
         }
         changes
@@ -176,11 +173,6 @@ pub(crate) enum ShardChange {
         shard: u32,
         /// Its validity when taken.
         valid_until: Instant,
-    },
-    /// A hand-over began (its [`HandOver`] request is on its way): take none of its keys.
-    GivingUp {
-        /// The shard.
-        shard: u32,
     },
     /// No longer held: lost (stop at once: its work must not run past `valid_until`) or given
     /// away after an acknowledged hand-over (nothing of it runs any more).
@@ -300,7 +292,6 @@ mod tests {
                     shard: 1,
                     valid_until: until
                 },
-                ShardChange::GivingUp { shard: 2 },
                 ShardChange::Ended { shard: 3 },
             ]
         );

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::state::{LeaseName, Names};
+use super::names::{LeaseName, Names};
 
 /// What a replica does after it lost a shard (its deadline passed without a renewal, or its
 /// membership was fenced, taken over or deleted).
@@ -124,11 +124,24 @@ impl LeaseConfig {
         Names::new(&self.name).name(&LeaseName::Member(identity.into()))
     }
 
-    /// The `leaseDurationSeconds` written into the Leases: the lease duration rounded up.
-    pub(crate) fn lease_duration_seconds(&self) -> i32 {
-        let secs =
-            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
-        i32::try_from(secs).unwrap_or(i32::MAX)
+    /// The settings the protocol runs with, or why it cannot: [`LeaseConfig::validate`], then
+    /// the lease duration as the Leases carry it, computed here once.
+    pub(crate) fn settings(&self) -> Result<Settings, ConfigError> {
+        self.validate()?;
+        let d = self.lease_duration;
+        // `leaseDurationSeconds` is an i32 of whole seconds, rounded up.
+        let seconds = (d.as_secs() + u64::from(d.subsec_nanos() > 0)).min(i32::MAX as u64);
+        Ok(Settings {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            identity: self.identity.clone(),
+            shards: self.shards,
+            lease_duration: Duration::from_secs(seconds),
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+            hand_over_timeout: self.hand_over_timeout,
+            on_loss: self.on_loss,
+        })
     }
 
     /// Checks the settings; [`Controller::leases`](crate::controller::Controller::leases) does
@@ -169,6 +182,24 @@ impl LeaseConfig {
         }
         Ok(())
     }
+}
+
+/// A [`LeaseConfig`] that passed its checks, as the driver and the state machine read it (the
+/// one copy they share): from [`LeaseConfig::settings`], except in the state machine's tests,
+/// which build it with any timing. Each field is the [`LeaseConfig`] field of its name, but for
+/// `lease_duration`.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) identity: String,
+    pub(crate) shards: u32,
+    /// As the Leases carry it (`leaseDurationSeconds`): whole seconds, rounded up.
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+    pub(crate) hand_over_timeout: Duration,
+    pub(crate) on_loss: OnLoss,
 }
 
 /// A [`LeaseConfig`] the protocol cannot run with. Its message names the setting to change, its
@@ -396,8 +427,14 @@ mod tests {
     fn the_written_duration_rounds_up_to_seconds() {
         let mut c = config();
         c.lease_duration = Duration::from_millis(15_001);
-        assert_eq!(c.lease_duration_seconds(), 16);
+        assert_eq!(
+            c.settings().unwrap().lease_duration,
+            Duration::from_secs(16)
+        );
         c.lease_duration = Duration::from_secs(15);
-        assert_eq!(c.lease_duration_seconds(), 15);
+        assert_eq!(
+            c.settings().unwrap().lease_duration,
+            Duration::from_secs(15)
+        );
     }
 }

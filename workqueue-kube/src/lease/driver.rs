@@ -20,24 +20,36 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use super::LABEL_CONTROLLER;
 use super::assignment::{Assignment, HandOver, HandOverReason, Holding, LeaseStats, ShardState};
 use super::clock::LeaseClock;
-use super::config::LeaseConfig;
+use super::config::Settings;
 use super::failures::{Failures, Report, RequestFailed, Tell};
-use super::protocol::Ended;
-use super::state::{
-    Answer, Config, Decision, Ending, LeaseName, Names, Op, Output, Reason, Record, ReplicaState,
-    Request,
-};
+use super::names::{LeaseName, Names};
+use super::state::{Answer, Decision, Ending, Op, Output, Reason, Record, ReplicaState, Request};
 use super::wire::{from_lease, to_lease};
 
 /// How long the watch waits after its first error before it tries again; the pause doubles with
 /// each error in a row, up to the retry period, and starts again after an event.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
 
+/// Why [`ShardLeases::run`](super::ShardLeases::run) ended. Either way nothing is held any more: every shard was handed
+/// over, or its belief ended by time; the membership Lease was vacated, or expires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The shutdown future completed.
+    Shutdown,
+    /// A shard (or the membership) was lost and the configuration says
+    /// [`OnLoss::Stop`](super::OnLoss::Stop).
+    Lost {
+        /// The first shard lost; `None` when the membership was lost while no shard was
+        /// believed.
+        shard: Option<u32>,
+    },
+}
+
 /// The answer to one request, by id, with its verb and, if it failed, what was said.
 type Answered = (u64, Answer, &'static str, Option<(String, String)>);
 
 pub(crate) struct Driver {
-    config: Arc<LeaseConfig>,
+    config: Settings,
     names: Names,
     api: Api<Lease>,
     clock: Arc<dyn LeaseClock>,
@@ -66,7 +78,7 @@ fn seed() -> u64 {
 
 impl Driver {
     pub(crate) fn new(
-        config: Arc<LeaseConfig>,
+        config: Settings,
         api: Api<Lease>,
         clock: Arc<dyn LeaseClock>,
         assignment: watch::Sender<Assignment>,
@@ -75,7 +87,7 @@ impl Driver {
     ) -> Driver {
         Driver {
             names: Names::new(&config.name),
-            state: ReplicaState::new(Config::from_lease_config(&config), seed()),
+            state: ReplicaState::new(config.clone(), seed()),
             config,
             api,
             clock,
@@ -93,12 +105,11 @@ impl Driver {
         }
     }
 
-    /// Runs until the state machine ends (after `shutdown`, or a loss with `OnLoss::Stop`), or
-    /// until a shutdown could not finish within the hand-over timeout plus the renew deadline.
+    /// Runs until the state machine ends: after `shutdown` or a loss with `OnLoss::Stop`, once
+    /// it has left or given up leaving.
     pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) -> Ended {
         let mut shutdown = pin!(shutdown);
         let mut shutdown_seen = false;
-        let mut give_up: Option<Instant> = None;
         let mut watch = self.watch();
         let mut watch_started = Instant::now();
         let mut listing: Option<Vec<(LeaseName, Record)>> = None;
@@ -121,15 +132,6 @@ impl Driver {
                 listing = None;
                 watch_paused = None;
             }
-            if let (Some(ending), None) = (self.state.ending(), give_up) {
-                // Shutting down: the drains, then the vacating write. After a loss nothing is
-                // left to drain: a retry period to vacate, then the Lease expires instead.
-                let limit = match ending {
-                    Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
-                    Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
-                };
-                give_up = Some(Instant::now() + limit);
-            }
             let now = self.clock.now();
             // A millisecond late: tokio's timers fire on milliseconds, and the clock's
             // conversion rounds down; a tick before the wake-up would find nothing due.
@@ -142,10 +144,6 @@ impl Driver {
                 () = &mut shutdown, if !shutdown_seen => {
                     shutdown_seen = true;
                     self.state.shut_down(self.clock.now());
-                }
-                () = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
-                    tracing::warn!("could not leave in time: the membership Lease expires instead");
-                    return self.state.ending().map_or(Ended::Shutdown, |e| self.ended_by(e));
                 }
                 Some((id, answer, verb, failed)) = self.requests.next(), if !self.requests.is_empty() => {
                     match failed {
@@ -212,7 +210,7 @@ impl Driver {
         event: watcher::Event<Lease>,
         listing: &mut Option<Vec<(LeaseName, Record)>>,
     ) {
-        let duration = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+        let duration = self.config.lease_duration;
         let read = |lease: &Lease| from_lease(&self.names, lease, duration);
         match event {
             watcher::Event::Init => *listing = Some(Vec::new()),
@@ -287,7 +285,7 @@ impl Driver {
             Op::Delete(_) => "delete",
         };
         let names = self.names.clone();
-        let duration = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+        let duration = self.config.lease_duration;
         self.requests.push(Box::pin(async move {
             let read = |lease: &Lease| from_lease(&names, lease, duration).map(|(_, r)| r);
             let write = perform(&api, &name, &op, body, read);
@@ -310,7 +308,8 @@ impl Driver {
                 shard,
                 epoch,
                 reason,
-            } => self.hand_over(shard, epoch, reason),
+                deadline,
+            } => self.hand_over(shard, epoch, reason, self.clock.tokio_instant(deadline)),
             Decision::Released { shard, .. } => {
                 self.stats.releases += 1;
                 tracing::info!(shard, "gave the shard away");
@@ -362,7 +361,7 @@ impl Driver {
                 self.tell(Report::SteppedDown);
             }
             Decision::Timing { holder, duration } => {
-                let ours = Duration::from_secs(self.config.lease_duration_seconds() as u64);
+                let ours = self.config.lease_duration;
                 tracing::warn!(
                     %holder,
                     ?duration,
@@ -374,6 +373,9 @@ impl Driver {
                     duration,
                     ours,
                 });
+            }
+            Decision::GaveUp => {
+                tracing::warn!("could not leave in time: the membership Lease expires instead");
             }
             Decision::Ended(ending) => self.ended = Some(self.ended_by(ending)),
         }
@@ -395,11 +397,10 @@ impl Driver {
         }
     }
 
-    /// Asks the controller to drain `shard`; it is given away once the request is acknowledged
-    /// or dropped (a dropped request: nothing of the shard runs), or at once when nobody
-    /// receives hand-overs.
-    fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason) {
-        let deadline = Instant::now() + self.config.hand_over_timeout;
+    /// Asks the controller to drain `shard` by `deadline`; it is given away once the request is
+    /// acknowledged or dropped (a dropped request: nothing of the shard runs), or at once when
+    /// nobody receives hand-overs.
+    fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason, deadline: Instant) {
         let (ack, acked) = oneshot::channel();
         let request = HandOver {
             shard,
@@ -411,6 +412,8 @@ impl Driver {
             ack,
         };
         tracing::info!(shard, epoch, ?reason, "handing over");
+        // The shard shows as taking no keys before the controller hears of the hand-over.
+        self.publish();
         if self.hand_overs.send(request).is_err() {
             self.state.drained(shard, self.clock.now());
             return;

@@ -246,6 +246,7 @@ mod config;
 mod driver;
 mod failures;
 mod fence;
+mod names;
 mod protocol;
 mod shard;
 mod state;
@@ -258,10 +259,11 @@ pub(crate) use assignment::{Assignment, HandOver, ShardChange, acknowledge_all};
 pub(crate) use assignment::{Holding, ShardState};
 pub use clock::{LeaseClock, LocalInstant, SkewedClock, TokioClock};
 pub use config::{ConfigError, EXIT_LOST, EXIT_UNSTOPPABLE, LeaseConfig, OnLoss};
+pub(crate) use driver::Ended;
 pub(crate) use failures::Report;
 pub use fence::deadline;
 pub(crate) use fence::{Held, scope};
-pub(crate) use protocol::{Ended, ShardLeases};
+pub(crate) use protocol::ShardLeases;
 pub use shard::shard_of;
 
 /// The label on every Lease of the protocol whose value is the controller's name.

@@ -10,31 +10,16 @@ use tracing::Instrument;
 
 use super::assignment::{Assignment, ShardEvents};
 use super::clock::{LeaseClock, TokioClock};
-use super::config::{ConfigError, LeaseConfig};
-use super::driver::Driver;
+use super::config::{ConfigError, LeaseConfig, Settings};
+use super::driver::{Driver, Ended};
 use super::failures::Tell;
-
-/// Why [`ShardLeases::run`] ended. Either way nothing is held any more: every shard was handed
-/// over, or its belief ended by time; the membership Lease was vacated, or expires.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// The shutdown future completed.
-    Shutdown,
-    /// A shard (or the membership) was lost and the configuration says
-    /// [`OnLoss::Stop`](super::OnLoss::Stop).
-    Lost {
-        /// The first shard lost; `None` when the membership was lost while no shard was
-        /// believed.
-        shard: Option<u32>,
-    },
-}
 
 /// One replica's side of the Lease protocol: keeps its membership, holds its share of the
 /// shards and tells the controller what it holds (see the [module documentation](crate::lease)).
 /// `Controller::leases` makes one from a [`LeaseConfig`], spawns [`ShardLeases::run`] and
 /// follows the [`ShardEvents`] (`controller::shards`).
 pub(crate) struct ShardLeases {
-    config: Arc<LeaseConfig>,
+    config: Settings,
     api: Api<Lease>,
     clock: Arc<dyn LeaseClock>,
     assignment: watch::Sender<Assignment>,
@@ -60,12 +45,12 @@ impl ShardLeases {
         client: kube::Client,
         config: LeaseConfig,
     ) -> Result<(Self, ShardEvents), ConfigError> {
-        config.validate()?;
+        let config = config.settings()?;
         let (assignment, assignment_rx) = watch::channel(Assignment::empty(config.shards));
         let (hand_overs, hand_overs_rx) = mpsc::unbounded_channel();
         let leases = ShardLeases {
             api: Api::namespaced(client, &config.namespace),
-            config: Arc::new(config),
+            config,
             clock: Arc::new(TokioClock::new()),
             assignment,
             hand_overs,

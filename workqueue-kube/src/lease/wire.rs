@@ -19,7 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 
-use super::state::{Content, LeaseName, Names, Record, Rv, Token};
+use super::names::{LeaseName, Names};
+use super::state::{Content, Record, Rv, Token};
 use super::{ANNOTATION_SHARDS, LABEL_CONTROLLER, LABEL_ROLE, ROLE_MEMBER, ROLE_SHARD};
 
 const ANNOTATION_PROTOCOL: &str = "workqueue-kube/protocol";

@@ -31,12 +31,13 @@ pub(crate) enum Decision {
     Joined { token: Token },
     /// A belief began: take the shard's keys (and enqueue its objects).
     Acquired { shard: u32, epoch: u64 },
-    /// Stop taking the shard's keys, let its work finish or abort it, then report
-    /// [`ReplicaState::drained`].
+    /// Stop taking the shard's keys, let its work finish or abort it by `deadline` (the
+    /// hand-over timeout after the request), then report [`ReplicaState::drained`].
     HandOver {
         shard: u32,
         epoch: u64,
         reason: Reason,
+        deadline: LocalInstant,
     },
     /// Drained and being given away: nothing of it runs.
     Released { shard: u32, epoch: u64 },
@@ -65,7 +66,13 @@ pub(crate) enum Decision {
         holder: Token,
         duration: std::time::Duration,
     },
-    /// Done: nothing held, nothing more to write.
+    /// Leaving took past its limit (the hand-over timeout plus the renew deadline after a
+    /// shutdown, a retry period after a loss): it stops waiting for drains and answers, writes
+    /// nothing more, and [`Decision::Ended`] follows. What it held
+    /// ends by time; its membership Lease expires instead of being vacated.
+    GaveUp,
+    /// Done: nothing held, nothing more to write (or, after [`Decision::GaveUp`], nothing more
+    /// that will be written).
     Ended(Ending),
 }
 

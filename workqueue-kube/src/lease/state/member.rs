@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::clock::LocalInstant;
+use super::super::config::Settings;
 use super::super::shard::fmix64;
 use super::record::{Content, PROTOCOL, Rv, Token};
 use super::view::Seen;
@@ -79,15 +80,6 @@ pub(crate) struct MemberWrite {
     /// `None`: create it.
     pub(crate) rv: Option<Rv>,
     pub(crate) content: Content,
-}
-
-/// The fixed settings a membership needs.
-#[derive(Clone, Debug)]
-pub(crate) struct Settings {
-    pub(crate) shards: u32,
-    pub(crate) duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
 }
 
 /// A write in flight.
@@ -169,13 +161,13 @@ pub(crate) struct Membership {
 const SENT_KEPT: usize = 16;
 
 impl Membership {
-    pub(crate) fn new(identity: &str, seed: u64, settings: Settings) -> Membership {
+    pub(crate) fn new(seed: u64, settings: Settings) -> Membership {
         Membership {
-            identity: identity.into(),
+            identity: settings.identity.as_str().into(),
+            token: Token::new(&settings.identity, fmix64(seed)),
             settings,
             seed,
             incarnation: 0,
-            token: Token::new(identity, fmix64(seed)),
             old: Vec::new(),
             phase: Phase::Joining,
             counter: 0,
@@ -278,7 +270,7 @@ impl Membership {
     /// where there is a peer (its beliefs ended long before).
     fn give_up_at(&self) -> Option<LocalInstant> {
         let (_, last) = self.last_write.as_ref().filter(|_| self.stepped_down)?;
-        Some(*last + self.settings.duration * 2)
+        Some(*last + self.settings.lease_duration * 2)
     }
 
     /// When it steps down unless the view shows its stored writes before.
@@ -535,7 +527,7 @@ impl Membership {
         // view). Within that window no fence of it can have happened yet.
         if self
             .first_join
-            .is_some_and(|t| now > t + self.settings.duration)
+            .is_some_and(|t| now > t + self.settings.lease_duration)
         {
             self.lose();
         }
@@ -589,7 +581,7 @@ impl Membership {
                 // Joining: holds nothing yet. Its first renewal as a member that could believe
                 // says it may (and every later one).
                 held: self.held_sent && matches!(self.phase, Phase::Member | Phase::Leaving),
-                duration: self.settings.duration,
+                duration: self.settings.lease_duration,
             },
         }
     }

@@ -33,15 +33,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::clock::LocalInstant;
-use super::config::{LeaseConfig, OnLoss};
-use member::{Answered, Change, Membership, Phase, Settings};
+use super::config::{OnLoss, Settings};
+use member::{Answered, Change, Membership, Phase};
 use slots::{Slot, SlotPhase};
 use targets::Targets;
 use view::View;
 
-#[allow(unused_imports)] // Names: for the driver, next.
+use super::names::LeaseName;
 pub(crate) use io::{Answer, Decision, Ending, Op, Output, Reason, Request};
-pub(crate) use record::{Content, LeaseName, Names, PROTOCOL, Record, Rv, Token};
+pub(crate) use record::{Content, PROTOCOL, Record, Rv, Token};
 
 /// What a request in flight is for.
 #[derive(Clone, Debug)]
@@ -56,35 +56,10 @@ enum Purpose {
     Collect,
 }
 
-/// The protocol's settings, from a [`LeaseConfig`].
-#[derive(Clone, Debug)]
-pub(crate) struct Config {
-    pub(crate) identity: String,
-    pub(crate) shards: u32,
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
-    pub(crate) on_loss: OnLoss,
-}
-
-impl Config {
-    pub(crate) fn from_lease_config(config: &LeaseConfig) -> Config {
-        Config {
-            identity: config.identity.clone(),
-            shards: config.shards,
-            // As written into the Leases: whole seconds, rounded up.
-            lease_duration: Duration::from_secs(config.lease_duration_seconds() as u64),
-            renew_deadline: config.renew_deadline,
-            retry_period: config.retry_period,
-            on_loss: config.on_loss,
-        }
-    }
-}
-
 /// One replica's protocol.
 #[derive(Debug)]
 pub(crate) struct ReplicaState {
-    config: Config,
+    config: Settings,
     view: View,
     member: Membership,
     slots: Vec<Slot>,
@@ -99,6 +74,9 @@ pub(crate) struct ReplicaState {
     out: VecDeque<Output>,
     /// Set once shutting down (or stopping after a loss): why it will end.
     ending: Option<Ending>,
+    /// Set with `ending`: when leaving gives up ([`Decision::GaveUp`]) if it has not ended by
+    /// then. No event at or past it is taken in.
+    give_up: Option<LocalInstant>,
     ended: bool,
     mismatched: BTreeSet<Token>,
     /// The holders whose lease duration unlike ours was reported.
@@ -110,16 +88,10 @@ pub(crate) struct ReplicaState {
 
 impl ReplicaState {
     /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
-    pub(crate) fn new(config: Config, seed: u64) -> ReplicaState {
-        let settings = Settings {
-            shards: config.shards,
-            duration: config.lease_duration,
-            renew_deadline: config.renew_deadline,
-            retry_period: config.retry_period,
-        };
+    pub(crate) fn new(config: Settings, seed: u64) -> ReplicaState {
         ReplicaState {
             view: View::new(config.shards, config.lease_duration),
-            member: Membership::new(&config.identity, seed, settings),
+            member: Membership::new(seed, config.clone()),
             slots: vec![Slot::default(); config.shards as usize],
             targets: Targets::default(),
             requests: HashMap::new(),
@@ -128,6 +100,7 @@ impl ReplicaState {
             next_epoch: 1,
             out: VecDeque::new(),
             ending: None,
+            give_up: None,
             ended: false,
             mismatched: BTreeSet::new(),
             timing_reported: BTreeSet::new(),
@@ -158,6 +131,9 @@ impl ReplicaState {
 
     /// The answer to request `id`.
     pub(crate) fn answered(&mut self, id: u64, answer: Answer, now: LocalInstant) {
+        if self.gave_up(now) {
+            return;
+        }
         // Every event settles: what is due now is done now (next_wake reports only later
         // instants).
         let Some((lease, purpose)) = self.requests.remove(&id) else {
@@ -187,6 +163,9 @@ impl ReplicaState {
 
     /// The controller stopped all work of `shard` after a [`Decision::HandOver`].
     pub(crate) fn drained(&mut self, shard: u32, now: LocalInstant) {
+        if self.gave_up(now) {
+            return;
+        }
         let Some(slot) = self.slots.get_mut(shard as usize) else {
             return self.settle(now);
         };
@@ -266,11 +245,6 @@ impl ReplicaState {
         self.member.token()
     }
 
-    /// Why it is leaving, if it is.
-    pub(crate) fn ending(&self) -> Option<Ending> {
-        self.ending
-    }
-
     #[cfg(test)]
     pub(crate) fn ended(&self) -> bool {
         self.ended
@@ -313,13 +287,16 @@ impl ReplicaState {
         for (_, t) in self.recent.values() {
             at(*t + self.config.retry_period);
         }
+        if let Some(t) = self.give_up {
+            at(t);
+        }
         wake
     }
 
     // The rules, applied after every event.
 
     fn settle(&mut self, now: LocalInstant) {
-        if self.ended {
+        if self.gave_up(now) {
             return;
         }
         let me = self.view.member(self.member.identity()).cloned();
@@ -348,12 +325,35 @@ impl ReplicaState {
         if self.member.serving(now) {
             self.collect(now);
         }
+        if let (Some(ending), None) = (self.ending, self.give_up) {
+            // Leaving is bounded: the drains and the vacating write after a shutdown; after a
+            // loss nothing is left to drain (the belief ended), a retry period to vacate.
+            let limit = match ending {
+                Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
+                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
+            };
+            self.give_up = Some(now + limit);
+        }
         if self.member.phase() == Phase::Left && !self.ended {
             self.ended = true;
             let ending = self.ending.unwrap_or(Ending::Shutdown);
             self.out
                 .push_back(Output::Decision(Decision::Ended(ending)));
         }
+    }
+
+    /// Whether it has ended; ends it first if leaving is past its limit: nothing is written
+    /// any more, and the membership Lease expires instead of being vacated.
+    fn gave_up(&mut self, now: LocalInstant) -> bool {
+        if let (false, Some(ending), Some(at)) = (self.ended, self.ending, self.give_up)
+            && now >= at
+        {
+            self.ended = true;
+            self.out.push_back(Output::Decision(Decision::GaveUp));
+            self.out
+                .push_back(Output::Decision(Decision::Ended(ending)));
+        }
+        self.ended
     }
 
     /// Reports each holder whose record carries a lease duration unlike this replica's, once.
@@ -429,12 +429,12 @@ impl ReplicaState {
         }
         if self.ending.is_some() {
             for shard in 0..self.config.shards {
-                self.hand_over(shard, Reason::Shutdown);
+                self.hand_over(shard, Reason::Shutdown, now);
             }
         }
     }
 
-    fn hand_over(&mut self, shard: u32, reason: Reason) {
+    fn hand_over(&mut self, shard: u32, reason: Reason, now: LocalInstant) {
         let slot = &mut self.slots[shard as usize];
         if let (Some(epoch), SlotPhase::Idle) = (slot.epoch, &slot.phase) {
             slot.phase = SlotPhase::Draining;
@@ -442,6 +442,7 @@ impl ReplicaState {
                 shard,
                 epoch,
                 reason,
+                deadline: now + self.config.hand_over_timeout,
             }));
         }
     }

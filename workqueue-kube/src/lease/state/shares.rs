@@ -118,7 +118,7 @@ impl ReplicaState {
             let slot = &self.slots[shard as usize];
             if slot.epoch.is_some() {
                 if target != me && self.ready(&target).is_some() {
-                    self.hand_over(shard, Reason::Rebalance);
+                    self.hand_over(shard, Reason::Rebalance, now);
                 }
             } else if target == me
                 && ready

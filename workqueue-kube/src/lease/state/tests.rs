@@ -7,7 +7,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::sim::{Fault, Plan, World};
-use super::{Content, Decision, LeaseName, Op, PROTOCOL, Token};
+use super::{Content, Decision, Ending, LeaseName, Op, PROTOCOL, Token};
 
 pub(super) const S: u64 = 1_000_000_000;
 pub(super) const MS: u64 = 1_000_000;
@@ -257,6 +257,42 @@ fn a_graceful_shutdown_hands_every_shard_over_without_waiting_for_expiry() {
     world.ledger.finish(world.now());
     world.ledger.assert_never_two_at_once();
     assert_eq!(world.ledger.fences.len(), 1, "only its own vacating write");
+}
+
+/// Drains that outlast the hand-over timeout plus the renew deadline: the leaver gives up
+/// leaving then (its shards end by time, its membership Lease expires), and the survivor takes
+/// every shard, never two at once.
+#[test]
+fn a_shutdown_whose_drains_do_not_end_gives_up_in_time() {
+    let mut plan = Plan::new(2, 8);
+    plan.drain = 600_000;
+    let limit = (plan.hand_over_timeout + plan.renew_deadline).as_nanos() as u64;
+    let mut world = settle(plan, 30);
+    let (asked, leaver) = (world.now(), world.process(1));
+    world.inject(Fault::Shutdown {
+        replica: 1,
+        down: 1_000_000,
+    });
+    let took = until(&mut world, Duration::from_secs(60), |w| {
+        w.held()[0].len() == 8
+    });
+    assert!(took.is_some(), "the survivor did not take over within 60 s");
+    let ends: Vec<(u64, &Decision)> = world
+        .decisions
+        .iter()
+        .filter(|(_, p, d)| *p == leaver && matches!(d, Decision::GaveUp | Decision::Ended(_)))
+        .map(|(t, _, d)| (*t - asked, d))
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            (limit, &Decision::GaveUp),
+            (limit, &Decision::Ended(Ending::Shutdown))
+        ]
+    );
+    assert!(!world.alive()[1], "the leaver ended");
+    world.ledger.finish(world.now());
+    world.ledger.assert_never_two_at_once();
 }
 
 #[test]
@@ -515,23 +551,26 @@ mod by_hand {
     //! One replica driven event by event, for what the simulated world cannot make happen.
 
     use super::super::{
-        Answer, Config, Decision, LeaseName, Op, Output, Record, ReplicaState, Request, Rv,
+        Answer, Decision, Ending, LeaseName, Op, Output, Reason, Record, ReplicaState, Request, Rv,
     };
     use super::*;
     use crate::lease::clock::LocalInstant;
-    use crate::lease::config::OnLoss;
+    use crate::lease::config::{OnLoss, Settings};
 
     fn at(ms: u64) -> LocalInstant {
         LocalInstant::from_duration(Duration::from_millis(ms))
     }
 
     fn replica(shards: u32) -> ReplicaState {
-        let config = Config {
+        let config = Settings {
+            name: "ctl".into(),
+            namespace: "default".into(),
             identity: "a".into(),
             shards,
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            hand_over_timeout: Duration::from_secs(10),
             on_loss: OnLoss::Rejoin,
         };
         ReplicaState::new(config, 7)
@@ -653,6 +692,72 @@ mod by_hand {
         );
         assert!(state.believes(0, at(13_000)));
         assert_eq!(state.deadline(), Some(at(14_020)));
+    }
+
+    /// Ticks at each wake-up up to `until`: the decisions, each with its instant.
+    fn run(state: &mut ReplicaState, from: u64, until: u64) -> Vec<(LocalInstant, Decision)> {
+        let (mut now, mut decided) = (at(from), Vec::new());
+        while let Some(wake) = state.next_wake(now).filter(|&w| w <= at(until)) {
+            now = wake;
+            state.tick(now);
+            decided.extend(outputs(state).1.into_iter().map(|d| (now, d)));
+        }
+        decided
+    }
+
+    #[test]
+    fn a_shutdown_gives_up_leaving_after_the_hand_over_timeout_and_the_renew_deadline() {
+        let mut state = holding();
+        state.shut_down(at(5_000));
+        let (_, decisions) = outputs(&mut state);
+        let hand_over = Decision::HandOver {
+            shard: 0,
+            epoch: 1,
+            reason: Reason::Shutdown,
+            deadline: at(15_000),
+        };
+        assert!(decisions.contains(&hand_over), "{decisions:?}");
+        // Never acknowledged, nothing answered: it gives up at 5 + 10 + 10 s, not before.
+        let decided = run(&mut state, 5_000, 30_000);
+        let ends: Vec<_> = decided
+            .iter()
+            .filter(|(_, d)| matches!(d, Decision::GaveUp | Decision::Ended(_)))
+            .cloned()
+            .collect();
+        let end = Decision::Ended(Ending::Shutdown);
+        assert_eq!(
+            ends,
+            [(at(25_000), Decision::GaveUp), (at(25_000), end.clone())]
+        );
+        assert_eq!(run(&mut state, 25_000, 60_000), []);
+        // A drain reported at that instant comes too late: the shard is not given away.
+        let mut late = holding();
+        late.shut_down(at(5_000));
+        outputs(&mut late);
+        late.drained(0, at(25_000));
+        let (requests, decisions) = outputs(&mut late);
+        assert_eq!((requests, decisions), (vec![], vec![Decision::GaveUp, end]));
+    }
+
+    #[test]
+    fn a_loss_with_stop_gives_up_leaving_a_retry_period_later() {
+        let mut state = holding();
+        state.config.on_loss = OnLoss::Stop;
+        // No renewal answered: the belief ends at its deadline, 12,020 ms, and the vacating
+        // write is never answered.
+        let decided = run(&mut state, 2_050, 30_000);
+        let lost = decided
+            .iter()
+            .find(|(_, d)| matches!(d, Decision::Lost { .. }))
+            .map(|(t, _)| *t);
+        assert_eq!(lost, Some(at(12_020)));
+        let ends: Vec<_> = decided
+            .iter()
+            .filter(|(_, d)| matches!(d, Decision::GaveUp | Decision::Ended(_)))
+            .cloned()
+            .collect();
+        let end = Decision::Ended(Ending::Lost { shard: 0 });
+        assert_eq!(ends, [(at(14_020), Decision::GaveUp), (at(14_020), end)]);
     }
 
     #[test]

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::clock::LocalInstant;
-use super::record::{LeaseName, Record, Token};
+use super::LeaseName;
+use super::record::{Record, Token};
 
 /// A record and when this replica first saw its resourceVersion.
 #[derive(Clone, Debug)]

@@ -11,8 +11,8 @@ mod store;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::super::config::OnLoss;
-use super::{Answer, Config, Decision, LeaseName, Op, Output, ReplicaState, Request};
+use super::super::config::{OnLoss, Settings};
+use super::{Answer, Decision, LeaseName, Op, Output, ReplicaState, Request};
 pub(crate) use clock::{Rng, SimClock};
 pub(crate) use ledger::{Fence, Ledger};
 use store::{Change, Store};
@@ -86,6 +86,8 @@ pub(crate) struct Plan {
     pub(crate) ppm: i64,
     /// A hand-over's drain takes up to this long (ms).
     pub(crate) drain: u64,
+    /// The hand-over's deadline, after its request.
+    pub(crate) hand_over_timeout: Duration,
     pub(crate) seed: u64,
     /// Faults at times (ms).
     pub(crate) faults: Vec<(u64, Fault)>,
@@ -109,6 +111,7 @@ impl Plan {
             drops: 0,
             ppm: 0,
             drain: 0,
+            hand_over_timeout: Duration::from_secs(10),
             seed: 1,
             faults: Vec::new(),
             calm: 60_000,
@@ -448,12 +451,15 @@ impl World {
             .get(&replica)
             .copied()
             .unwrap_or((plan.lease_duration, plan.renew_deadline, plan.retry_period));
-        let config = Config {
+        let config = Settings {
+            name: "ctl".into(),
+            namespace: "default".into(),
             identity: r.identity.clone(),
             shards: plan.shards,
             lease_duration,
             renew_deadline,
             retry_period,
+            hand_over_timeout: plan.hand_over_timeout,
             on_loss: OnLoss::Rejoin,
         };
         r.process = process;
