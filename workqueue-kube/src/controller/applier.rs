@@ -4,8 +4,9 @@
 //! [`applier`] and `Controller::run` both build [`Parts`] and call [`run`]: it makes the queue
 //! from the [`Config`], turns the triggers into the runner's sources (their errors go to the
 //! stream, their keys are debounced), holds reconciles on the store's readiness gate, and maps
-//! the runner's results onto kube-runtime's items. The user's reconciler and error policy, and
-//! the context given to them, stay on the task that polls the stream.
+//! the runner's results onto kube-runtime's items, merged in one place with the one path of
+//! everything else the stream reports (`super::reports`). The user's reconciler and error
+//! policy, and the context given to them, stay on the task that polls the stream.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -19,7 +20,7 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStream, TryStr
 use kube::Resource;
 use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -29,6 +30,7 @@ use workqueue_tokio::{AddOptions, WorkQueue};
 use super::Action;
 use super::config::Config;
 use super::error::{Error, RunnerError};
+use super::reports::{self, Inbox, Reports};
 use super::shards::Leases;
 
 /// A stream of keys and how to add them, or an error of the stream they come from.
@@ -122,6 +124,7 @@ where
         graceful: Vec::new(),
         forceful: Vec::new(),
         dyntype: None,
+        reports: reports::channel(),
     };
     run(parts, reconciler, error_policy, context)
 }
@@ -147,6 +150,8 @@ where
     pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
     /// The dynamic type, for the Lease watchdog (which lists the store's objects).
     pub(crate) dyntype: Option<K::DynamicType>,
+    /// Where the triggers' errors and the runner's reports go, and where the stream reads them.
+    pub(crate) reports: (Reports<QE>, Inbox<QE>),
 }
 
 /// A reconcile's error, with the object it failed on and the span the reconcile ran in (for the
@@ -224,6 +229,7 @@ where
         graceful,
         forceful,
         dyntype,
+        reports: (reports, inbox),
     } = parts;
     let leases = match leases {
         Ok(leases) => leases,
@@ -276,7 +282,6 @@ where
             }
         }
     };
-    let (errors_tx, errors) = mpsc::unbounded_channel();
     let workers = match config.concurrency {
         0 => usize::MAX,
         n => usize::from(n),
@@ -298,20 +303,20 @@ where
     }
     .error_policy(policy);
     for (name, trigger) in triggers {
-        let errors_tx = errors_tx.clone();
+        let reports = reports.clone();
         let debounce = config.debounce;
         let keys = trigger.filter_map(move |item| {
             future::ready(match item {
                 Ok((key, opts)) => Some((key, debounced(opts, debounce))),
                 Err(error) => {
-                    let _ = errors_tx.send(error);
+                    reports.queue_error(error);
                     None
                 }
             })
         });
         runner = runner.source(&name, keys);
     }
-    drop(errors_tx);
+    drop(reports);
     let shutdown = CancellationToken::new();
     let watchdog = leases.map(|leases| {
         let dyntype = dyntype.expect("a controller on Leases has its dynamic type");
@@ -326,8 +331,8 @@ where
     });
     let results = runner.results(shutdown.clone());
     let state = State {
-        results: Box::pin(results),
-        errors,
+        results: Box::pin(results.fuse()),
+        reports: inbox,
         missing,
         store,
         start: Some(Start {
@@ -395,8 +400,9 @@ struct State<K: Resource + 'static, R, QE>
 where
     K::DynamicType: Eq + Hash,
 {
-    results: Pin<Box<R>>,
-    errors: mpsc::UnboundedReceiver<QE>,
+    /// The runner's results (fused: reports may follow their end).
+    results: Pin<Box<stream::Fuse<R>>>,
+    reports: Inbox<QE>,
     missing: Arc<Missing<K>>,
     store: Store<K>,
     start: Option<Start<K>>,
@@ -419,14 +425,16 @@ where
     async fn next(&mut self) -> Option<Item<K, E, QE>> {
         self.start();
         loop {
+            // The reports first: one already sent never waits behind a busy runner.
             let result = tokio::select! {
                 biased;
-                Some(error) = self.errors.recv() => return Some(Err(Error::QueueError(error))),
+                Some(report) = self.reports.recv() => return Some(Err(report)),
                 result = self.results.next() => result,
             };
             let Some(result) = result else {
-                if let Ok(error) = self.errors.try_recv() {
-                    return Some(Err(Error::QueueError(error)));
+                // What was reported before the runner's end, then the end.
+                if let Some(report) = self.reports.try_recv() {
+                    return Some(Err(report));
                 }
                 self.finish().await;
                 return None;
