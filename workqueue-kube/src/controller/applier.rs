@@ -168,6 +168,12 @@ impl<E: fmt::Debug, K> fmt::Debug for Failed<E, K> {
 /// The keys whose reconcile found no object in the store, until the stream reports them: the
 /// runner saw a successful no-op (so that the key is forgotten and counted as controller-runtime
 /// counts a reconcile of a deleted object), the stream yields `ObjectNotFound`.
+///
+/// A mark beside the runner's result, not in it: a success carries only its `Action`, and a
+/// failure would count as one (metrics, the outage detector). A key is marked when its no-op
+/// runs, and the mark is taken at that reconcile's item: a key runs once at a time, so a mark
+/// found at a key's item is that reconcile's. A no-op dropped unpolled (an abort, a shard's
+/// deadline, a shutdown) yields no item and leaves no mark.
 struct Missing<K: Resource + 'static>
 where
     K::DynamicType: Eq + Hash,
@@ -263,8 +269,11 @@ where
                 })
             }
             None => {
-                missing.insert(key);
-                Either::Right(future::ready(Ok(Action::await_change())))
+                let missing = missing.clone();
+                Either::Right(future::lazy(move |_| {
+                    missing.insert(key);
+                    Ok(Action::await_change())
+                }))
             }
         }
     };
@@ -487,6 +496,8 @@ where
                 Err(Error::ReconcilerFailed(error, object(key)))
             }
             Err(runner::Error::Failed(key, Failure::Panic(message))) => {
+                // A no-op whose finish panicked (a metrics recorder) leaves no mark either.
+                self.missing.take(&key);
                 Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
                     object: object(key),
                     message,
