@@ -1,19 +1,21 @@
 //! What a controller's stream reports besides reconciles, while its consumer is behind: every
 //! error of a trigger (none is dropped), and at most 64 of the runner's reports (a mapper's
-//! panic, a Lease report) waiting at once (each was logged when it happened). On the scripted
-//! API server and paused time.
+//! panic, a Lease report) waiting at once (each was logged when it happened); and what is
+//! reported while the controller shuts down. On the scripted API server and paused time.
 
 use std::pin::pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures_util::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
+use tokio::sync::oneshot;
 use tokio::time::{sleep, timeout};
 use workqueue_kube::controller::{Action, Config, Controller, Error, RunnerError, applier};
+use workqueue_kube::lease::LeaseConfig;
 use workqueue_test_support::apiserver::ApiServer;
 use workqueue_test_support::fixtures::{cm, meta, secs};
 
@@ -120,5 +122,61 @@ async fn runner_reports_past_64_waiting_are_dropped() {
     assert!(
         matches!(&next[..], [Ok((key, _))] if key.name == "a"),
         "{next:?}"
+    );
+}
+
+/// A Lease report made while the controller shuts down (the release of its membership Lease
+/// refused as its last reconcile ends) is yielded before the stream ends.
+#[tokio::test(start_paused = true)]
+async fn a_report_made_while_shutting_down_is_yielded() {
+    let server = ApiServer::new();
+    server.put(&cm("a", "1"));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let said = Arc::new(Mutex::new(Vec::new()));
+    let log = said.clone();
+    // The reconcile takes 10 s; as it ends, Lease updates start being refused.
+    let reconcile = {
+        let server = server.clone();
+        move |_: Arc<ConfigMap>, _: Arc<()>| {
+            let server = server.clone();
+            async move {
+                sleep(secs(10)).await;
+                server.deny("update", "leases");
+                Ok::<_, kube::Error>(Action::await_change())
+            }
+        }
+    };
+    let run = tokio::spawn(
+        Controller::new(
+            Api::<ConfigMap>::all(server.client_named("r1")),
+            watcher::Config::default(),
+        )
+        .leases(LeaseConfig::leader_election("reports", "default", "r1"))
+        .graceful_shutdown_on(async {
+            let _ = stopped.await;
+        })
+        .run(reconcile, |_, _, _| Action::await_change(), Arc::new(()))
+        .for_each(move |item| {
+            log.lock().unwrap().push(match item {
+                Ok((object, _)) => format!("ok {}", object.name),
+                Err(Error::RunnerError(RunnerError::LeaseRequestFailed {
+                    verb, lease, ..
+                })) => {
+                    format!("failed {verb} {lease}")
+                }
+                Err(other) => format!("other {other}"),
+            });
+            async {}
+        }),
+    );
+    // Shut down while `a`'s reconcile runs.
+    sleep(secs(5)).await;
+    let _ = stop.send(());
+    timeout(secs(60), run).await.unwrap().unwrap();
+    let said = said.lock().unwrap().clone();
+    assert_eq!(said.first().map(String::as_str), Some("ok a"), "{said:#?}");
+    assert!(
+        said.iter().any(|s| s.starts_with("failed update")),
+        "{said:#?}"
     );
 }

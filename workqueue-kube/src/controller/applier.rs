@@ -417,8 +417,8 @@ where
     start: Option<Start<K>>,
     /// The tasks that keep the gate, and the one that waits for a graceful shutdown.
     background: JoinSet<()>,
-    /// The Lease watchdog's task, and how to tell it the run is over.
-    watchdog: Option<(oneshot::Sender<()>, AbortOnDropHandle<()>)>,
+    /// The Lease watchdog's task, and how to tell it the run is over (`None` once told).
+    watchdog: Option<(Option<oneshot::Sender<()>>, AbortOnDropHandle<()>)>,
     shutdown: CancellationToken,
 }
 
@@ -441,12 +441,14 @@ where
                 result = self.results.next() => result,
             };
             let Some(result) = result else {
-                // What was reported before the runner's end, then the end.
-                if let Some(report) = self.reports.try_recv() {
-                    return Some(Err(report));
+                // The run is over (not forced): the reports made until the Lease watchdog
+                // finished (its last hand-overs and releases may report), then the end.
+                self.background.abort_all();
+                tokio::select! {
+                    biased;
+                    Some(report) = self.reports.recv() => return Some(Err(report)),
+                    () = finish(&mut self.watchdog) => return None,
                 }
-                self.finish().await;
-                return None;
             };
             if let Some(item) = self.item(result) {
                 return Some(item);
@@ -472,17 +474,7 @@ where
         if let Some(watchdog) = start.watchdog {
             let (finish, finished) = oneshot::channel();
             let task = tokio::spawn(watchdog.run(finished));
-            self.watchdog = Some((finish, AbortOnDropHandle::new(task)));
-        }
-    }
-
-    /// The run is over (not forced): the background tasks stop, and the Lease watchdog
-    /// acknowledges what is left so that the protocol releases the Leases.
-    async fn finish(&mut self) {
-        self.background.abort_all();
-        if let Some((finish, mut task)) = self.watchdog.take() {
-            let _ = finish.send(());
-            let _ = (&mut task).await;
+            self.watchdog = Some((Some(finish), AbortOnDropHandle::new(task)));
         }
     }
 
@@ -512,4 +504,18 @@ where
             Err(_) => return None,
         })
     }
+}
+
+/// The Lease watchdog, told the run is over, acknowledges what is left so that the protocol
+/// releases the Leases; this completes when it is done. Cancel-safe: the stream reads reports
+/// meanwhile, and calls it again.
+async fn finish(watchdog: &mut Option<(Option<oneshot::Sender<()>>, AbortOnDropHandle<()>)>) {
+    let Some((finish, task)) = watchdog.as_mut() else {
+        return;
+    };
+    if let Some(finish) = finish.take() {
+        let _ = finish.send(());
+    }
+    let _ = task.await;
+    *watchdog = None;
 }

@@ -78,23 +78,12 @@ impl<QE> Reports<QE> {
 impl<QE: 'static> Inbox<QE> {
     /// The next report, as the stream's item; `None` once every sender is gone. Cancel-safe.
     pub(crate) async fn recv<E: 'static>(&mut self) -> Option<Error<E, QE>> {
-        let report = self.rx.recv().await?;
-        Some(self.item(report))
-    }
-
-    /// A report already sent, if any.
-    pub(crate) fn try_recv<E: 'static>(&mut self) -> Option<Error<E, QE>> {
-        let report = self.rx.try_recv().ok()?;
-        Some(self.item(report))
-    }
-
-    fn item<E: 'static>(&self, report: Report<QE>) -> Error<E, QE> {
-        match report {
+        Some(match self.rx.recv().await? {
             Report::Queue(error) => Error::QueueError(error),
             Report::Runner(report) => {
                 self.waiting.fetch_sub(1, Ordering::Relaxed);
                 Error::RunnerError(report)
             }
-        }
+        })
     }
 }
