@@ -178,6 +178,8 @@ struct Missing<K: Resource + 'static>
 where
     K::DynamicType: Eq + Hash,
 {
+    /// Whether `keys` holds any, read without the lock: a mark is set (on a worker) before its
+    /// no-op's result goes back to the task that polls the stream, so that result's item sees it.
     any: AtomicBool,
     keys: Mutex<HashSet<ObjectRef<K>>>,
 }
