@@ -4,8 +4,9 @@
 //! [`applier`] and `Controller::run` both build [`Parts`] and call [`run`]: it makes the queue
 //! from the [`Config`], turns the triggers into the runner's sources (their errors go to the
 //! stream, their keys are debounced), holds reconciles on the store's readiness gate, and maps
-//! the runner's results onto kube-runtime's items. The user's reconciler and error policy, and
-//! the context given to them, stay on the task that polls the stream.
+//! the runner's results onto kube-runtime's items, merged in one place with the one path of
+//! everything else the stream reports (`super::reports`). The user's reconciler and error
+//! policy, and the context given to them, stay on the task that polls the stream.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -19,7 +20,7 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStream, TryStr
 use kube::Resource;
 use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -29,6 +30,7 @@ use workqueue_tokio::{AddOptions, WorkQueue};
 use super::Action;
 use super::config::Config;
 use super::error::{Error, RunnerError};
+use super::reports::{self, Inbox, Reports};
 use super::shards::Leases;
 
 /// A stream of keys and how to add them, or an error of the stream they come from.
@@ -122,6 +124,7 @@ where
         graceful: Vec::new(),
         forceful: Vec::new(),
         dyntype: None,
+        reports: reports::channel(),
     };
     run(parts, reconciler, error_policy, context)
 }
@@ -147,6 +150,8 @@ where
     pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
     /// The dynamic type, for the Lease watchdog (which lists the store's objects).
     pub(crate) dyntype: Option<K::DynamicType>,
+    /// Where the triggers' errors and the runner's reports go, and where the stream reads them.
+    pub(crate) reports: (Reports<QE>, Inbox<QE>),
 }
 
 /// A reconcile's error, with the object it failed on and the span the reconcile ran in (for the
@@ -163,10 +168,18 @@ impl<E: fmt::Debug, K> fmt::Debug for Failed<E, K> {
 /// The keys whose reconcile found no object in the store, until the stream reports them: the
 /// runner saw a successful no-op (so that the key is forgotten and counted as controller-runtime
 /// counts a reconcile of a deleted object), the stream yields `ObjectNotFound`.
+///
+/// A mark beside the runner's result, not in it: a success carries only its `Action`, and a
+/// failure would count as one (metrics, the outage detector). A key is marked when its no-op
+/// runs, and the mark is taken at that reconcile's item: a key runs once at a time, so a mark
+/// found at a key's item is that reconcile's. A no-op dropped unpolled (an abort, a shard's
+/// deadline, a shutdown) yields no item and leaves no mark.
 struct Missing<K: Resource + 'static>
 where
     K::DynamicType: Eq + Hash,
 {
+    /// Whether `keys` holds any, read without the lock: a mark is set (on a worker) before its
+    /// no-op's result goes back to the task that polls the stream, so that result's item sees it.
     any: AtomicBool,
     keys: Mutex<HashSet<ObjectRef<K>>>,
 }
@@ -224,6 +237,7 @@ where
         graceful,
         forceful,
         dyntype,
+        reports: (reports, inbox),
     } = parts;
     let leases = match leases {
         Ok(leases) => leases,
@@ -257,8 +271,11 @@ where
                 })
             }
             None => {
-                missing.insert(key);
-                Either::Right(future::ready(Ok(Action::await_change())))
+                let missing = missing.clone();
+                Either::Right(future::lazy(move |_| {
+                    missing.insert(key);
+                    Ok(Action::await_change())
+                }))
             }
         }
     };
@@ -276,7 +293,6 @@ where
             }
         }
     };
-    let (errors_tx, errors) = mpsc::unbounded_channel();
     let workers = match config.concurrency {
         0 => usize::MAX,
         n => usize::from(n),
@@ -298,20 +314,20 @@ where
     }
     .error_policy(policy);
     for (name, trigger) in triggers {
-        let errors_tx = errors_tx.clone();
+        let reports = reports.clone();
         let debounce = config.debounce;
         let keys = trigger.filter_map(move |item| {
             future::ready(match item {
                 Ok((key, opts)) => Some((key, debounced(opts, debounce))),
                 Err(error) => {
-                    let _ = errors_tx.send(error);
+                    reports.queue_error(error);
                     None
                 }
             })
         });
         runner = runner.source(&name, keys);
     }
-    drop(errors_tx);
+    drop(reports);
     let shutdown = CancellationToken::new();
     let watchdog = leases.map(|leases| {
         let dyntype = dyntype.expect("a controller on Leases has its dynamic type");
@@ -326,8 +342,8 @@ where
     });
     let results = runner.results(shutdown.clone());
     let state = State {
-        results: Box::pin(results),
-        errors,
+        results: Box::pin(results.fuse()),
+        reports: inbox,
         missing,
         store,
         start: Some(Start {
@@ -395,15 +411,16 @@ struct State<K: Resource + 'static, R, QE>
 where
     K::DynamicType: Eq + Hash,
 {
-    results: Pin<Box<R>>,
-    errors: mpsc::UnboundedReceiver<QE>,
+    /// The runner's results (fused: reports may follow their end).
+    results: Pin<Box<stream::Fuse<R>>>,
+    reports: Inbox<QE>,
     missing: Arc<Missing<K>>,
     store: Store<K>,
     start: Option<Start<K>>,
     /// The tasks that keep the gate, and the one that waits for a graceful shutdown.
     background: JoinSet<()>,
-    /// The Lease watchdog's task, and how to tell it the run is over.
-    watchdog: Option<(oneshot::Sender<()>, AbortOnDropHandle<()>)>,
+    /// The Lease watchdog's task, and how to tell it the run is over (`None` once told).
+    watchdog: Option<(Option<oneshot::Sender<()>>, AbortOnDropHandle<()>)>,
     shutdown: CancellationToken,
 }
 
@@ -419,17 +436,21 @@ where
     async fn next(&mut self) -> Option<Item<K, E, QE>> {
         self.start();
         loop {
+            // The reports first: one already sent never waits behind a busy runner.
             let result = tokio::select! {
                 biased;
-                Some(error) = self.errors.recv() => return Some(Err(Error::QueueError(error))),
+                Some(report) = self.reports.recv() => return Some(Err(report)),
                 result = self.results.next() => result,
             };
             let Some(result) = result else {
-                if let Ok(error) = self.errors.try_recv() {
-                    return Some(Err(Error::QueueError(error)));
+                // The run is over (not forced): the reports made until the Lease watchdog
+                // finished (its last hand-overs and releases may report), then the end.
+                self.background.abort_all();
+                tokio::select! {
+                    biased;
+                    Some(report) = self.reports.recv() => return Some(Err(report)),
+                    () = finish(&mut self.watchdog) => return None,
                 }
-                self.finish().await;
-                return None;
             };
             if let Some(item) = self.item(result) {
                 return Some(item);
@@ -455,17 +476,7 @@ where
         if let Some(watchdog) = start.watchdog {
             let (finish, finished) = oneshot::channel();
             let task = tokio::spawn(watchdog.run(finished));
-            self.watchdog = Some((finish, AbortOnDropHandle::new(task)));
-        }
-    }
-
-    /// The run is over (not forced): the background tasks stop, and the Lease watchdog
-    /// acknowledges what is left so that the protocol releases the Leases.
-    async fn finish(&mut self) {
-        self.background.abort_all();
-        if let Some((finish, mut task)) = self.watchdog.take() {
-            let _ = finish.send(());
-            let _ = (&mut task).await;
+            self.watchdog = Some((Some(finish), AbortOnDropHandle::new(task)));
         }
     }
 
@@ -479,6 +490,8 @@ where
                 Err(Error::ReconcilerFailed(error, object(key)))
             }
             Err(runner::Error::Failed(key, Failure::Panic(message))) => {
+                // A no-op whose finish panicked (a metrics recorder) leaves no mark either.
+                self.missing.take(&key);
                 Err(Error::RunnerError(RunnerError::ReconcilerPanicked {
                     object: object(key),
                     message,
@@ -493,4 +506,18 @@ where
             Err(_) => return None,
         })
     }
+}
+
+/// The Lease watchdog, told the run is over, acknowledges what is left so that the protocol
+/// releases the Leases; this completes when it is done. Cancel-safe: the stream reads reports
+/// meanwhile, and calls it again.
+async fn finish(watchdog: &mut Option<(Option<oneshot::Sender<()>>, AbortOnDropHandle<()>)>) {
+    let Some((finish, task)) = watchdog.as_mut() else {
+        return;
+    };
+    if let Some(finish) = finish.take() {
+        let _ = finish.send(());
+    }
+    let _ = task.await;
+    *watchdog = None;
 }

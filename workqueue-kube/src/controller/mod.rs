@@ -133,6 +133,7 @@ mod config;
 mod error;
 mod guard;
 mod relations;
+mod reports;
 mod shards;
 mod triggers;
 
@@ -150,7 +151,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use workqueue_tokio::AddOptions;
 
 pub use applier::applier;
@@ -164,8 +165,9 @@ pub use workqueue_tokio::runner::Action;
 use crate::lease::{LeaseClock, LeaseConfig};
 use applier::Parts;
 use backoff::TriggerBackoff;
+use reports::{Inbox, Reports};
 use shards::Leases;
-use triggers::{Reports, Trigger};
+use triggers::Trigger;
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.
@@ -183,8 +185,9 @@ where
     triggers: Vec<(String, Trigger<K>)>,
     /// The backoff the watches' triggers share.
     backoff: TriggerBackoff,
-    /// What triggers report on the stream besides keys and watch errors (a mapper's panic).
-    reports: (Reports, mpsc::Receiver<RunnerError>),
+    /// What the stream reports besides reconciles: the watches' errors, a mapper's panic, the
+    /// Leases' reports (`reports.rs`).
+    reports: (Reports<watcher::Error>, Inbox<watcher::Error>),
     reader: Store<K>,
     dyntype: K::DynamicType,
     config: Config,
@@ -255,7 +258,7 @@ where
         Controller {
             triggers: vec![(name, main)],
             backoff,
-            reports: Reports::channel(),
+            reports: reports::channel(),
             reader,
             dyntype,
             config: Config::default(),
@@ -540,12 +543,9 @@ where
             graceful: self.graceful,
             forceful: self.forceful,
             dyntype: Some(self.dyntype),
+            reports: self.reports,
         };
-        // The triggers' reports (a mapper's panic), merged in.
-        triggers::with_reports(
-            applier::run(parts, reconciler, error_policy, context),
-            self.reports.1,
-        )
+        applier::run(parts, reconciler, error_policy, context)
     }
 }
 

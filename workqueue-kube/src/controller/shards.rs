@@ -53,7 +53,7 @@ use workqueue_tokio::{AddOptions, WorkQueue};
 
 use super::error::RunnerError;
 use super::guard::{LeaseGuard, ShardPolls};
-use super::triggers::Reports;
+use super::reports::Reports;
 use crate::lease::{
     Assignment, EXIT_LOST, Ended, HandOver, Held, LeaseClock, LeaseConfig, OnLoss, Report,
     ShardChange, ShardLeases, shard_of,
@@ -85,11 +85,11 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// The Lease protocol of a controller, on `client`, or why it cannot run.
-    pub(crate) fn new(
+    pub(crate) fn new<QE: Send + 'static>(
         client: Option<Client>,
         config: LeaseConfig,
         clock: Option<Arc<dyn LeaseClock>>,
-        reports: Reports,
+        reports: Reports<QE>,
     ) -> Result<Self, RunnerError> {
         let client = client.ok_or(RunnerError::LeasesNeedAClient)?;
         // Within the time the protocol leaves between a loss and another replica's take, less

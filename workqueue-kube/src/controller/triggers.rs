@@ -11,10 +11,11 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use workqueue_tokio::{AddOptions, LOW_PRIORITY};
 
-use super::error::{Error, RunnerError};
+use super::error::RunnerError;
+use super::reports::Reports;
 use crate::sources::{Change, Prioritized, owner_keys, owners as prioritized_owners, prioritized};
 
 /// A stream of keys and how to add them, or a watch's error.
@@ -109,11 +110,11 @@ pub(crate) struct Relation<F, D> {
     mapper: F,
     /// The dynamic type of the related objects, to name one in a report.
     dyntype: D,
-    reports: Reports,
+    reports: Reports<watcher::Error>,
 }
 
 impl<F, D> Relation<F, D> {
-    pub(crate) fn new(mapper: F, dyntype: D, reports: Reports) -> Self {
+    pub(crate) fn new(mapper: F, dyntype: D, reports: Reports<watcher::Error>) -> Self {
         Relation {
             mapper,
             dyntype,
@@ -201,42 +202,6 @@ fn of_one<K: Resource>(
         Ok(keys) => stream::iter(keys.into_iter().map(move |key| Ok((key, opts)))).left_stream(),
         Err(error) => stream::iter([Err(error)]).right_stream(),
     }
-}
-
-/// Where triggers report what the controller's stream must say besides their keys and watch
-/// errors (a mapper's panic). Bounded: when the consumer falls behind, reports past the bound
-/// are dropped (each was logged when it happened).
-#[derive(Clone, Debug)]
-pub(crate) struct Reports(mpsc::Sender<RunnerError>);
-
-/// How many reports wait for the consumer at most.
-const REPORTS: usize = 64;
-
-impl Reports {
-    pub(crate) fn channel() -> (Reports, mpsc::Receiver<RunnerError>) {
-        let (tx, rx) = mpsc::channel(REPORTS);
-        (Reports(tx), rx)
-    }
-
-    pub(crate) fn send(&self, report: RunnerError) {
-        let _ = self.0.try_send(report);
-    }
-}
-
-/// `items` (a controller's stream) with the `reports` merged in as [`Error::RunnerError`]
-/// items; it ends when `items` ends.
-pub(crate) fn with_reports<T, E: 'static>(
-    items: impl Stream<Item = Result<T, Error<E, watcher::Error>>>,
-    reports: mpsc::Receiver<RunnerError>,
-) -> impl Stream<Item = Result<T, Error<E, watcher::Error>>> {
-    let reports = stream::unfold(reports, |mut reports| async move {
-        let report = reports.recv().await?;
-        Some((Some(Err(Error::RunnerError(report))), reports))
-    });
-    let items = items.map(Some).chain(stream::once(ready(None)));
-    stream::select(items, reports)
-        .take_while(|item| ready(item.is_some()))
-        .filter_map(ready)
 }
 
 /// Every object in `store` each time `trigger` yields, behind real changes (a resync).
