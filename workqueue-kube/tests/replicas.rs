@@ -742,3 +742,73 @@ async fn a_lease_clock_given_before_leases_is_used() {
         "the clock given before `leases` was never read"
     );
 }
+
+/// A trigger backoff that gives up at the first failure.
+#[derive(Debug)]
+struct GiveUp;
+
+impl Iterator for GiveUp {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        None
+    }
+}
+
+impl kube::runtime::utils::Backoff for GiveUp {
+    fn reset(&mut self) {}
+}
+
+/// A controller on Leases whose watches end (its trigger backoff gives up) reconciles what is
+/// due and ends, as one without Leases does: its Lease protocol leaves (its membership
+/// vacated) instead of holding the stream open.
+#[tokio::test(start_paused = true)]
+async fn a_controller_whose_watches_end_leaves_its_leases_and_ends() {
+    let server = ApiServer::new();
+    server.put(&cm("a", "1"));
+    let reconciled = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stream = Controller::new(
+        Api::<ConfigMap>::all(server.client_named("r1")),
+        watcher::Config::default(),
+    )
+    .trigger_backoff(GiveUp)
+    .leases(leader("r1"))
+    .run(
+        {
+            let reconciled = reconciled.clone();
+            move |_: Arc<ConfigMap>, _: Arc<()>| {
+                reconciled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async { Ok::<_, std::convert::Infallible>(Action::await_change()) }
+            }
+        },
+        |_, _: &std::convert::Infallible, _| Action::await_change(),
+        Arc::new(()),
+    );
+    let task = tokio::spawn(stream.collect::<Vec<_>>());
+    until(secs(30), "the object is reconciled under the Lease", || {
+        reconciled.load(std::sync::atomic::Ordering::Relaxed) == 1
+    })
+    .await;
+    // The watch breaks and its relist is refused: the backoff gives up, the watch ends.
+    server.deny("list", "configmaps");
+    server.deny("watch", "configmaps");
+    server.compact();
+    until(secs(120), "the controller's stream ends", || {
+        task.is_finished()
+    })
+    .await;
+    let items = task.await.unwrap();
+    assert!(
+        items
+            .iter()
+            .any(|item| matches!(item, Err(Error::QueueError(_)))),
+        "the refused list is an item: {items:?}"
+    );
+    // It left: its membership vacated (a shard whose holder left is free to take at once).
+    let members: Vec<_> = lease_support::leases(&server)
+        .into_iter()
+        .filter(|lease| lease.metadata.name.as_deref() == Some("ctl-member-r1"))
+        .collect();
+    assert_eq!(members.len(), 1, "the membership Lease: {members:?}");
+    assert_eq!(lease_support::holder_identity(&members[0]), None, "vacated");
+}

@@ -312,9 +312,10 @@ where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    /// Runs until `finish` completes (the controller's run is over), then acknowledges every
-    /// hand-over until the protocol ends (it releases the Leases acknowledged: a fast failover).
-    /// Dropping it (a forced stop) aborts the protocol: the Leases lapse.
+    /// Runs until `finish` completes (the controller's run is over), then has the protocol
+    /// leave (a run that ended by itself, its watches gone, was not shut down) and acknowledges
+    /// every hand-over until the protocol ends (it releases the Leases acknowledged: a fast
+    /// failover). Dropping it (a forced stop) aborts the protocol: the Leases lapse.
     pub(crate) async fn run(mut self, finish: oneshot::Receiver<()>) {
         let mut finish = std::pin::pin!(finish);
         loop {
@@ -328,6 +329,7 @@ where
                 Event::Finish => break,
             }
         }
+        self.shutdown.cancel();
         self.acknowledge_until_the_protocol_ends().await;
     }
 
