@@ -14,7 +14,7 @@ use futures_util::stream::{BoxStream, FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::LABEL_CONTROLLER;
@@ -157,8 +157,7 @@ impl Driver {
                     self.state.answered(id, answer, self.clock.now());
                 }
                 Some((shard, late)) = self.acks.next(), if !self.acks.is_empty() => {
-                    self.stats.hand_overs += 1;
-                    self.stats.hand_over_timeouts += u64::from(late);
+                    self.stats.handed_over(late);
                     self.state.drained(shard, self.clock.now());
                 }
                 () = sleep_until(watch_paused.unwrap_or_else(Instant::now)), if watch_paused.is_some() => {
@@ -301,7 +300,7 @@ impl Driver {
         match decision {
             Decision::Joined { token } => tracing::info!(%token, "joined"),
             Decision::Acquired { shard, epoch } => {
-                self.stats.acquisitions += 1;
+                self.stats.acquired();
                 tracing::info!(shard, epoch, "acquired a shard");
             }
             Decision::HandOver {
@@ -311,11 +310,11 @@ impl Driver {
                 deadline,
             } => self.hand_over(shard, epoch, reason, self.clock.tokio_instant(deadline)),
             Decision::Released { shard, .. } => {
-                self.stats.releases += 1;
+                self.stats.released();
                 tracing::info!(shard, "gave the shard away");
             }
             Decision::Lost { shard, epoch } => {
-                self.stats.losses += 1;
+                self.stats.lost();
                 self.first_lost.get_or_insert(shard);
                 tracing::warn!(shard, epoch, "lost a shard");
             }
@@ -327,7 +326,7 @@ impl Driver {
                     %other,
                     "another process renews this replica's membership Lease: two processes were given one identity; this one takes nothing while the other lives"
                 );
-                self.stats.identity_collisions += 1;
+                self.stats.collided();
             }
             Decision::Mismatch {
                 holder,
@@ -401,16 +400,11 @@ impl Driver {
     /// acknowledged or dropped (a dropped request: nothing of the shard runs), or at once when
     /// nobody receives hand-overs.
     fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason, deadline: Instant) {
-        let (ack, acked) = oneshot::channel();
-        let request = HandOver {
-            shard,
-            deadline,
-            reason: match reason {
-                Reason::Rebalance => HandOverReason::Rebalance,
-                Reason::Shutdown => HandOverReason::Shutdown,
-            },
-            ack,
+        let reason = match reason {
+            Reason::Rebalance => HandOverReason::Rebalance,
+            Reason::Shutdown => HandOverReason::Shutdown,
         };
+        let (request, acked) = HandOver::new(shard, deadline, reason);
         tracing::info!(shard, epoch, ?reason, "handing over");
         // The shard shows as taking no keys before the controller hears of the hand-over.
         self.publish();
@@ -432,7 +426,7 @@ impl Driver {
                 let (Some(epoch), Some(valid_until)) = (self.state.epoch(shard), deadline) else {
                     return ShardState::NotHeld;
                 };
-                let holding = Holding { valid_until, epoch };
+                let holding = Holding::new(valid_until, epoch);
                 if self.state.accepts(shard, now) {
                     ShardState::Held(holding)
                 } else if self.state.believes(shard, now) {
@@ -442,11 +436,7 @@ impl Driver {
                 }
             })
             .collect();
-        let next = Assignment {
-            shards,
-            members: self.state.members() as u32,
-            stats: self.stats,
-        };
+        let next = Assignment::new(shards, self.state.members() as u32, self.stats);
         self.assignment.send_if_modified(|current| {
             if *current == next {
                 return false;

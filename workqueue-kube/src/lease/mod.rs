@@ -262,7 +262,7 @@ pub use config::{ConfigError, EXIT_LOST, EXIT_UNSTOPPABLE, LeaseConfig, OnLoss};
 pub(crate) use driver::Ended;
 pub(crate) use failures::Report;
 pub use fence::deadline;
-pub(crate) use fence::{Held, scope};
+pub(crate) use fence::scope;
 pub(crate) use protocol::ShardLeases;
 pub use shard::shard_of;
 
