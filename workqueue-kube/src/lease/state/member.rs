@@ -307,7 +307,7 @@ impl Membership {
 
     /// Reads this identity's membership record as the view shows it now.
     pub(crate) fn observe(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<Change> {
-        let record = seen.map(|s| &s.record);
+        let record = seen.map(|s| s.record());
         if self
             .expected_change
             .as_ref()
@@ -364,7 +364,7 @@ impl Membership {
 
     /// Counts the renewals of another token on this identity's record.
     fn watch_blocker(&mut self, seen: Option<&Seen>) -> Option<Change> {
-        let record = seen.map(|s| &s.record);
+        let record = seen.map(|s| s.record());
         let Some(other) = record
             .and_then(|r| r.holder())
             .filter(|h| !self.old.contains(h))
@@ -447,7 +447,7 @@ impl Membership {
         if !synced || self.in_flight.len() >= IN_FLIGHT {
             return None;
         }
-        let record = seen.map(|s| &s.record);
+        let record = seen.map(|s| s.record());
         let rp = self.settings.retry_period;
         // Says it may hold shards once it could believe when it wrote: a replica whose own
         // writes come back later than the renew deadline is never given any.
@@ -517,7 +517,7 @@ impl Membership {
     fn join(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<MemberWrite> {
         // A write of this token was stored: renew it (the view has not caught up).
         if let Some((rv, _)) = self.base.clone() {
-            let record = seen.map(|s| &s.record);
+            let record = seen.map(|s| s.record());
             let previous = record.and_then(|r| r.content.previous.clone());
             return Some(self.content(Some(rv), Some(self.token.clone()), previous, record));
         }
@@ -535,7 +535,7 @@ impl Membership {
         let Some(seen) = seen else {
             return Some(self.content(None, Some(self.token.clone()), None, None));
         };
-        let record = &seen.record;
+        let record = seen.record();
         if self.refused.as_ref() == Some(&record.rv) {
             return None;
         }
@@ -662,7 +662,7 @@ impl Membership {
             wakes.extend(self.last_join.map(|t| t + rp));
         }
         if self.phase == Phase::Joining
-            && let Some(seen) = seen.filter(|s| s.record.holder().is_some())
+            && let Some(seen) = seen.filter(|s| s.record().holder().is_some())
         {
             // Expired is strictly after.
             wakes.push(seen.expires() + Duration::from_nanos(1));

@@ -174,8 +174,10 @@ impl ReplicaState {
         };
         slot.epoch = None;
         let rv = match self.view.shard(shard) {
-            view::ShardSeen::Present(seen) if seen.record.holder() == Some(self.member.token()) => {
-                Some(seen.record.rv.clone())
+            view::ShardSeen::Present(seen)
+                if seen.record().holder() == Some(self.member.token()) =>
+            {
+                Some(seen.record().rv.clone())
             }
             _ => None,
         };
@@ -268,15 +270,15 @@ impl ReplicaState {
         for (_, seen) in self.view.members() {
             // An expiry changes who is eligible and who may be fenced; a vacant record is
             // collected a lease duration after it was vacated.
-            let at_ = match seen.record.holder() {
+            let at_ = match seen.record().holder() {
                 Some(_) => seen.expires(),
-                None => seen.since + self.config.lease_duration,
+                None => seen.unchanged_for(self.config.lease_duration),
             };
             at(at_ + Duration::from_nanos(1));
-            if seen.record.holder().is_some() && !seen.record.content.held {
+            if seen.record().holder().is_some() && !seen.record().content.held {
                 // A member not saying it may hold shards stops being a target then.
                 let grace = self.config.renew_deadline + self.config.retry_period;
-                at(seen.holder_since + grace + Duration::from_nanos(1));
+                at(seen.holder_for(grace) + Duration::from_nanos(1));
             }
         }
         for slot in &self.slots {
@@ -361,11 +363,11 @@ impl ReplicaState {
         let ours = self.config.lease_duration;
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
-            if let Some(holder) = seen.record.holder()
-                && seen.record.content.duration != ours
+            if let Some(holder) = seen.record().holder()
+                && seen.record().content.duration != ours
                 && !self.timing_reported.contains(holder)
             {
-                found.push((holder.clone(), seen.record.content.duration));
+                found.push((holder.clone(), seen.record().content.duration));
             }
         }
         for (holder, duration) in found {

@@ -21,15 +21,15 @@ impl ReplicaState {
         let me = self.member.identity();
         let mut out = Vec::new();
         for (id, seen) in self.view.members() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             let ok = if id == me {
-                seen.record.holder() == Some(self.member.token()) && self.member.serving(now)
+                seen.record().holder() == Some(self.member.token()) && self.member.serving(now)
             } else {
                 let grace = self.config.renew_deadline + self.config.retry_period;
                 c.holder.is_some()
                     && !c.leaving
                     && now <= seen.expires()
-                    && (c.held || now <= seen.holder_since + grace)
+                    && (c.held || now <= seen.holder_for(grace))
                     && c.shards == Some(self.config.shards)
                     && c.protocol == Some(PROTOCOL)
             };
@@ -46,10 +46,10 @@ impl ReplicaState {
     /// first list in which no member says so proves that nobody holds any.
     fn ready(&self, id: &str) -> Option<Token> {
         let seen = self.view.member(id)?;
-        let holder = seen.record.holder()?;
+        let holder = seen.record().holder()?;
         let mine = id == &**self.member.identity();
         let ours = !mine || holder == self.member.token();
-        (ours && seen.record.content.held).then(|| holder.clone())
+        (ours && seen.record().content.held).then(|| holder.clone())
     }
 
     /// Whether a holder that may be alive runs another configuration (reported once each).
@@ -57,7 +57,7 @@ impl ReplicaState {
         let mine = (Some(self.config.shards), Some(PROTOCOL));
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             if let Some(h) = &c.holder
                 && (c.shards, c.protocol) != mine
             {
@@ -65,7 +65,7 @@ impl ReplicaState {
             }
         }
         for seen in self.view.shard_records() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             if let Some(h) = &c.holder
                 && (c.shards, c.protocol) != mine
                 && self.view.status(h, now) != Status::Dead
@@ -95,7 +95,7 @@ impl ReplicaState {
             && self
                 .view
                 .member(id)
-                .is_some_and(|m| m.record.holder() == Some(holder))
+                .is_some_and(|m| m.record().holder() == Some(holder))
         {
             return Some(id.clone());
         }
@@ -135,7 +135,7 @@ impl ReplicaState {
         Content {
             holder,
             previous: None,
-            counter: before.map_or(0, |s| s.record.content.counter) + 1,
+            counter: before.map_or(0, |s| s.record().content.counter) + 1,
             shards: Some(self.config.shards),
             protocol: Some(PROTOCOL),
             leaving: false,
@@ -150,7 +150,7 @@ impl ReplicaState {
             view::ShardSeen::Absent { .. } => None,
         };
         let content = self.shard_content(Some(self.member.token().clone()), before.as_ref());
-        let under = before.map(|seen| seen.record.rv);
+        let under = before.map(|seen| seen.record().rv.clone());
         self.write_shard(shard, under, content, now);
     }
 
@@ -167,7 +167,7 @@ impl ReplicaState {
     /// duplicate of one the view has not caught up with).
     fn may_write_shard(&self, shard: u32, now: LocalInstant) -> bool {
         let rv = match self.view.shard(shard) {
-            view::ShardSeen::Present(seen) => Some(&seen.record.rv),
+            view::ShardSeen::Present(seen) => Some(&seen.record().rv),
             view::ShardSeen::Absent { .. } => None,
         };
         !self.busy.contains(&LeaseName::Shard(shard))
@@ -195,7 +195,7 @@ impl ReplicaState {
             };
             let unchanged = matches!(
                 self.view.shard(shard),
-                view::ShardSeen::Present(seen) if seen.record.rv == *rv
+                view::ShardSeen::Present(seen) if seen.record().rv == *rv
             );
             // Taken back only if no write to give it was ever sent: one may still land.
             let slot = &self.slots[shard as usize];
@@ -233,7 +233,7 @@ impl ReplicaState {
                 continue;
             }
             let content = self.shard_content(to, Some(&seen));
-            self.write_shard(shard, Some(seen.record.rv.clone()), content, now);
+            self.write_shard(shard, Some(seen.record().rv.clone()), content, now);
         }
     }
 }
