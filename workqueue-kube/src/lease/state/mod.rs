@@ -35,7 +35,7 @@ use std::time::Duration;
 use super::clock::LocalInstant;
 use super::config::{OnLoss, Settings};
 use member::{Answered, Change, Membership, Phase};
-use slots::{Slot, SlotPhase};
+use slots::Slot;
 use targets::Targets;
 use view::View;
 
@@ -169,10 +169,6 @@ impl ReplicaState {
         let Some(slot) = self.slots.get_mut(shard as usize) else {
             return self.settle(now);
         };
-        let (SlotPhase::Draining, Some(epoch)) = (&slot.phase, slot.epoch) else {
-            return self.settle(now);
-        };
-        slot.epoch = None;
         let rv = match self.view.shard(shard) {
             view::ShardSeen::Present(seen)
                 if seen.record().holder() == Some(self.member.token()) =>
@@ -181,9 +177,8 @@ impl ReplicaState {
             }
             _ => None,
         };
-        slot.phase = match rv {
-            Some(rv) => SlotPhase::Giving { rv },
-            None => SlotPhase::Idle,
+        let Some(epoch) = slot.drained(rv) else {
+            return self.settle(now);
         };
         self.out
             .push_back(Output::Decision(Decision::Released { shard, epoch }));
@@ -217,14 +212,14 @@ impl ReplicaState {
         let Some(slot) = self.slots.get(shard as usize) else {
             return false;
         };
-        !matches!(slot.phase, SlotPhase::Giving { .. })
+        slot.giving().is_none()
             && self.view.shard_holder(shard) == Some(self.member.token())
             && self.member.valid_until().is_some_and(|v| now < v)
     }
 
     /// The number of `shard`'s current belief (`None`: not believed).
     pub(crate) fn epoch(&self, shard: u32) -> Option<u64> {
-        self.slots.get(shard as usize)?.epoch
+        self.slots.get(shard as usize)?.epoch()
     }
 
     /// The belief deadline (`None`: nothing may be believed).
@@ -234,7 +229,7 @@ impl ReplicaState {
 
     /// The shards whose keys this replica takes at `now`: believed and not being handed over.
     pub(crate) fn accepts(&self, shard: u32, now: LocalInstant) -> bool {
-        self.believes(shard, now) && matches!(self.slots[shard as usize].phase, SlotPhase::Idle)
+        self.believes(shard, now) && self.slots[shard as usize].idle()
     }
 
     /// The live members this replica counts (itself included when it serves).
@@ -402,19 +397,16 @@ impl ReplicaState {
         for shard in 0..self.config.shards {
             let believes = self.believes(shard, now);
             let slot = &mut self.slots[shard as usize];
-            match (slot.epoch, believes) {
+            match (slot.epoch(), believes) {
                 (None, true) => {
                     let epoch = self.next_epoch;
                     self.next_epoch += 1;
-                    slot.epoch = Some(epoch);
+                    slot.believe(epoch);
                     self.out
                         .push_back(Output::Decision(Decision::Acquired { shard, epoch }));
                 }
                 (Some(epoch), false) => {
-                    slot.epoch = None;
-                    if matches!(slot.phase, SlotPhase::Draining) {
-                        slot.phase = SlotPhase::Idle;
-                    }
+                    slot.lose();
                     self.out
                         .push_back(Output::Decision(Decision::Lost { shard, epoch }));
                     lost.get_or_insert(shard);
@@ -437,9 +429,7 @@ impl ReplicaState {
     }
 
     fn hand_over(&mut self, shard: u32, reason: Reason, now: LocalInstant) {
-        let slot = &mut self.slots[shard as usize];
-        if let (Some(epoch), SlotPhase::Idle) = (slot.epoch, &slot.phase) {
-            slot.phase = SlotPhase::Draining;
+        if let Some(epoch) = self.slots[shard as usize].drain() {
             self.out.push_back(Output::Decision(Decision::HandOver {
                 shard,
                 epoch,
@@ -454,7 +444,7 @@ impl ReplicaState {
         if self.member.phase() != Phase::Leaving {
             return;
         }
-        let empty = self.slots.iter().all(|s| s.epoch.is_none());
+        let empty = self.slots.iter().all(|s| s.epoch().is_none());
         if empty {
             self.member.vacate();
         }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use super::super::clock::LocalInstant;
-use super::slots::SlotPhase;
 use super::targets::Targets;
 use super::view::{self, Seen, Status};
 use super::{
@@ -116,13 +115,13 @@ impl ReplicaState {
                 continue;
             };
             let slot = &self.slots[shard as usize];
-            if slot.epoch.is_some() {
+            if slot.epoch().is_some() {
                 if target != me && self.ready(&target).is_some() {
                     self.hand_over(shard, Reason::Rebalance, now);
                 }
             } else if target == me
                 && ready
-                && matches!(slot.phase, SlotPhase::Idle)
+                && slot.idle()
                 && self.may_write_shard(shard, now)
                 && self.view.shard_free(shard, now)
             {
@@ -179,7 +178,7 @@ impl ReplicaState {
             Some(rv) => Op::Replace(rv, content),
             None => Op::Create(content),
         };
-        self.slots[shard as usize].wrote = Some((under, now + self.config.retry_period));
+        self.slots[shard as usize].sent(under, now + self.config.retry_period);
         let deadline = now + self.config.renew_deadline;
         self.request(LeaseName::Shard(shard), op, deadline, Purpose::Shard);
     }
@@ -190,7 +189,7 @@ impl ReplicaState {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
         for shard in 0..self.config.shards {
-            let SlotPhase::Giving { rv } = &self.slots[shard as usize].phase else {
+            let Some(rv) = self.slots[shard as usize].giving() else {
                 continue;
             };
             let unchanged = matches!(
@@ -198,16 +197,12 @@ impl ReplicaState {
                 view::ShardSeen::Present(seen) if seen.record().rv == *rv
             );
             // Taken back only if no write to give it was ever sent: one may still land.
-            let slot = &self.slots[shard as usize];
-            let never_sent = slot
-                .wrote
-                .as_ref()
-                .is_none_or(|(under, _)| under.as_ref() != Some(rv));
+            let never_sent = !self.slots[shard as usize].sent_under(rv);
             let mine_again = self.ending.is_none()
                 && never_sent
                 && self.target(shard, &eligible).is_some_and(|t| t == me);
             if !unchanged || mine_again {
-                self.slots[shard as usize].phase = SlotPhase::Idle;
+                self.slots[shard as usize].stop_giving();
             }
         }
     }
@@ -218,9 +213,7 @@ impl ReplicaState {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
         for shard in 0..self.config.shards {
-            if !matches!(self.slots[shard as usize].phase, SlotPhase::Giving { .. })
-                || !self.may_write_shard(shard, now)
-            {
+            if self.slots[shard as usize].giving().is_none() || !self.may_write_shard(shard, now) {
                 continue;
             }
             let view::ShardSeen::Present(seen) = self.view.shard(shard).clone() else {
