@@ -468,7 +468,7 @@ async fn perform(
         (Op::Delete(rv), _) => {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
-                    resource_version: Some(rv.0.to_string()),
+                    resource_version: Some(rv.as_str().to_string()),
                     uid: None,
                 }),
                 ..DeleteParams::default()
