@@ -86,7 +86,7 @@ impl Driver {
         tell: Option<Tell>,
     ) -> Driver {
         Driver {
-            names: Names::new(&config.name),
+            names: Names::new(config.name()),
             state: ReplicaState::new(config.clone(), seed()),
             config,
             api,
@@ -125,7 +125,7 @@ impl Driver {
             // way (it shows what the stale one did not), unless that list takes past the renew
             // deadline itself.
             let listing_now =
-                listing.is_some() && watch_started.elapsed() < self.config.renew_deadline;
+                listing.is_some() && watch_started.elapsed() < self.config.renew_deadline();
             if std::mem::take(&mut self.rewatch) && !listing_now {
                 watch = self.watch();
                 watch_started = Instant::now();
@@ -179,7 +179,7 @@ impl Driver {
                             message: error.to_string(),
                         });
                         watch_paused = Some(Instant::now() + watch_retry);
-                        watch_retry = (watch_retry * 2).min(self.config.retry_period.max(WATCH_RETRY));
+                        watch_retry = (watch_retry * 2).min(self.config.retry_period().max(WATCH_RETRY));
                     }
                     None => {
                         watch = self.watch();
@@ -195,7 +195,7 @@ impl Driver {
 
     /// The label selector of this controller's Leases.
     fn selector(&self) -> String {
-        format!("{LABEL_CONTROLLER}={}", self.config.name)
+        format!("{LABEL_CONTROLLER}={}", self.config.name())
     }
 
     fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
@@ -209,7 +209,7 @@ impl Driver {
         event: watcher::Event<Lease>,
         listing: &mut Option<Vec<(LeaseName, Record)>>,
     ) {
-        let duration = self.config.lease_duration;
+        let duration = self.config.lease_duration();
         let read = |lease: &Lease| from_lease(&self.names, lease, duration);
         match event {
             watcher::Event::Init => *listing = Some(Vec::new()),
@@ -269,8 +269,8 @@ impl Driver {
             let wall = self.clock.wall();
             to_lease(
                 &self.names,
-                &self.config.name,
-                &self.config.namespace,
+                self.config.name(),
+                self.config.namespace(),
                 &request.lease,
                 rv,
                 content,
@@ -284,7 +284,7 @@ impl Driver {
             Op::Delete(_) => "delete",
         };
         let names = self.names.clone();
-        let duration = self.config.lease_duration;
+        let duration = self.config.lease_duration();
         self.requests.push(Box::pin(async move {
             let read = |lease: &Lease| from_lease(&names, lease, duration).map(|(_, r)| r);
             let write = perform(&api, &name, &op, body, read);
@@ -336,7 +336,7 @@ impl Driver {
                 %holder,
                 ?shards,
                 ?protocol,
-                ours = self.config.shards,
+                ours = self.config.shards(),
                 "a replica that may be alive runs another number of shards or another protocol: no shard moves until it is gone"
             ),
             Decision::WatchStale => {
@@ -354,13 +354,13 @@ impl Driver {
             }
             Decision::SteppedDown => {
                 tracing::error!(
-                    renew_deadline = ?self.config.renew_deadline,
+                    renew_deadline = ?self.config.renew_deadline(),
                     "renewals the API server stored were not read back within the renew deadline: this replica stopped renewing, so that another replica takes its shards over; it joins again once it reads its membership Lease"
                 );
                 self.tell(Report::SteppedDown);
             }
             Decision::Timing { holder, duration } => {
-                let ours = self.config.lease_duration;
+                let ours = self.config.lease_duration();
                 tracing::warn!(
                     %holder,
                     ?duration,
@@ -421,7 +421,7 @@ impl Driver {
     fn publish(&mut self) {
         let now = self.clock.now();
         let deadline = self.state.deadline().map(|d| self.clock.tokio_instant(d));
-        let shards: Arc<[ShardState]> = (0..self.config.shards)
+        let shards: Arc<[ShardState]> = (0..self.config.shards())
             .map(|shard| {
                 let (Some(epoch), Some(valid_until)) = (self.state.epoch(shard), deadline) else {
                     return ShardState::NotHeld;

@@ -90,9 +90,9 @@ impl ReplicaState {
     /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
     pub(crate) fn new(config: Settings, seed: u64) -> ReplicaState {
         ReplicaState {
-            view: View::new(config.shards, config.lease_duration),
+            view: View::new(config.shards(), config.lease_duration()),
             member: Membership::new(seed, config.clone()),
-            slots: vec![Slot::default(); config.shards as usize],
+            slots: vec![Slot::default(); config.shards() as usize],
             targets: Targets::default(),
             requests: HashMap::new(),
             busy: BTreeSet::new(),
@@ -267,12 +267,12 @@ impl ReplicaState {
             // collected a lease duration after it was vacated.
             let at_ = match seen.record().holder() {
                 Some(_) => seen.expires(),
-                None => seen.unchanged_for(self.config.lease_duration),
+                None => seen.unchanged_for(self.config.lease_duration()),
             };
             at(at_ + Duration::from_nanos(1));
             if seen.record().holder().is_some() && !seen.record().content.held {
                 // A member not saying it may hold shards stops being a target then.
-                let grace = self.config.renew_deadline + self.config.retry_period;
+                let grace = self.config.renew_deadline() + self.config.retry_period();
                 at(seen.holder_for(grace) + Duration::from_nanos(1));
             }
         }
@@ -282,7 +282,7 @@ impl ReplicaState {
             }
         }
         for (_, t) in self.recent.values() {
-            at(*t + self.config.retry_period);
+            at(*t + self.config.retry_period());
         }
         if let Some(t) = self.give_up {
             at(t);
@@ -326,8 +326,8 @@ impl ReplicaState {
             // Leaving is bounded: the drains and the vacating write after a shutdown; after a
             // loss nothing is left to drain (the belief ended), a retry period to vacate.
             let limit = match ending {
-                Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
-                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
+                Ending::Shutdown => self.config.hand_over_timeout() + self.config.renew_deadline(),
+                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period(),
             };
             self.give_up = Some(now + limit);
         }
@@ -355,7 +355,7 @@ impl ReplicaState {
 
     /// Reports each holder whose record carries a lease duration unlike this replica's, once.
     fn report_timing(&mut self) {
-        let ours = self.config.lease_duration;
+        let ours = self.config.lease_duration();
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
             if let Some(holder) = seen.record().holder()
@@ -378,7 +378,7 @@ impl ReplicaState {
                 token: self.member.token().clone(),
             },
             Change::Lost { old } => {
-                if self.config.on_loss == OnLoss::Stop || self.ending.is_some() {
+                if self.config.on_loss() == OnLoss::Stop || self.ending.is_some() {
                     self.ending.get_or_insert(Ending::LostMembership);
                     self.member.stop();
                 }
@@ -394,7 +394,7 @@ impl ReplicaState {
     /// Starts and ends beliefs as the three conditions say.
     fn update_beliefs(&mut self, now: LocalInstant) {
         let mut lost = None;
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             let believes = self.believes(shard, now);
             let slot = &mut self.slots[shard as usize];
             match (slot.epoch(), believes) {
@@ -415,14 +415,14 @@ impl ReplicaState {
             }
         }
         if let Some(shard) = lost
-            && self.config.on_loss == OnLoss::Stop
+            && self.config.on_loss() == OnLoss::Stop
             && self.ending.is_none()
         {
             self.ending = Some(Ending::Lost { shard });
             self.member.leave();
         }
         if self.ending.is_some() {
-            for shard in 0..self.config.shards {
+            for shard in 0..self.config.shards() {
                 self.hand_over(shard, Reason::Shutdown, now);
             }
         }
@@ -434,7 +434,7 @@ impl ReplicaState {
                 shard,
                 epoch,
                 reason,
-                deadline: now + self.config.hand_over_timeout,
+                deadline: now + self.config.hand_over_timeout(),
             }));
         }
     }
@@ -465,7 +465,7 @@ impl ReplicaState {
             return;
         };
         let lease = LeaseName::Member(self.member.identity().clone());
-        let deadline = now + self.config.renew_deadline;
+        let deadline = now + self.config.renew_deadline();
         let under = write.rv.clone();
         let counter = write.content.counter;
         let op = match write.rv {

@@ -24,12 +24,12 @@ impl ReplicaState {
             let ok = if id == me {
                 seen.record().holder() == Some(self.member.token()) && self.member.serving(now)
             } else {
-                let grace = self.config.renew_deadline + self.config.retry_period;
+                let grace = self.config.renew_deadline() + self.config.retry_period();
                 c.holder.is_some()
                     && !c.leaving
                     && now <= seen.expires()
                     && (c.held || now <= seen.holder_for(grace))
-                    && c.shards == Some(self.config.shards)
+                    && c.shards == Some(self.config.shards())
                     && c.protocol == Some(PROTOCOL)
             };
             if ok {
@@ -53,7 +53,7 @@ impl ReplicaState {
 
     /// Whether a holder that may be alive runs another configuration (reported once each).
     pub(super) fn mismatch(&mut self, now: LocalInstant) -> bool {
-        let mine = (Some(self.config.shards), Some(PROTOCOL));
+        let mine = (Some(self.config.shards()), Some(PROTOCOL));
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
             let c = &seen.record().content;
@@ -88,7 +88,7 @@ impl ReplicaState {
     /// The member `shard` should go to. With one shard (leader election) a live, eligible
     /// holder stays the target: a joining replica never takes leadership from a live leader.
     fn target(&self, shard: u32, eligible: &[Arc<str>]) -> Option<Arc<str>> {
-        if self.config.shards == 1
+        if self.config.shards() == 1
             && let Some(holder) = self.view.shard_holder(shard)
             && let Some(id) = eligible.iter().find(|id| ***id == *holder.identity())
             && self
@@ -110,7 +110,7 @@ impl ReplicaState {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
         let ready = self.ready(&me).is_some();
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             let Some(target) = self.target(shard, &eligible) else {
                 continue;
             };
@@ -135,11 +135,11 @@ impl ReplicaState {
             holder,
             previous: None,
             counter: before.map_or(0, |s| s.record().content.counter) + 1,
-            shards: Some(self.config.shards),
+            shards: Some(self.config.shards()),
             protocol: Some(PROTOCOL),
             leaving: false,
             held: false,
-            duration: self.config.lease_duration,
+            duration: self.config.lease_duration(),
         }
     }
 
@@ -157,7 +157,7 @@ impl ReplicaState {
     fn refresh_targets(&mut self, now: LocalInstant) -> Vec<Arc<str>> {
         let eligible = self.eligible(now);
         if self.targets.members() != eligible.as_slice() {
-            self.targets = Targets::compute(eligible.clone(), self.config.shards);
+            self.targets = Targets::compute(eligible.clone(), self.config.shards());
         }
         eligible
     }
@@ -178,8 +178,8 @@ impl ReplicaState {
             Some(rv) => Op::Replace(rv, content),
             None => Op::Create(content),
         };
-        self.slots[shard as usize].sent(under, now + self.config.retry_period);
-        let deadline = now + self.config.renew_deadline;
+        self.slots[shard as usize].sent(under, now + self.config.retry_period());
+        let deadline = now + self.config.renew_deadline();
         self.request(LeaseName::Shard(shard), op, deadline, Purpose::Shard);
     }
 
@@ -188,7 +188,7 @@ impl ReplicaState {
     pub(super) fn settle_gifts(&mut self, now: LocalInstant) {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             let Some(rv) = self.slots[shard as usize].giving() else {
                 continue;
             };
@@ -212,7 +212,7 @@ impl ReplicaState {
     pub(super) fn give(&mut self, now: LocalInstant) {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             if self.slots[shard as usize].giving().is_none() || !self.may_write_shard(shard, now) {
                 continue;
             }

@@ -32,7 +32,7 @@ impl ReplicaState {
             fences.push((lease, Op::Replace(seen.record().rv.clone(), content)));
         }
         for (lease, op) in fences {
-            let deadline = now + self.config.renew_deadline;
+            let deadline = now + self.config.renew_deadline();
             if let Op::Replace(rv, _) = &op {
                 self.recent.insert(lease.clone(), (rv.clone(), now));
             }
@@ -51,7 +51,7 @@ impl ReplicaState {
             .collect();
         let mut doomed = Vec::new();
         for (id, seen) in self.view.members() {
-            let stale = now > seen.unchanged_for(self.config.lease_duration);
+            let stale = now > seen.unchanged_for(self.config.lease_duration());
             if *id != me && seen.record().holder().is_none() && stale && !referenced.contains(&**id)
             {
                 doomed.push((LeaseName::Member(id.clone()), seen.record().rv.clone()));
@@ -70,12 +70,12 @@ impl ReplicaState {
         }
         for (lease, rv) in doomed {
             if self.may_write(&lease, &rv, now) {
-                let deadline = now + self.config.renew_deadline;
+                let deadline = now + self.config.renew_deadline();
                 self.recent.insert(lease.clone(), (rv.clone(), now));
                 self.request(lease, Op::Delete(rv), deadline, Purpose::Collect);
             }
         }
-        let rp = self.config.retry_period;
+        let rp = self.config.retry_period();
         self.recent.retain(|_, (_, at)| now < *at + rp);
     }
 
@@ -84,7 +84,7 @@ impl ReplicaState {
         let recent = self
             .recent
             .get(lease)
-            .is_some_and(|(under, at)| under == rv && now < *at + self.config.retry_period);
+            .is_some_and(|(under, at)| under == rv && now < *at + self.config.retry_period());
         !self.busy.contains(lease) && !recent
     }
 }
