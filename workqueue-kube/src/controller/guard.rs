@@ -189,7 +189,7 @@ impl Watch {
         }
         for (shard, last) in self.last.iter_mut().enumerate() {
             if let Some(holding) = assignment.state(shard as u32).holding() {
-                *last = Some(holding.valid_until);
+                *last = Some(holding.valid_until());
             }
             let past = last.is_some_and(|valid_until| now >= valid_until + self.exit_after);
             if past && self.polls.any_under_way(shard) {
@@ -219,14 +219,8 @@ mod tests {
 
     fn held(shards: u32, shard: u32, valid_until: Instant) -> Assignment {
         let mut states = vec![ShardState::NotHeld; shards as usize];
-        states[shard as usize] = ShardState::Held(Holding {
-            valid_until,
-            epoch: 1,
-        });
-        Assignment {
-            shards: states.into(),
-            ..Assignment::empty(shards)
-        }
+        states[shard as usize] = ShardState::Held(Holding::new(valid_until, 1));
+        Assignment::new(states.into(), 0, Default::default())
     }
 
     #[test]

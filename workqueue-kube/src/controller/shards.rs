@@ -55,8 +55,8 @@ use super::error::RunnerError;
 use super::guard::{LeaseGuard, ShardPolls};
 use super::reports::Reports;
 use crate::lease::{
-    Assignment, EXIT_LOST, Ended, HandOver, Held, LeaseClock, LeaseConfig, OnLoss, Report,
-    ShardChange, ShardLeases, shard_of,
+    Assignment, EXIT_LOST, Ended, HandOver, LeaseClock, LeaseConfig, OnLoss, Report, ShardChange,
+    ShardLeases, shard_of,
 };
 
 /// The priority a taken shard's objects are queued at: a change's (see the module docs for the
@@ -226,14 +226,10 @@ impl<K: Resource> ReconcileScope<K> {
         reconcile: F,
     ) -> impl std::future::Future<Output = F::Output> + use<F, K> {
         let shard = key_shard(key, self.assignment.borrow().shard_count());
-        let held = Held {
-            shard,
-            assignment: self.assignment.clone(),
-        };
         super::guard::counted(
             self.polls.clone(),
             shard,
-            crate::lease::scope(held, reconcile),
+            crate::lease::scope(self.assignment.clone(), shard, reconcile),
         )
     }
 }
@@ -256,7 +252,7 @@ fn may_run<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
     assignment
         .state(key_shard(key, assignment.shard_count()))
         .holding()
-        .is_some_and(|holding| holding.valid_until > Instant::now())
+        .is_some_and(|holding| holding.valid_at(Instant::now()))
 }
 
 /// A shard whose work is stopping.
@@ -465,8 +461,8 @@ where
             .seen
             .held()
             .filter(|(shard, _)| !self.stopping.contains_key(shard))
-            .filter(|(_, holding)| holding.valid_until <= now)
-            .map(|(shard, holding)| (shard, holding.valid_until))
+            .filter(|(_, holding)| !holding.valid_at(now))
+            .map(|(shard, holding)| (shard, holding.valid_until()))
             .collect();
         for (shard, valid_until) in lost {
             self.exit_on_loss(shard);
@@ -542,7 +538,7 @@ where
             .seen
             .held()
             .filter(|(shard, _)| !self.stopping.contains_key(shard))
-            .map(|(_, holding)| holding.valid_until);
+            .map(|(_, holding)| holding.valid_until());
         let aborts = self.stopping.values().filter_map(|s| s.abort_at);
         valid.chain(aborts).min()
     }
@@ -666,9 +662,9 @@ impl ShardMetrics {
             }
             let stats = assignment.stats();
             metrics::counter!(super::HAND_OVERS_TOTAL, "controller" => controller.clone())
-                .absolute(stats.hand_overs);
+                .absolute(stats.hand_overs());
             metrics::counter!(super::IDENTITY_COLLISIONS_TOTAL, "controller" => controller)
-                .absolute(stats.identity_collisions);
+                .absolute(stats.identity_collisions());
         }
         #[cfg(not(feature = "metrics"))]
         let _ = assignment;

@@ -18,10 +18,33 @@ pub(crate) struct Holding {
     /// membership renewal that made a new resourceVersion, plus the renew deadline, on its own
     /// clock, as a tokio instant (the same for every shard it holds). Moves forward with each
     /// renewal. Past it the shard is lost, whatever the protocol has published since.
-    pub(crate) valid_until: Instant,
+    valid_until: Instant,
     /// This holding's number, distinct for each take by this replica: a shard whose epoch
     /// changed between two reads of the [`Assignment`] was lost or released, then taken again.
-    pub(crate) epoch: u64,
+    epoch: u64,
+}
+
+impl Holding {
+    /// The holding numbered `epoch` (the state machine's belief), valid until `valid_until`.
+    pub(crate) fn new(valid_until: Instant, epoch: u64) -> Self {
+        Holding { valid_until, epoch }
+    }
+
+    /// Whether the shard may still be worked on at `now`: before its deadline.
+    pub(crate) fn valid_at(self, now: Instant) -> bool {
+        self.valid_until > now
+    }
+
+    /// Until when this replica may work on the shard (its deadline, see the field).
+    pub(crate) fn valid_until(self) -> Instant {
+        self.valid_until
+    }
+
+    /// This holding's number.
+    #[cfg(test)]
+    pub(crate) fn epoch(self) -> u64 {
+        self.epoch
+    }
 }
 
 /// One shard, as this replica holds it.
@@ -30,7 +53,7 @@ pub(crate) enum ShardState {
     /// Not held: take none of its keys, run none of its reconciles.
     #[default]
     NotHeld,
-    /// Held: take its keys while [`Holding::valid_until`] is in the future.
+    /// Held: take its keys while [`Holding::valid_at`] now.
     Held(Holding),
     /// Being handed over (its [`HandOver`] is sent right after this is published): take none
     /// of its keys; what runs may finish until the hand-over's deadline, and never past
@@ -48,23 +71,81 @@ impl ShardState {
     }
 }
 
-/// Counters and gauges of one replica's protocol, for metrics (each counter only grows).
+/// Counters of one replica's protocol, for metrics. Each only grows: the driver counts through
+/// the methods that name an event, and readers get the totals.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
 pub(crate) struct LeaseStats {
     /// Shards taken (a gauge of the shards held is [`Assignment::held_count`]).
-    pub(crate) acquisitions: u64,
+    acquisitions: u64,
     /// Shards lost: the deadline passed without a renewal, the membership was lost, or the
     /// shard's Lease was deleted.
-    pub(crate) losses: u64,
+    losses: u64,
     /// Hand-overs the controller acknowledged.
-    pub(crate) hand_overs: u64,
+    hand_overs: u64,
     /// Hand-overs the controller acknowledged after their deadline.
-    pub(crate) hand_over_timeouts: u64,
+    hand_over_timeouts: u64,
     /// Shards given away after a hand-over (their Lease written to the taker, or vacated).
-    pub(crate) releases: u64,
+    releases: u64,
     /// Collisions found: another process renews this replica's identity.
-    pub(crate) identity_collisions: u64,
+    identity_collisions: u64,
+}
+
+impl LeaseStats {
+    /// A shard was taken.
+    pub(crate) fn acquired(&mut self) {
+        self.acquisitions += 1;
+    }
+
+    /// A shard was lost.
+    pub(crate) fn lost(&mut self) {
+        self.losses += 1;
+    }
+
+    /// The controller acknowledged a hand-over, after its deadline if `late`.
+    pub(crate) fn handed_over(&mut self, late: bool) {
+        self.hand_overs += 1;
+        self.hand_over_timeouts += u64::from(late);
+    }
+
+    /// A shard was given away.
+    pub(crate) fn released(&mut self) {
+        self.releases += 1;
+    }
+
+    /// Another process was found renewing this replica's identity.
+    pub(crate) fn collided(&mut self) {
+        self.identity_collisions += 1;
+    }
+
+    /// Shards lost.
+    #[cfg(test)]
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses
+    }
+
+    /// Hand-overs acknowledged.
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn hand_overs(&self) -> u64 {
+        self.hand_overs
+    }
+
+    /// Hand-overs acknowledged after their deadline.
+    #[cfg(test)]
+    pub(crate) fn hand_over_timeouts(&self) -> u64 {
+        self.hand_over_timeouts
+    }
+
+    /// Shards given away.
+    #[cfg(test)]
+    pub(crate) fn releases(&self) -> u64 {
+        self.releases
+    }
+
+    /// Identity collisions found.
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn identity_collisions(&self) -> u64 {
+        self.identity_collisions
+    }
 }
 
 /// What one replica holds: the state of each shard, the number of live replicas it counts,
@@ -72,17 +153,28 @@ pub(crate) struct LeaseStats {
 /// whenever it changes (each renewal moves a `valid_until`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Assignment {
-    pub(crate) shards: Arc<[ShardState]>,
-    pub(crate) members: u32,
-    pub(crate) stats: LeaseStats,
+    /// One state per shard, `0..` the number of shards.
+    shards: Arc<[ShardState]>,
+    members: u32,
+    stats: LeaseStats,
 }
 
 impl Assignment {
+    /// `shards` shards, none held, before the replica joined.
     pub(crate) fn empty(shards: u32) -> Self {
+        Assignment::new(
+            vec![ShardState::NotHeld; shards as usize].into(),
+            0,
+            LeaseStats::default(),
+        )
+    }
+
+    /// The state of each shard, the live members counted and the counters.
+    pub(crate) fn new(shards: Arc<[ShardState]>, members: u32, stats: LeaseStats) -> Self {
         Assignment {
-            shards: vec![ShardState::NotHeld; shards as usize].into(),
-            members: 0,
-            stats: LeaseStats::default(),
+            shards,
+            members,
+            stats,
         }
     }
 
@@ -99,16 +191,14 @@ impl Assignment {
     /// Whether this replica may take a key of `shard` at `now`: held (not being handed over)
     /// and valid at `now`. The filter at the sources.
     pub(crate) fn accepts(&self, shard: u32, now: Instant) -> bool {
-        matches!(self.state(shard), ShardState::Held(h) if h.valid_until > now)
+        matches!(self.state(shard), ShardState::Held(h) if h.valid_at(now))
     }
 
     /// Whether this replica may still run work of `shard` at `now`: held or being given up,
     /// and valid at `now` (the tests' check; the controller stops a shard's work itself).
     #[cfg(test)]
     pub(crate) fn may_run(&self, shard: u32, now: Instant) -> bool {
-        self.state(shard)
-            .holding()
-            .is_some_and(|h| h.valid_until > now)
+        self.state(shard).holding().is_some_and(|h| h.valid_at(now))
     }
 
     /// The shards held (not being handed over), with their holdings.
@@ -202,13 +292,30 @@ pub(crate) enum HandOverReason {
 /// runs nothing). Until it is acknowledged the shard stays held, its keys not taken.
 #[derive(Debug)]
 pub(crate) struct HandOver {
-    pub(crate) shard: u32,
-    pub(crate) deadline: Instant,
-    pub(crate) reason: HandOverReason,
-    pub(crate) ack: oneshot::Sender<()>,
+    shard: u32,
+    deadline: Instant,
+    reason: HandOverReason,
+    ack: oneshot::Sender<()>,
 }
 
 impl HandOver {
+    /// A request to give `shard` up by `deadline`, and what resolves once it is acknowledged
+    /// or dropped.
+    pub(crate) fn new(
+        shard: u32,
+        deadline: Instant,
+        reason: HandOverReason,
+    ) -> (HandOver, oneshot::Receiver<()>) {
+        let (ack, acked) = oneshot::channel();
+        let request = HandOver {
+            shard,
+            deadline,
+            reason,
+            ack,
+        };
+        (request, acked)
+    }
+
     /// The shard.
     pub(crate) fn shard(&self) -> u32 {
         self.shard
@@ -264,10 +371,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn changes_follow_epochs() {
         let until = Instant::now() + Duration::from_secs(10);
-        let h = |epoch| Holding {
-            valid_until: until,
-            epoch,
-        };
+        let h = |epoch| Holding::new(until, epoch);
         let before = assignment(&[
             ShardState::Held(h(1)),
             ShardState::NotHeld,

@@ -185,21 +185,88 @@ impl LeaseConfig {
 }
 
 /// A [`LeaseConfig`] that passed its checks, as the driver and the state machine read it (the
-/// one copy they share): from [`LeaseConfig::settings`], except in the state machine's tests,
-/// which build it with any timing. Each field is the [`LeaseConfig`] field of its name, but for
-/// `lease_duration`.
+/// one copy they share), read-only: from [`LeaseConfig::settings`], except in the state
+/// machine's tests, which build it with any timing ([`Settings::unchecked`]). Each field, and
+/// its reader, is the [`LeaseConfig`] field of its name, but for `lease_duration`.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
-    pub(crate) name: String,
-    pub(crate) namespace: String,
-    pub(crate) identity: String,
-    pub(crate) shards: u32,
+    name: String,
+    namespace: String,
+    identity: String,
+    shards: u32,
     /// As the Leases carry it (`leaseDurationSeconds`): whole seconds, rounded up.
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
-    pub(crate) hand_over_timeout: Duration,
-    pub(crate) on_loss: OnLoss,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    hand_over_timeout: Duration,
+    on_loss: OnLoss,
+}
+
+impl Settings {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub(crate) fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// As the Leases carry it (`leaseDurationSeconds`): whole seconds, rounded up.
+    pub(crate) fn lease_duration(&self) -> Duration {
+        self.lease_duration
+    }
+
+    pub(crate) fn renew_deadline(&self) -> Duration {
+        self.renew_deadline
+    }
+
+    pub(crate) fn retry_period(&self) -> Duration {
+        self.retry_period
+    }
+
+    pub(crate) fn hand_over_timeout(&self) -> Duration {
+        self.hand_over_timeout
+    }
+
+    pub(crate) fn on_loss(&self) -> OnLoss {
+        self.on_loss
+    }
+
+    /// Replica `identity` of the controller `ctl` in `default`, with any number of shards and
+    /// any timing (lease duration, renew deadline, retry period, hand-over timeout), unchecked:
+    /// the state machine's tests and simulator.
+    #[cfg(test)]
+    pub(crate) fn unchecked(
+        identity: &str,
+        shards: u32,
+        [
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            hand_over_timeout,
+        ]: [Duration; 4],
+        on_loss: OnLoss,
+    ) -> Settings {
+        Settings {
+            name: "ctl".into(),
+            namespace: "default".into(),
+            identity: identity.into(),
+            shards,
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            hand_over_timeout,
+            on_loss,
+        }
+    }
 }
 
 /// A [`LeaseConfig`] the protocol cannot run with. Its message names the setting to change, its

@@ -14,7 +14,7 @@ use futures_util::stream::{BoxStream, FuturesUnordered, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use super::LABEL_CONTROLLER;
@@ -86,7 +86,7 @@ impl Driver {
         tell: Option<Tell>,
     ) -> Driver {
         Driver {
-            names: Names::new(&config.name),
+            names: Names::new(config.name()),
             state: ReplicaState::new(config.clone(), seed()),
             config,
             api,
@@ -125,7 +125,7 @@ impl Driver {
             // way (it shows what the stale one did not), unless that list takes past the renew
             // deadline itself.
             let listing_now =
-                listing.is_some() && watch_started.elapsed() < self.config.renew_deadline;
+                listing.is_some() && watch_started.elapsed() < self.config.renew_deadline();
             if std::mem::take(&mut self.rewatch) && !listing_now {
                 watch = self.watch();
                 watch_started = Instant::now();
@@ -157,8 +157,7 @@ impl Driver {
                     self.state.answered(id, answer, self.clock.now());
                 }
                 Some((shard, late)) = self.acks.next(), if !self.acks.is_empty() => {
-                    self.stats.hand_overs += 1;
-                    self.stats.hand_over_timeouts += u64::from(late);
+                    self.stats.handed_over(late);
                     self.state.drained(shard, self.clock.now());
                 }
                 () = sleep_until(watch_paused.unwrap_or_else(Instant::now)), if watch_paused.is_some() => {
@@ -180,7 +179,7 @@ impl Driver {
                             message: error.to_string(),
                         });
                         watch_paused = Some(Instant::now() + watch_retry);
-                        watch_retry = (watch_retry * 2).min(self.config.retry_period.max(WATCH_RETRY));
+                        watch_retry = (watch_retry * 2).min(self.config.retry_period().max(WATCH_RETRY));
                     }
                     None => {
                         watch = self.watch();
@@ -196,7 +195,7 @@ impl Driver {
 
     /// The label selector of this controller's Leases.
     fn selector(&self) -> String {
-        format!("{LABEL_CONTROLLER}={}", self.config.name)
+        format!("{LABEL_CONTROLLER}={}", self.config.name())
     }
 
     fn watch(&self) -> BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
@@ -210,7 +209,7 @@ impl Driver {
         event: watcher::Event<Lease>,
         listing: &mut Option<Vec<(LeaseName, Record)>>,
     ) {
-        let duration = self.config.lease_duration;
+        let duration = self.config.lease_duration();
         let read = |lease: &Lease| from_lease(&self.names, lease, duration);
         match event {
             watcher::Event::Init => *listing = Some(Vec::new()),
@@ -270,8 +269,8 @@ impl Driver {
             let wall = self.clock.wall();
             to_lease(
                 &self.names,
-                &self.config.name,
-                &self.config.namespace,
+                self.config.name(),
+                self.config.namespace(),
                 &request.lease,
                 rv,
                 content,
@@ -285,7 +284,7 @@ impl Driver {
             Op::Delete(_) => "delete",
         };
         let names = self.names.clone();
-        let duration = self.config.lease_duration;
+        let duration = self.config.lease_duration();
         self.requests.push(Box::pin(async move {
             let read = |lease: &Lease| from_lease(&names, lease, duration).map(|(_, r)| r);
             let write = perform(&api, &name, &op, body, read);
@@ -301,7 +300,7 @@ impl Driver {
         match decision {
             Decision::Joined { token } => tracing::info!(%token, "joined"),
             Decision::Acquired { shard, epoch } => {
-                self.stats.acquisitions += 1;
+                self.stats.acquired();
                 tracing::info!(shard, epoch, "acquired a shard");
             }
             Decision::HandOver {
@@ -311,11 +310,11 @@ impl Driver {
                 deadline,
             } => self.hand_over(shard, epoch, reason, self.clock.tokio_instant(deadline)),
             Decision::Released { shard, .. } => {
-                self.stats.releases += 1;
+                self.stats.released();
                 tracing::info!(shard, "gave the shard away");
             }
             Decision::Lost { shard, epoch } => {
-                self.stats.losses += 1;
+                self.stats.lost();
                 self.first_lost.get_or_insert(shard);
                 tracing::warn!(shard, epoch, "lost a shard");
             }
@@ -327,7 +326,7 @@ impl Driver {
                     %other,
                     "another process renews this replica's membership Lease: two processes were given one identity; this one takes nothing while the other lives"
                 );
-                self.stats.identity_collisions += 1;
+                self.stats.collided();
             }
             Decision::Mismatch {
                 holder,
@@ -337,7 +336,7 @@ impl Driver {
                 %holder,
                 ?shards,
                 ?protocol,
-                ours = self.config.shards,
+                ours = self.config.shards(),
                 "a replica that may be alive runs another number of shards or another protocol: no shard moves until it is gone"
             ),
             Decision::WatchStale => {
@@ -355,13 +354,13 @@ impl Driver {
             }
             Decision::SteppedDown => {
                 tracing::error!(
-                    renew_deadline = ?self.config.renew_deadline,
+                    renew_deadline = ?self.config.renew_deadline(),
                     "renewals the API server stored were not read back within the renew deadline: this replica stopped renewing, so that another replica takes its shards over; it joins again once it reads its membership Lease"
                 );
                 self.tell(Report::SteppedDown);
             }
             Decision::Timing { holder, duration } => {
-                let ours = self.config.lease_duration;
+                let ours = self.config.lease_duration();
                 tracing::warn!(
                     %holder,
                     ?duration,
@@ -401,16 +400,11 @@ impl Driver {
     /// acknowledged or dropped (a dropped request: nothing of the shard runs), or at once when
     /// nobody receives hand-overs.
     fn hand_over(&mut self, shard: u32, epoch: u64, reason: Reason, deadline: Instant) {
-        let (ack, acked) = oneshot::channel();
-        let request = HandOver {
-            shard,
-            deadline,
-            reason: match reason {
-                Reason::Rebalance => HandOverReason::Rebalance,
-                Reason::Shutdown => HandOverReason::Shutdown,
-            },
-            ack,
+        let reason = match reason {
+            Reason::Rebalance => HandOverReason::Rebalance,
+            Reason::Shutdown => HandOverReason::Shutdown,
         };
+        let (request, acked) = HandOver::new(shard, deadline, reason);
         tracing::info!(shard, epoch, ?reason, "handing over");
         // The shard shows as taking no keys before the controller hears of the hand-over.
         self.publish();
@@ -427,12 +421,12 @@ impl Driver {
     fn publish(&mut self) {
         let now = self.clock.now();
         let deadline = self.state.deadline().map(|d| self.clock.tokio_instant(d));
-        let shards: Arc<[ShardState]> = (0..self.config.shards)
+        let shards: Arc<[ShardState]> = (0..self.config.shards())
             .map(|shard| {
                 let (Some(epoch), Some(valid_until)) = (self.state.epoch(shard), deadline) else {
                     return ShardState::NotHeld;
                 };
-                let holding = Holding { valid_until, epoch };
+                let holding = Holding::new(valid_until, epoch);
                 if self.state.accepts(shard, now) {
                     ShardState::Held(holding)
                 } else if self.state.believes(shard, now) {
@@ -442,11 +436,7 @@ impl Driver {
                 }
             })
             .collect();
-        let next = Assignment {
-            shards,
-            members: self.state.members() as u32,
-            stats: self.stats,
-        };
+        let next = Assignment::new(shards, self.state.members() as u32, self.stats);
         self.assignment.send_if_modified(|current| {
             if *current == next {
                 return false;
@@ -478,7 +468,7 @@ async fn perform(
         (Op::Delete(rv), _) => {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
-                    resource_version: Some(rv.0.to_string()),
+                    resource_version: Some(rv.as_str().to_string()),
                     uid: None,
                 }),
                 ..DeleteParams::default()

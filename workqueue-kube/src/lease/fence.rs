@@ -5,7 +5,7 @@ use std::future::Future;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::assignment::Assignment;
+use super::assignment::{Assignment, Holding};
 
 tokio::task_local! {
     /// The shard of the object the current reconcile works on, and where its holding is
@@ -14,15 +14,18 @@ tokio::task_local! {
 }
 
 /// A reconcile's shard and the replica's published [`Assignment`].
-#[derive(Clone)]
-pub(crate) struct Held {
-    pub(crate) assignment: watch::Receiver<Assignment>,
-    pub(crate) shard: u32,
+struct Held {
+    assignment: watch::Receiver<Assignment>,
+    shard: u32,
 }
 
-/// Runs `reconcile` with [`deadline`] answering for `held`.
-pub(crate) fn scope<F: Future>(held: Held, reconcile: F) -> impl Future<Output = F::Output> {
-    HELD.scope(held, reconcile)
+/// Runs `reconcile` with [`deadline`] answering for `shard` by `assignment`.
+pub(crate) fn scope<F: Future>(
+    assignment: watch::Receiver<Assignment>,
+    shard: u32,
+    reconcile: F,
+) -> impl Future<Output = F::Output> {
+    HELD.scope(Held { assignment, shard }, reconcile)
 }
 
 /// Until when this replica holds the shard of the object the calling reconcile works on (tokio's
@@ -76,7 +79,7 @@ pub fn deadline() -> Option<Instant> {
             .borrow()
             .state(held.shard)
             .holding()
-            .map_or_else(Instant::now, |holding| holding.valid_until)
+            .map_or_else(Instant::now, Holding::valid_until)
     })
     .ok()
 }

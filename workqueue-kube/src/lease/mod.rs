@@ -262,20 +262,20 @@ pub use config::{ConfigError, EXIT_LOST, EXIT_UNSTOPPABLE, LeaseConfig, OnLoss};
 pub(crate) use driver::Ended;
 pub(crate) use failures::Report;
 pub use fence::deadline;
-pub(crate) use fence::{Held, scope};
+pub(crate) use fence::scope;
 pub(crate) use protocol::ShardLeases;
 pub use shard::shard_of;
 
 /// The label on every Lease of the protocol whose value is the controller's name.
-pub(crate) const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
+const LABEL_CONTROLLER: &str = "workqueue-kube/controller";
 /// The label on every Lease of the protocol that says what it guards: [`ROLE_SHARD`] or
 /// [`ROLE_MEMBER`].
-pub(crate) const LABEL_ROLE: &str = "workqueue-kube/lease-role";
+const LABEL_ROLE: &str = "workqueue-kube/lease-role";
 /// [`LABEL_ROLE`] of a shard's Lease.
-pub(crate) const ROLE_SHARD: &str = "shard";
+const ROLE_SHARD: &str = "shard";
 /// [`LABEL_ROLE`] of a replica's membership Lease.
-pub(crate) const ROLE_MEMBER: &str = "member";
+const ROLE_MEMBER: &str = "member";
 /// The annotation on every Lease of the protocol with its writer's number of shards: no shard is
 /// taken or moved while a replica that may be alive has another number (during a rollout that
 /// changes it, until the last replica of the old number is gone).
-pub(crate) const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";
+const ANNOTATION_SHARDS: &str = "workqueue-kube/shards";

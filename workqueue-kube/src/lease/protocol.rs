@@ -46,10 +46,10 @@ impl ShardLeases {
         config: LeaseConfig,
     ) -> Result<(Self, ShardEvents), ConfigError> {
         let config = config.settings()?;
-        let (assignment, assignment_rx) = watch::channel(Assignment::empty(config.shards));
+        let (assignment, assignment_rx) = watch::channel(Assignment::empty(config.shards()));
         let (hand_overs, hand_overs_rx) = mpsc::unbounded_channel();
         let leases = ShardLeases {
-            api: Api::namespaced(client, &config.namespace),
+            api: Api::namespaced(client, config.namespace()),
             config,
             clock: Arc::new(TokioClock::new()),
             assignment,
@@ -87,8 +87,8 @@ impl ShardLeases {
     pub(crate) async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Ended {
         let span = tracing::info_span!(
             "lease_protocol",
-            controller = %self.config.name,
-            identity = %self.config.identity,
+            controller = %self.config.name(),
+            identity = %self.config.identity(),
         );
         let driver = Driver::new(
             self.config,

@@ -69,7 +69,7 @@ pub(crate) fn to_lease(
         metadata: ObjectMeta {
             name: Some(names.name(lease)),
             namespace: Some(namespace.into()),
-            resource_version: rv.map(|rv| rv.0.to_string()),
+            resource_version: rv.map(|rv| rv.as_str().to_string()),
             labels: Some(labels),
             annotations: Some(annotations),
             ..ObjectMeta::default()

@@ -163,8 +163,8 @@ const SENT_KEPT: usize = 16;
 impl Membership {
     pub(crate) fn new(seed: u64, settings: Settings) -> Membership {
         Membership {
-            identity: settings.identity.as_str().into(),
-            token: Token::new(&settings.identity, fmix64(seed)),
+            identity: settings.identity().into(),
+            token: Token::new(settings.identity(), fmix64(seed)),
             settings,
             seed,
             incarnation: 0,
@@ -210,7 +210,7 @@ impl Membership {
     pub(crate) fn valid_until(&self) -> Option<LocalInstant> {
         match self.phase {
             Phase::Member | Phase::Leaving => {
-                self.confirmed.map(|c| c + self.settings.renew_deadline)
+                self.confirmed.map(|c| c + self.settings.renew_deadline())
             }
             Phase::Joining | Phase::Vacating | Phase::Left => None,
         }
@@ -270,7 +270,7 @@ impl Membership {
     /// where there is a peer (its beliefs ended long before).
     fn give_up_at(&self) -> Option<LocalInstant> {
         let (_, last) = self.last_write.as_ref().filter(|_| self.stepped_down)?;
-        Some(*last + self.settings.lease_duration * 2)
+        Some(*last + self.settings.lease_duration() * 2)
     }
 
     /// When it steps down unless the view shows its stored writes before.
@@ -278,7 +278,8 @@ impl Membership {
         let (_, start, answered) = self.unseen?;
         let member = matches!(self.phase, Phase::Member | Phase::Leaving);
         (member && self.held_sent && !self.stepped_down).then(|| {
-            (start + self.settings.renew_deadline).max(answered + self.settings.retry_period * 2)
+            (start + self.settings.renew_deadline())
+                .max(answered + self.settings.retry_period() * 2)
         })
     }
 
@@ -307,7 +308,7 @@ impl Membership {
 
     /// Reads this identity's membership record as the view shows it now.
     pub(crate) fn observe(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<Change> {
-        let record = seen.map(|s| &s.record);
+        let record = seen.map(|s| s.record());
         if self
             .expected_change
             .as_ref()
@@ -331,7 +332,7 @@ impl Membership {
                     self.stored(start);
                     // Read back too late to believe on: stored, but its answers may never
                     // have come (they time out at the renew deadline too).
-                    if now >= start + self.settings.renew_deadline && self.unseen.is_none() {
+                    if now >= start + self.settings.renew_deadline() && self.unseen.is_none() {
                         self.unseen = Some((c, start, now));
                     }
                 }
@@ -364,7 +365,7 @@ impl Membership {
 
     /// Counts the renewals of another token on this identity's record.
     fn watch_blocker(&mut self, seen: Option<&Seen>) -> Option<Change> {
-        let record = seen.map(|s| &s.record);
+        let record = seen.map(|s| s.record());
         let Some(other) = record
             .and_then(|r| r.holder())
             .filter(|h| !self.old.contains(h))
@@ -447,8 +448,8 @@ impl Membership {
         if !synced || self.in_flight.len() >= IN_FLIGHT {
             return None;
         }
-        let record = seen.map(|s| &s.record);
-        let rp = self.settings.retry_period;
+        let record = seen.map(|s| s.record());
+        let rp = self.settings.retry_period();
         // Says it may hold shards once it could believe when it wrote: a replica whose own
         // writes come back later than the renew deadline is never given any.
         self.held_sent |= self.serving_or_leaving(now);
@@ -517,7 +518,7 @@ impl Membership {
     fn join(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<MemberWrite> {
         // A write of this token was stored: renew it (the view has not caught up).
         if let Some((rv, _)) = self.base.clone() {
-            let record = seen.map(|s| &s.record);
+            let record = seen.map(|s| s.record());
             let previous = record.and_then(|r| r.content.previous.clone());
             return Some(self.content(Some(rv), Some(self.token.clone()), previous, record));
         }
@@ -527,7 +528,7 @@ impl Membership {
         // view). Within that window no fence of it can have happened yet.
         if self
             .first_join
-            .is_some_and(|t| now > t + self.settings.lease_duration)
+            .is_some_and(|t| now > t + self.settings.lease_duration())
         {
             self.lose();
         }
@@ -535,7 +536,7 @@ impl Membership {
         let Some(seen) = seen else {
             return Some(self.content(None, Some(self.token.clone()), None, None));
         };
-        let record = &seen.record;
+        let record = seen.record();
         if self.refused.as_ref() == Some(&record.rv) {
             return None;
         }
@@ -575,13 +576,13 @@ impl Membership {
                 holder,
                 previous,
                 counter: self.counter.max(before) + 1,
-                shards: Some(self.settings.shards),
+                shards: Some(self.settings.shards()),
                 protocol: Some(PROTOCOL),
                 leaving: matches!(self.phase, Phase::Leaving),
                 // Joining: holds nothing yet. Its first renewal as a member that could believe
                 // says it may (and every later one).
                 held: self.held_sent && matches!(self.phase, Phase::Member | Phase::Leaving),
-                duration: self.settings.lease_duration,
+                duration: self.settings.lease_duration(),
             },
         }
     }
@@ -605,7 +606,7 @@ impl Membership {
                 if counter > self.shown && !vacated {
                     // The earliest unshown write's: later answers do not push it back.
                     if self.expected.is_none() {
-                        self.expected = Some((counter, now + self.settings.retry_period));
+                        self.expected = Some((counter, now + self.settings.retry_period()));
                     }
                 }
                 if self.unseen.is_none() && !vacated {
@@ -623,7 +624,7 @@ impl Membership {
                     self.base = None;
                 }
                 if let Some(rv) = under.clone() {
-                    self.expected_change = Some((rv, now + self.settings.retry_period));
+                    self.expected_change = Some((rv, now + self.settings.retry_period()));
                 }
                 self.refused = under;
                 None
@@ -654,7 +655,7 @@ impl Membership {
         if self.in_flight.len() >= IN_FLIGHT || self.phase == Phase::Left {
             return wakes;
         }
-        let rp = self.settings.retry_period;
+        let rp = self.settings.retry_period();
         wakes.extend(self.stored_start.map(|t| t + rp));
         wakes.extend(self.in_flight.iter().map(|w| w.start + rp));
         wakes.extend(self.last_write.as_ref().map(|(_, t)| *t + rp));
@@ -662,7 +663,7 @@ impl Membership {
             wakes.extend(self.last_join.map(|t| t + rp));
         }
         if self.phase == Phase::Joining
-            && let Some(seen) = seen.filter(|s| s.record.holder().is_some())
+            && let Some(seen) = seen.filter(|s| s.record().holder().is_some())
         {
             // Expired is strictly after.
             wakes.push(seen.expires() + Duration::from_nanos(1));

@@ -35,7 +35,7 @@ use std::time::Duration;
 use super::clock::LocalInstant;
 use super::config::{OnLoss, Settings};
 use member::{Answered, Change, Membership, Phase};
-use slots::{Slot, SlotPhase};
+use slots::Slot;
 use targets::Targets;
 use view::View;
 
@@ -90,9 +90,9 @@ impl ReplicaState {
     /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
     pub(crate) fn new(config: Settings, seed: u64) -> ReplicaState {
         ReplicaState {
-            view: View::new(config.shards, config.lease_duration),
+            view: View::new(config.shards(), config.lease_duration()),
             member: Membership::new(seed, config.clone()),
-            slots: vec![Slot::default(); config.shards as usize],
+            slots: vec![Slot::default(); config.shards() as usize],
             targets: Targets::default(),
             requests: HashMap::new(),
             busy: BTreeSet::new(),
@@ -169,19 +169,16 @@ impl ReplicaState {
         let Some(slot) = self.slots.get_mut(shard as usize) else {
             return self.settle(now);
         };
-        let (SlotPhase::Draining, Some(epoch)) = (&slot.phase, slot.epoch) else {
-            return self.settle(now);
-        };
-        slot.epoch = None;
         let rv = match self.view.shard(shard) {
-            view::ShardSeen::Present(seen) if seen.record.holder() == Some(self.member.token()) => {
-                Some(seen.record.rv.clone())
+            view::ShardSeen::Present(seen)
+                if seen.record().holder() == Some(self.member.token()) =>
+            {
+                Some(seen.record().rv.clone())
             }
             _ => None,
         };
-        slot.phase = match rv {
-            Some(rv) => SlotPhase::Giving { rv },
-            None => SlotPhase::Idle,
+        let Some(epoch) = slot.drained(rv) else {
+            return self.settle(now);
         };
         self.out
             .push_back(Output::Decision(Decision::Released { shard, epoch }));
@@ -215,14 +212,14 @@ impl ReplicaState {
         let Some(slot) = self.slots.get(shard as usize) else {
             return false;
         };
-        !matches!(slot.phase, SlotPhase::Giving { .. })
+        slot.giving().is_none()
             && self.view.shard_holder(shard) == Some(self.member.token())
             && self.member.valid_until().is_some_and(|v| now < v)
     }
 
     /// The number of `shard`'s current belief (`None`: not believed).
     pub(crate) fn epoch(&self, shard: u32) -> Option<u64> {
-        self.slots.get(shard as usize)?.epoch
+        self.slots.get(shard as usize)?.epoch()
     }
 
     /// The belief deadline (`None`: nothing may be believed).
@@ -232,7 +229,7 @@ impl ReplicaState {
 
     /// The shards whose keys this replica takes at `now`: believed and not being handed over.
     pub(crate) fn accepts(&self, shard: u32, now: LocalInstant) -> bool {
-        self.believes(shard, now) && matches!(self.slots[shard as usize].phase, SlotPhase::Idle)
+        self.believes(shard, now) && self.slots[shard as usize].idle()
     }
 
     /// The live members this replica counts (itself included when it serves).
@@ -268,15 +265,15 @@ impl ReplicaState {
         for (_, seen) in self.view.members() {
             // An expiry changes who is eligible and who may be fenced; a vacant record is
             // collected a lease duration after it was vacated.
-            let at_ = match seen.record.holder() {
+            let at_ = match seen.record().holder() {
                 Some(_) => seen.expires(),
-                None => seen.since + self.config.lease_duration,
+                None => seen.unchanged_for(self.config.lease_duration()),
             };
             at(at_ + Duration::from_nanos(1));
-            if seen.record.holder().is_some() && !seen.record.content.held {
+            if seen.record().holder().is_some() && !seen.record().content.held {
                 // A member not saying it may hold shards stops being a target then.
-                let grace = self.config.renew_deadline + self.config.retry_period;
-                at(seen.holder_since + grace + Duration::from_nanos(1));
+                let grace = self.config.renew_deadline() + self.config.retry_period();
+                at(seen.holder_for(grace) + Duration::from_nanos(1));
             }
         }
         for slot in &self.slots {
@@ -285,7 +282,7 @@ impl ReplicaState {
             }
         }
         for (_, t) in self.recent.values() {
-            at(*t + self.config.retry_period);
+            at(*t + self.config.retry_period());
         }
         if let Some(t) = self.give_up {
             at(t);
@@ -329,8 +326,8 @@ impl ReplicaState {
             // Leaving is bounded: the drains and the vacating write after a shutdown; after a
             // loss nothing is left to drain (the belief ended), a retry period to vacate.
             let limit = match ending {
-                Ending::Shutdown => self.config.hand_over_timeout + self.config.renew_deadline,
-                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period,
+                Ending::Shutdown => self.config.hand_over_timeout() + self.config.renew_deadline(),
+                Ending::Lost { .. } | Ending::LostMembership => self.config.retry_period(),
             };
             self.give_up = Some(now + limit);
         }
@@ -358,14 +355,14 @@ impl ReplicaState {
 
     /// Reports each holder whose record carries a lease duration unlike this replica's, once.
     fn report_timing(&mut self) {
-        let ours = self.config.lease_duration;
+        let ours = self.config.lease_duration();
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
-            if let Some(holder) = seen.record.holder()
-                && seen.record.content.duration != ours
+            if let Some(holder) = seen.record().holder()
+                && seen.record().content.duration != ours
                 && !self.timing_reported.contains(holder)
             {
-                found.push((holder.clone(), seen.record.content.duration));
+                found.push((holder.clone(), seen.record().content.duration));
             }
         }
         for (holder, duration) in found {
@@ -381,7 +378,7 @@ impl ReplicaState {
                 token: self.member.token().clone(),
             },
             Change::Lost { old } => {
-                if self.config.on_loss == OnLoss::Stop || self.ending.is_some() {
+                if self.config.on_loss() == OnLoss::Stop || self.ending.is_some() {
                     self.ending.get_or_insert(Ending::LostMembership);
                     self.member.stop();
                 }
@@ -397,22 +394,19 @@ impl ReplicaState {
     /// Starts and ends beliefs as the three conditions say.
     fn update_beliefs(&mut self, now: LocalInstant) {
         let mut lost = None;
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             let believes = self.believes(shard, now);
             let slot = &mut self.slots[shard as usize];
-            match (slot.epoch, believes) {
+            match (slot.epoch(), believes) {
                 (None, true) => {
                     let epoch = self.next_epoch;
                     self.next_epoch += 1;
-                    slot.epoch = Some(epoch);
+                    slot.believe(epoch);
                     self.out
                         .push_back(Output::Decision(Decision::Acquired { shard, epoch }));
                 }
                 (Some(epoch), false) => {
-                    slot.epoch = None;
-                    if matches!(slot.phase, SlotPhase::Draining) {
-                        slot.phase = SlotPhase::Idle;
-                    }
+                    slot.lose();
                     self.out
                         .push_back(Output::Decision(Decision::Lost { shard, epoch }));
                     lost.get_or_insert(shard);
@@ -421,28 +415,26 @@ impl ReplicaState {
             }
         }
         if let Some(shard) = lost
-            && self.config.on_loss == OnLoss::Stop
+            && self.config.on_loss() == OnLoss::Stop
             && self.ending.is_none()
         {
             self.ending = Some(Ending::Lost { shard });
             self.member.leave();
         }
         if self.ending.is_some() {
-            for shard in 0..self.config.shards {
+            for shard in 0..self.config.shards() {
                 self.hand_over(shard, Reason::Shutdown, now);
             }
         }
     }
 
     fn hand_over(&mut self, shard: u32, reason: Reason, now: LocalInstant) {
-        let slot = &mut self.slots[shard as usize];
-        if let (Some(epoch), SlotPhase::Idle) = (slot.epoch, &slot.phase) {
-            slot.phase = SlotPhase::Draining;
+        if let Some(epoch) = self.slots[shard as usize].drain() {
             self.out.push_back(Output::Decision(Decision::HandOver {
                 shard,
                 epoch,
                 reason,
-                deadline: now + self.config.hand_over_timeout,
+                deadline: now + self.config.hand_over_timeout(),
             }));
         }
     }
@@ -452,7 +444,7 @@ impl ReplicaState {
         if self.member.phase() != Phase::Leaving {
             return;
         }
-        let empty = self.slots.iter().all(|s| s.epoch.is_none());
+        let empty = self.slots.iter().all(|s| s.epoch().is_none());
         if empty {
             self.member.vacate();
         }
@@ -473,7 +465,7 @@ impl ReplicaState {
             return;
         };
         let lease = LeaseName::Member(self.member.identity().clone());
-        let deadline = now + self.config.renew_deadline;
+        let deadline = now + self.config.renew_deadline();
         let under = write.rv.clone();
         let counter = write.content.counter;
         let op = match write.rv {

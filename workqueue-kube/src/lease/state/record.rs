@@ -56,11 +56,16 @@ impl fmt::Display for Token {
 
 /// A Lease's `metadata.resourceVersion`: opaque, compared only for equality.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Rv(pub(crate) Arc<str>);
+pub(crate) struct Rv(Arc<str>);
 
 impl Rv {
     pub(crate) fn new(rv: &str) -> Rv {
         Rv(rv.into())
+    }
+
+    /// As the API server wrote it.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
     }
 }
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use super::super::clock::LocalInstant;
-use super::slots::SlotPhase;
 use super::targets::Targets;
 use super::view::{self, Seen, Status};
 use super::{
@@ -21,16 +20,16 @@ impl ReplicaState {
         let me = self.member.identity();
         let mut out = Vec::new();
         for (id, seen) in self.view.members() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             let ok = if id == me {
-                seen.record.holder() == Some(self.member.token()) && self.member.serving(now)
+                seen.record().holder() == Some(self.member.token()) && self.member.serving(now)
             } else {
-                let grace = self.config.renew_deadline + self.config.retry_period;
+                let grace = self.config.renew_deadline() + self.config.retry_period();
                 c.holder.is_some()
                     && !c.leaving
                     && now <= seen.expires()
-                    && (c.held || now <= seen.holder_since + grace)
-                    && c.shards == Some(self.config.shards)
+                    && (c.held || now <= seen.holder_for(grace))
+                    && c.shards == Some(self.config.shards())
                     && c.protocol == Some(PROTOCOL)
             };
             if ok {
@@ -46,18 +45,18 @@ impl ReplicaState {
     /// first list in which no member says so proves that nobody holds any.
     fn ready(&self, id: &str) -> Option<Token> {
         let seen = self.view.member(id)?;
-        let holder = seen.record.holder()?;
+        let holder = seen.record().holder()?;
         let mine = id == &**self.member.identity();
         let ours = !mine || holder == self.member.token();
-        (ours && seen.record.content.held).then(|| holder.clone())
+        (ours && seen.record().content.held).then(|| holder.clone())
     }
 
     /// Whether a holder that may be alive runs another configuration (reported once each).
     pub(super) fn mismatch(&mut self, now: LocalInstant) -> bool {
-        let mine = (Some(self.config.shards), Some(PROTOCOL));
+        let mine = (Some(self.config.shards()), Some(PROTOCOL));
         let mut found = Vec::new();
         for (_, seen) in self.view.members() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             if let Some(h) = &c.holder
                 && (c.shards, c.protocol) != mine
             {
@@ -65,7 +64,7 @@ impl ReplicaState {
             }
         }
         for seen in self.view.shard_records() {
-            let c = &seen.record.content;
+            let c = &seen.record().content;
             if let Some(h) = &c.holder
                 && (c.shards, c.protocol) != mine
                 && self.view.status(h, now) != Status::Dead
@@ -89,13 +88,13 @@ impl ReplicaState {
     /// The member `shard` should go to. With one shard (leader election) a live, eligible
     /// holder stays the target: a joining replica never takes leadership from a live leader.
     fn target(&self, shard: u32, eligible: &[Arc<str>]) -> Option<Arc<str>> {
-        if self.config.shards == 1
+        if self.config.shards() == 1
             && let Some(holder) = self.view.shard_holder(shard)
             && let Some(id) = eligible.iter().find(|id| ***id == *holder.identity())
             && self
                 .view
                 .member(id)
-                .is_some_and(|m| m.record.holder() == Some(holder))
+                .is_some_and(|m| m.record().holder() == Some(holder))
         {
             return Some(id.clone());
         }
@@ -111,18 +110,18 @@ impl ReplicaState {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
         let ready = self.ready(&me).is_some();
-        for shard in 0..self.config.shards {
+        for shard in 0..self.config.shards() {
             let Some(target) = self.target(shard, &eligible) else {
                 continue;
             };
             let slot = &self.slots[shard as usize];
-            if slot.epoch.is_some() {
+            if slot.epoch().is_some() {
                 if target != me && self.ready(&target).is_some() {
                     self.hand_over(shard, Reason::Rebalance, now);
                 }
             } else if target == me
                 && ready
-                && matches!(slot.phase, SlotPhase::Idle)
+                && slot.idle()
                 && self.may_write_shard(shard, now)
                 && self.view.shard_free(shard, now)
             {
@@ -135,12 +134,12 @@ impl ReplicaState {
         Content {
             holder,
             previous: None,
-            counter: before.map_or(0, |s| s.record.content.counter) + 1,
-            shards: Some(self.config.shards),
+            counter: before.map_or(0, |s| s.record().content.counter) + 1,
+            shards: Some(self.config.shards()),
             protocol: Some(PROTOCOL),
             leaving: false,
             held: false,
-            duration: self.config.lease_duration,
+            duration: self.config.lease_duration(),
         }
     }
 
@@ -150,7 +149,7 @@ impl ReplicaState {
             view::ShardSeen::Absent { .. } => None,
         };
         let content = self.shard_content(Some(self.member.token().clone()), before.as_ref());
-        let under = before.map(|seen| seen.record.rv);
+        let under = before.map(|seen| seen.record().rv.clone());
         self.write_shard(shard, under, content, now);
     }
 
@@ -158,7 +157,7 @@ impl ReplicaState {
     fn refresh_targets(&mut self, now: LocalInstant) -> Vec<Arc<str>> {
         let eligible = self.eligible(now);
         if self.targets.members() != eligible.as_slice() {
-            self.targets = Targets::compute(eligible.clone(), self.config.shards);
+            self.targets = Targets::compute(eligible.clone(), self.config.shards());
         }
         eligible
     }
@@ -167,7 +166,7 @@ impl ReplicaState {
     /// duplicate of one the view has not caught up with).
     fn may_write_shard(&self, shard: u32, now: LocalInstant) -> bool {
         let rv = match self.view.shard(shard) {
-            view::ShardSeen::Present(seen) => Some(&seen.record.rv),
+            view::ShardSeen::Present(seen) => Some(&seen.record().rv),
             view::ShardSeen::Absent { .. } => None,
         };
         !self.busy.contains(&LeaseName::Shard(shard))
@@ -179,8 +178,8 @@ impl ReplicaState {
             Some(rv) => Op::Replace(rv, content),
             None => Op::Create(content),
         };
-        self.slots[shard as usize].wrote = Some((under, now + self.config.retry_period));
-        let deadline = now + self.config.renew_deadline;
+        self.slots[shard as usize].sent(under, now + self.config.retry_period());
+        let deadline = now + self.config.renew_deadline();
         self.request(LeaseName::Shard(shard), op, deadline, Purpose::Shard);
     }
 
@@ -189,25 +188,21 @@ impl ReplicaState {
     pub(super) fn settle_gifts(&mut self, now: LocalInstant) {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
-        for shard in 0..self.config.shards {
-            let SlotPhase::Giving { rv } = &self.slots[shard as usize].phase else {
+        for shard in 0..self.config.shards() {
+            let Some(rv) = self.slots[shard as usize].giving() else {
                 continue;
             };
             let unchanged = matches!(
                 self.view.shard(shard),
-                view::ShardSeen::Present(seen) if seen.record.rv == *rv
+                view::ShardSeen::Present(seen) if seen.record().rv == *rv
             );
             // Taken back only if no write to give it was ever sent: one may still land.
-            let slot = &self.slots[shard as usize];
-            let never_sent = slot
-                .wrote
-                .as_ref()
-                .is_none_or(|(under, _)| under.as_ref() != Some(rv));
+            let never_sent = !self.slots[shard as usize].sent_under(rv);
             let mine_again = self.ending.is_none()
                 && never_sent
                 && self.target(shard, &eligible).is_some_and(|t| t == me);
             if !unchanged || mine_again {
-                self.slots[shard as usize].phase = SlotPhase::Idle;
+                self.slots[shard as usize].stop_giving();
             }
         }
     }
@@ -217,10 +212,8 @@ impl ReplicaState {
     pub(super) fn give(&mut self, now: LocalInstant) {
         let eligible = self.refresh_targets(now);
         let me = self.member.identity().clone();
-        for shard in 0..self.config.shards {
-            if !matches!(self.slots[shard as usize].phase, SlotPhase::Giving { .. })
-                || !self.may_write_shard(shard, now)
-            {
+        for shard in 0..self.config.shards() {
+            if self.slots[shard as usize].giving().is_none() || !self.may_write_shard(shard, now) {
                 continue;
             }
             let view::ShardSeen::Present(seen) = self.view.shard(shard).clone() else {
@@ -233,7 +226,7 @@ impl ReplicaState {
                 continue;
             }
             let content = self.shard_content(to, Some(&seen));
-            self.write_shard(shard, Some(seen.record.rv.clone()), content, now);
+            self.write_shard(shard, Some(seen.record().rv.clone()), content, now);
         }
     }
 }

@@ -561,19 +561,9 @@ mod by_hand {
         LocalInstant::from_duration(Duration::from_millis(ms))
     }
 
-    fn replica(shards: u32) -> ReplicaState {
-        let config = Settings {
-            name: "ctl".into(),
-            namespace: "default".into(),
-            identity: "a".into(),
-            shards,
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-            hand_over_timeout: Duration::from_secs(10),
-            on_loss: OnLoss::Rejoin,
-        };
-        ReplicaState::new(config, 7)
+    fn replica(shards: u32, on_loss: OnLoss) -> ReplicaState {
+        let timing = [15, 10, 2, 10].map(Duration::from_secs);
+        ReplicaState::new(Settings::unchecked("a", shards, timing, on_loss), 7)
     }
 
     fn outputs(state: &mut ReplicaState) -> (Vec<Request>, Vec<Decision>) {
@@ -609,8 +599,13 @@ mod by_hand {
     /// first to say it may hold shards) confirmed (deadline 12,020 ms), its record at rv 3,
     /// then the shard taken.
     fn holding() -> ReplicaState {
+        holding_on_loss(OnLoss::Rejoin)
+    }
+
+    /// [`holding`], doing `on_loss` after a loss.
+    fn holding_on_loss(on_loss: OnLoss) -> ReplicaState {
         let member = LeaseName::Member("a".into());
-        let mut state = replica(1);
+        let mut state = replica(1, on_loss);
         state.listed(Vec::new(), at(0));
         let (requests, _) = outputs(&mut state);
         let create = find(&requests, &member);
@@ -741,8 +736,7 @@ mod by_hand {
 
     #[test]
     fn a_loss_with_stop_gives_up_leaving_a_retry_period_later() {
-        let mut state = holding();
-        state.config.on_loss = OnLoss::Stop;
+        let mut state = holding_on_loss(OnLoss::Stop);
         // No renewal answered: the belief ends at its deadline, 12,020 ms, and the vacating
         // write is never answered.
         let decided = run(&mut state, 2_050, 30_000);

@@ -13,25 +13,26 @@ impl ReplicaState {
         let me = self.member.identity().clone();
         let mut fences = Vec::new();
         for (id, seen) in self.view.members() {
-            let Some(holder) = seen.record.holder() else {
+            let Some(holder) = seen.record().holder() else {
                 continue;
             };
             let lease = LeaseName::Member(id.clone());
-            if *id == me || now <= seen.expires() || !self.may_write(&lease, &seen.record.rv, now) {
+            if *id == me || now <= seen.expires() || !self.may_write(&lease, &seen.record().rv, now)
+            {
                 continue;
             }
             let content = Content {
                 holder: None,
                 previous: Some(holder.clone()),
-                counter: seen.record.content.counter + 1,
+                counter: seen.record().content.counter + 1,
                 leaving: false,
                 held: false,
-                ..seen.record.content.clone()
+                ..seen.record().content.clone()
             };
-            fences.push((lease, Op::Replace(seen.record.rv.clone(), content)));
+            fences.push((lease, Op::Replace(seen.record().rv.clone(), content)));
         }
         for (lease, op) in fences {
-            let deadline = now + self.config.renew_deadline;
+            let deadline = now + self.config.renew_deadline();
             if let Op::Replace(rv, _) = &op {
                 self.recent.insert(lease.clone(), (rv.clone(), now));
             }
@@ -46,34 +47,35 @@ impl ReplicaState {
         let referenced: BTreeSet<&str> = self
             .view
             .shard_records()
-            .filter_map(|s| Some(s.record.holder()?.identity()))
+            .filter_map(|s| Some(s.record().holder()?.identity()))
             .collect();
         let mut doomed = Vec::new();
         for (id, seen) in self.view.members() {
-            let stale = now > seen.since + self.config.lease_duration;
-            if *id != me && seen.record.holder().is_none() && stale && !referenced.contains(&**id) {
-                doomed.push((LeaseName::Member(id.clone()), seen.record.rv.clone()));
+            let stale = now > seen.unchanged_for(self.config.lease_duration());
+            if *id != me && seen.record().holder().is_none() && stale && !referenced.contains(&**id)
+            {
+                doomed.push((LeaseName::Member(id.clone()), seen.record().rv.clone()));
             }
         }
         if !self.mismatch(now) {
             for (shard, seen) in self.view.extra() {
                 let free = seen
-                    .record
+                    .record()
                     .holder()
                     .is_none_or(|h| self.view.status(h, now) == Status::Dead);
                 if free {
-                    doomed.push((LeaseName::Shard(shard), seen.record.rv.clone()));
+                    doomed.push((LeaseName::Shard(shard), seen.record().rv.clone()));
                 }
             }
         }
         for (lease, rv) in doomed {
             if self.may_write(&lease, &rv, now) {
-                let deadline = now + self.config.renew_deadline;
+                let deadline = now + self.config.renew_deadline();
                 self.recent.insert(lease.clone(), (rv.clone(), now));
                 self.request(lease, Op::Delete(rv), deadline, Purpose::Collect);
             }
         }
-        let rp = self.config.retry_period;
+        let rp = self.config.retry_period();
         self.recent.retain(|_, (_, at)| now < *at + rp);
     }
 
@@ -82,7 +84,7 @@ impl ReplicaState {
         let recent = self
             .recent
             .get(lease)
-            .is_some_and(|(under, at)| under == rv && now < *at + self.config.retry_period);
+            .is_some_and(|(under, at)| under == rv && now < *at + self.config.retry_period());
         !self.busy.contains(lease) && !recent
     }
 }

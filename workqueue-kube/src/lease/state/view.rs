@@ -31,22 +31,39 @@ use super::super::clock::LocalInstant;
 use super::LeaseName;
 use super::record::{Record, Token};
 
-/// A record and when this replica first saw its resourceVersion.
+/// A record and when this replica first saw it. Only the view makes one, from the records
+/// it saw before: the instants and the duration follow the record's history.
 #[derive(Clone, Debug)]
 pub(crate) struct Seen {
-    pub(crate) record: Record,
+    record: Record,
     /// When this replica first saw the record's holder and counter.
-    pub(crate) since: LocalInstant,
+    since: LocalInstant,
     /// When this replica first saw the record name its holder.
-    pub(crate) holder_since: LocalInstant,
+    holder_since: LocalInstant,
     /// The lease duration it judges the record by (see the invariants).
-    pub(crate) duration: Duration,
+    duration: Duration,
 }
 
 impl Seen {
+    /// The record.
+    pub(crate) fn record(&self) -> &Record {
+        &self.record
+    }
+
     /// When a member record expires, unless it changes before.
     pub(crate) fn expires(&self) -> LocalInstant {
-        self.since + self.duration
+        self.unchanged_for(self.duration)
+    }
+
+    /// When the record (its holder and counter) will have been unchanged for `duration`,
+    /// unless it changes before.
+    pub(crate) fn unchanged_for(&self, duration: Duration) -> LocalInstant {
+        self.since + duration
+    }
+
+    /// When the record will have named its holder for `duration`, unless it changes before.
+    pub(crate) fn holder_for(&self, duration: Duration) -> LocalInstant {
+        self.holder_since + duration
     }
 
     /// Whether `record` is the same protocol record as this one (a third party's write does

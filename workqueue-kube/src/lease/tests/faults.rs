@@ -39,7 +39,7 @@ async fn two_seconds_of_latency_each_way_keeps_every_shard() {
         );
         until(secs(30), "settled", || settled(&[&r1, &r2], shards)).await;
         let held = (r1.held(), r2.held());
-        let losses = |r: &Replica| r.assignment().stats().losses;
+        let losses = |r: &Replica| r.assignment().stats().losses();
         let before = (losses(&r1), losses(&r2));
         for name in ["r1", "r2"] {
             server.set_latency(name, secs(2), secs(2));

@@ -21,7 +21,7 @@ const RETRY: u64 = 2;
 fn hand_overs(replicas: &[&Replica]) -> u64 {
     replicas
         .iter()
-        .map(|r| r.assignment().stats().hand_overs)
+        .map(|r| r.assignment().stats().hand_overs())
         .sum()
 }
 
@@ -106,7 +106,7 @@ async fn replicas_rebalance_from_one_to_three_to_two() {
     for r in [&r1, &r2] {
         let stats = r.assignment().stats();
         assert_eq!(
-            (stats.hand_over_timeouts, stats.losses),
+            (stats.hand_over_timeouts(), stats.losses()),
             (0, 0),
             "{}",
             r.name
@@ -198,7 +198,7 @@ async fn a_clean_shutdown_releases_shards_and_they_are_taken_at_once() {
     r1.shut_down();
     assert_eq!((&mut r1.task).await.unwrap(), Ended::Shutdown);
     let left = asked.elapsed();
-    assert_eq!(r1.assignment().stats().releases, released.len() as u64);
+    assert_eq!(r1.assignment().stats().releases(), released.len() as u64);
     assert_eq!(member_holder(&server, "r1"), None, "vacated");
     let took = until(secs(RETRY + 1), "r2 and r3 take r1's shards", || {
         settled(&[&r2, &r3], SHARDS)
@@ -335,7 +335,7 @@ async fn an_unacknowledged_hand_over_keeps_the_shard_with_its_holder() {
     assert_eq!(r1.held_count(), SHARDS);
     assert_eq!(r2.held_count(), 0);
     let stats = assignment.stats();
-    assert_eq!((stats.hand_overs, stats.releases), (0, 0));
+    assert_eq!((stats.hand_overs(), stats.releases()), (0, 0));
     let (checked, _) = ledger.assert_never_two_at_once();
     assert!(checked >= SHARDS as usize);
 }
@@ -523,5 +523,5 @@ async fn a_hand_over_releases_only_after_the_acknowledgement() {
     let took = until(secs(RETRY + 1), "r2 holds it", || r2.held() == vec![shard]).await;
     println!("given at once after the acknowledgement, held {took:?} after");
     assert!(ledger.taken_after(shard, acked).is_some());
-    assert_eq!(after.stats().hand_overs, 1);
+    assert_eq!(after.stats().hand_overs(), 1);
 }

@@ -185,8 +185,8 @@ fn follow(ledger: &Ledger, replica: &str, mut rx: watch::Receiver<Assignment>) -
             for shard in 0..assignment.shard_count() {
                 let holding = assignment.state(shard).holding();
                 if let Some(&(run, epoch)) = open.get(&shard) {
-                    if let Some(h) = holding.filter(|h| h.epoch == epoch) {
-                        ledger.valid_until(run, h.valid_until);
+                    if let Some(h) = holding.filter(|h| h.epoch() == epoch) {
+                        ledger.valid_until(run, h.valid_until());
                         continue;
                     }
                     ledger.end(run);
@@ -194,8 +194,8 @@ fn follow(ledger: &Ledger, replica: &str, mut rx: watch::Receiver<Assignment>) -
                 }
                 if let Some(h) = holding {
                     let run = ledger.begin(&replica, process, shard);
-                    ledger.valid_until(run, h.valid_until);
-                    open.insert(shard, (run, h.epoch));
+                    ledger.valid_until(run, h.valid_until());
+                    open.insert(shard, (run, h.epoch()));
                 }
             }
             if rx.changed().await.is_err() {

@@ -451,17 +451,13 @@ impl World {
             .get(&replica)
             .copied()
             .unwrap_or((plan.lease_duration, plan.renew_deadline, plan.retry_period));
-        let config = Settings {
-            name: "ctl".into(),
-            namespace: "default".into(),
-            identity: r.identity.clone(),
-            shards: plan.shards,
+        let timing = [
             lease_duration,
             renew_deadline,
             retry_period,
-            hand_over_timeout: plan.hand_over_timeout,
-            on_loss: OnLoss::Rejoin,
-        };
+            plan.hand_over_timeout,
+        ];
+        let config = Settings::unchecked(&r.identity, plan.shards, timing, OnLoss::Rejoin);
         r.process = process;
         r.state = Some(ReplicaState::new(config, seed));
         self.break_watch(replica, 0);
