@@ -24,14 +24,13 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use workqueue_tokio::AddOptions;
 use workqueue_tokio::runner::{self, Failure, Runner};
-use workqueue_tokio::{AddOptions, WorkQueue};
 
-use super::Action;
 use super::config::Config;
 use super::error::{Error, RunnerError};
-use super::reports::{self, Inbox, Reports};
-use super::shards::Leases;
+use super::reports::{self, Inbox};
+use super::{Action, Parts};
 
 /// A stream of keys and how to add them, or an error of the stream they come from.
 pub(crate) type Keys<K, QE> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), QE>>;
@@ -129,31 +128,6 @@ where
     run(parts, reconciler, error_policy, context)
 }
 
-/// What a controller runs: its queue's name, triggers, store and gate, its options, and how it
-/// shuts down.
-pub(crate) struct Parts<K: Resource + 'static, QE>
-where
-    K::DynamicType: Eq + Hash,
-{
-    /// The queue's name (in metrics and spans).
-    pub(crate) name: String,
-    pub(crate) triggers: Vec<(String, Keys<K, QE>)>,
-    pub(crate) store: Store<K>,
-    /// Whether `store` may be read now (see `triggers::main`).
-    pub(crate) gate: watch::Receiver<bool>,
-    /// Tasks that keep the gate (waiting for a store made elsewhere to be ready).
-    pub(crate) tasks: Vec<BoxFuture<'static, ()>>,
-    pub(crate) config: Config,
-    /// The Lease protocol, if any; why it cannot run, if it cannot.
-    pub(crate) leases: Result<Option<Leases>, RunnerError>,
-    pub(crate) graceful: Vec<BoxFuture<'static, ()>>,
-    pub(crate) forceful: Vec<BoxFuture<'static, ()>>,
-    /// The dynamic type, for the Lease watchdog (which lists the store's objects).
-    pub(crate) dyntype: Option<K::DynamicType>,
-    /// Where the triggers' errors and the runner's reports go, and where the stream reads them.
-    pub(crate) reports: (Reports<QE>, Inbox<QE>),
-}
-
 /// A reconcile's error, with the object it failed on and the span the reconcile ran in (for the
 /// error policy, which runs in that span, as kube-runtime's does inside its `reconciling object`
 /// span: what it logs carries the object's key).
@@ -245,7 +219,7 @@ where
             return stream::iter([Err(Error::RunnerError(error))]).left_stream();
         }
     };
-    let queue = queue(&name, &config);
+    let queue = config.queue::<K>(&name);
     let missing = Arc::new(Missing {
         any: AtomicBool::new(false),
         keys: Mutex::new(HashSet::new()),
@@ -293,18 +267,8 @@ where
             }
         }
     };
-    let workers = match config.concurrency {
-        0 => usize::MAX,
-        n => usize::from(n),
-    };
-    let runner = Runner::new(queue.clone(), reconcile)
-        .workers(workers)
-        .shutdown_grace(config.shutdown_grace)
-        // A controller's reconcile sees no cancellation: stopping one is dropping it.
-        .cancel_grace(std::time::Duration::ZERO)
-        // The stream reports every failure; the caller logs them (as kube-runtime's do).
-        .failure_log(None)
-        .per_key_backoff(config.per_key_backoff)
+    let runner = config
+        .runner(Runner::new(queue.clone(), reconcile))
         .readiness(gate);
     // The one rule for which keys this replica takes: its shards'; and no poll of a reconcile
     // past its shard's deadline.
@@ -314,11 +278,10 @@ where
     }
     .error_policy(policy);
     for (name, trigger) in triggers {
-        let reports = reports.clone();
-        let debounce = config.debounce;
+        let (reports, config) = (reports.clone(), config.clone());
         let keys = trigger.filter_map(move |item| {
             future::ready(match item {
-                Ok((key, opts)) => Some((key, debounced(opts, debounce))),
+                Ok((key, opts)) => Some((key, config.trigger(opts))),
                 Err(error) => {
                     reports.queue_error(error);
                     None
@@ -366,34 +329,6 @@ where
     })
     .take_until(forced)
     .right_stream()
-}
-
-/// The queue of a controller named `name`, with `config`'s options.
-fn queue<K>(name: &str, config: &Config) -> WorkQueue<ObjectRef<K>>
-where
-    K: Resource + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-{
-    let mut queue = WorkQueue::builder().name(name);
-    if let Some(wait) = config.max_ready_wait {
-        queue = queue.max_ready_wait(wait);
-    }
-    if config.fair_namespaces {
-        queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
-    }
-    if let Some(outage) = config.outage {
-        queue = queue.outage_detection(outage);
-    }
-    queue.build()
-}
-
-/// How a trigger is added with `debounce`: after it, as a debounce (each later trigger moves the
-/// reconcile to its own time plus `debounce`).
-fn debounced(opts: AddOptions, debounce: std::time::Duration) -> AddOptions {
-    if debounce.is_zero() {
-        return opts;
-    }
-    opts.after(debounce).debounced(true)
 }
 
 /// What starts at the first poll.

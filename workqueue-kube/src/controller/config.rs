@@ -1,8 +1,13 @@
 //! How a [`Controller`](super::Controller) runs: kube-runtime's options, and what the queue adds.
 
+use std::hash::Hash;
 use std::time::Duration;
 
+use kube::Resource;
+use kube::runtime::reflector::ObjectRef;
 use workqueue_tokio::ratelimit::OutageConfig;
+use workqueue_tokio::runner::{Reconcile, Runner};
+use workqueue_tokio::{AddOptions, WorkQueue};
 
 /// A controller's options: kube-runtime's `debounce` and `concurrency` with kube-runtime's
 /// meaning, and the queue's own (per-key backoff, fairness, aging, outage detection).
@@ -20,13 +25,13 @@ use workqueue_tokio::ratelimit::OutageConfig;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub(crate) debounce: Duration,
-    pub(crate) concurrency: u16,
-    pub(crate) per_key_backoff: bool,
-    pub(crate) fair_namespaces: bool,
-    pub(crate) max_ready_wait: Option<Duration>,
-    pub(crate) outage: Option<OutageConfig>,
-    pub(crate) shutdown_grace: Duration,
+    debounce: Duration,
+    concurrency: u16,
+    per_key_backoff: bool,
+    fair_namespaces: bool,
+    max_ready_wait: Option<Duration>,
+    outage: Option<OutageConfig>,
+    shutdown_grace: Duration,
 }
 
 impl Default for Config {
@@ -112,5 +117,56 @@ impl Config {
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
+    }
+
+    /// The controller's queue, named `name` (in metrics and spans), with these options.
+    pub(crate) fn queue<K>(&self, name: &str) -> WorkQueue<ObjectRef<K>>
+    where
+        K: Resource + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    {
+        let mut queue = WorkQueue::builder().name(name);
+        if let Some(wait) = self.max_ready_wait {
+            queue = queue.max_ready_wait(wait);
+        }
+        if self.fair_namespaces {
+            queue = queue.fairness(|key: &ObjectRef<K>| key.namespace.clone());
+        }
+        if let Some(outage) = self.outage {
+            queue = queue.outage_detection(outage);
+        }
+        queue.build()
+    }
+
+    /// `runner` with these options: the concurrency, the shutdown grace, the per-key backoff; no
+    /// cancel grace (a controller's reconcile sees no cancellation: stopping one is dropping
+    /// it) and no failure log (the stream reports every failure; the caller logs them, as
+    /// kube-runtime's do).
+    pub(crate) fn runner<T, R, C, S, P>(
+        &self,
+        runner: Runner<T, R, C, S, P>,
+    ) -> Runner<T, R, C, S, P>
+    where
+        R: Reconcile<T, C>,
+    {
+        let workers = match self.concurrency {
+            0 => usize::MAX,
+            n => usize::from(n),
+        };
+        runner
+            .workers(workers)
+            .shutdown_grace(self.shutdown_grace)
+            .cancel_grace(Duration::ZERO)
+            .failure_log(None)
+            .per_key_backoff(self.per_key_backoff)
+    }
+
+    /// How a trigger's key is added: after the debounce, as a debounce (each later trigger
+    /// moves the reconcile to its own time plus the debounce); at once without one.
+    pub(crate) fn trigger(&self, opts: AddOptions) -> AddOptions {
+        if self.debounce.is_zero() {
+            return opts;
+        }
+        opts.after(self.debounce).debounced(true)
     }
 }

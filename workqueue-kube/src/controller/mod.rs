@@ -163,11 +163,37 @@ pub use kube::runtime::controller::{
 pub use workqueue_tokio::runner::Action;
 
 use crate::lease::{LeaseClock, LeaseConfig};
-use applier::Parts;
+use applier::Keys;
 use backoff::TriggerBackoff;
 use reports::{Inbox, Reports};
 use shards::Leases;
 use triggers::Trigger;
+
+/// What a controller runs: its queue's name, triggers, store and gate, its options, and how it
+/// shuts down. Built by `Controller::run` and `applier::applier`, run by `applier::run` (its
+/// fields are this module's and its children's).
+struct Parts<K: Resource + 'static, QE>
+where
+    K::DynamicType: Eq + Hash,
+{
+    /// The queue's name (in metrics and spans).
+    name: String,
+    triggers: Vec<(String, Keys<K, QE>)>,
+    store: Store<K>,
+    /// Whether `store` may be read now (see `triggers::main`).
+    gate: watch::Receiver<bool>,
+    /// Tasks that keep the gate (waiting for a store made elsewhere to be ready).
+    tasks: Vec<BoxFuture<'static, ()>>,
+    config: Config,
+    /// The Lease protocol, if any; why it cannot run, if it cannot.
+    leases: Result<Option<Leases>, RunnerError>,
+    graceful: Vec<BoxFuture<'static, ()>>,
+    forceful: Vec<BoxFuture<'static, ()>>,
+    /// The dynamic type, for the Lease watchdog (which lists the store's objects).
+    dyntype: Option<K::DynamicType>,
+    /// Where the triggers' errors and the runner's reports go, and where the stream reads them.
+    reports: (Reports<QE>, Inbox<QE>),
+}
 
 /// A controller for the objects of kind `K`: watches them (and the objects they own or relate
 /// to), and reconciles each one that changed, one at a time per object, through a work queue.

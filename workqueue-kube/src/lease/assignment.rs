@@ -142,7 +142,7 @@ impl LeaseStats {
     }
 
     /// Identity collisions found.
-    #[cfg(any(test, feature = "metrics"))]
+    #[cfg(feature = "metrics")]
     pub(crate) fn identity_collisions(&self) -> u64 {
         self.identity_collisions
     }
