@@ -32,7 +32,8 @@
 //! (1,000), `--rate N` (updates/s, 1,000), `--churn SECS` (30), `--only ours|kube-runtime`.
 //!
 //! **Heap profiles**: with `W15_HEAPTRACK=DIR`, each controller runs with heaptrack's preload
-//! library and writes its raw trace to `DIR/<run>.raw` (the churn process is not traced); read
+//! library (`W15_HEAPTRACK_LIB`, by default Debian's `/usr/lib/heaptrack/libheaptrack_preload.so`)
+//! and writes its raw trace to `DIR/<run>.raw` (the churn process is not traced); read
 //! one with `heaptrack_interpret < DIR/<run>.raw | zstd > p.zst; heaptrack_print p.zst`. A traced
 //! run's timings and RSS are heaptrack's, not figures. With `W15_SMAPS=DIR`, each controller's
 //! `/proc/<pid>/smaps` after the start-up is copied to `DIR/<run>.smaps` (where its RSS is).
@@ -173,12 +174,12 @@ fn spawn(
     pass_client(&plane.config(), dir, &mut command);
     command.env(roles::ROLE, role);
     if let Some(traces) = std::env::var_os("W15_HEAPTRACK").filter(|_| role != roles::CHURN) {
-        command
-            .env("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so")
-            .env(
-                "DUMP_HEAPTRACK_OUTPUT",
-                Path::new(&traces).join(format!("{name}.raw")),
-            );
+        let library = std::env::var_os("W15_HEAPTRACK_LIB")
+            .unwrap_or_else(|| "/usr/lib/heaptrack/libheaptrack_preload.so".into());
+        command.env("LD_PRELOAD", library).env(
+            "DUMP_HEAPTRACK_OUTPUT",
+            Path::new(&traces).join(format!("{name}.raw")),
+        );
     }
     for (key, value) in env {
         command.env(key, value);
