@@ -112,8 +112,6 @@ where
     gate_final: bool,
     phase: Phase,
     shutdown: Shutdown,
-    /// Whether the run ends once its sources have ended and the queue has nothing left.
-    ends_with_sources: bool,
     running: usize,
     settings: Settings,
     held: Vec<Lease<T>>,
@@ -175,7 +173,6 @@ where
             gate_final: false,
             phase: Phase::Running,
             shutdown: Shutdown::None,
-            ends_with_sources: items,
             running: 0,
             settings,
             held: Vec::new(),
@@ -430,7 +427,8 @@ where
             Some(Ok(())) => {}
             None => {
                 self.feeding = false;
-                if self.ends_with_sources && self.phase == Phase::Running {
+                // A stream of items ends with its sources.
+                if self.engine.yields_items() && self.phase == Phase::Running {
                     self.phase = Phase::Draining;
                     self.engine.drain();
                 }

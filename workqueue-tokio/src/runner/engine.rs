@@ -150,6 +150,11 @@ impl<T, E, C, S> Engine<T, E, C, S> {
         }
     }
 
+    /// Whether the run yields items (a `Runner::results` stream, which ends with its sources).
+    pub(crate) fn yields_items(&self) -> bool {
+        self.items
+    }
+
     /// The report's counters.
     pub(crate) fn counters(&self) -> &Counters {
         &self.counters
