@@ -10,6 +10,7 @@ pub mod faults;
 pub mod outage;
 pub mod replica;
 pub mod running;
+pub mod traffic;
 
 use std::time::{Duration, Instant};
 

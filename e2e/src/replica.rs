@@ -17,7 +17,7 @@
 //!
 //! Nothing here checks anything: the parent judges the ledger.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,13 +28,16 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use workqueue_kube::controller::{Action, Config, Controller};
-use workqueue_kube::lease::LeaseConfig;
+use workqueue_kube::lease::{LeaseConfig, shard_of};
 use workqueue_test_support::ledger_file::{END, LedgerWriter, START};
+
+use crate::traffic::{CountTraffic, Traffic};
 
 /// The environment variable that makes a process a replica (its identity).
 pub const ROLE_VAR: &str = "WORKQUEUE_E2E_REPLICA";
@@ -82,6 +85,16 @@ pub struct Spec {
     pub block: Option<(PathBuf, Duration)>,
     /// The runtime's worker threads: 0 for a `current_thread` runtime (default 2).
     pub workers: usize,
+    /// Whether the controller divides its cache (`Controller::divide_caches`); the replica then
+    /// records its store's contents (`store` lines: the number of objects and their shards)
+    /// whenever they change.
+    pub divided: bool,
+    /// Whether the replica counts its client's ConfigMap traffic ([`crate::traffic`]) and
+    /// records it every second with its store's size: `traffic` lines, `<objects in the store>
+    /// <requests> <list bytes> <watch bytes> <watch events>` (W17).
+    pub traffic: bool,
+    /// Runs kube-runtime's `Controller` instead of ours (no Leases: one replica), for W17.
+    pub kube_runtime: bool,
 }
 
 impl Spec {
@@ -103,6 +116,9 @@ impl Spec {
             hang_watch: None,
             block: None,
             workers: 2,
+            divided: false,
+            traffic: false,
+            kube_runtime: false,
         }
     }
 
@@ -141,6 +157,15 @@ impl Spec {
             command.env("WORKQUEUE_E2E_BLOCK_MS", ms(*block));
         }
         command.env("WORKQUEUE_E2E_WORKERS", self.workers.to_string());
+        for (flag, var) in [
+            (self.divided, "WORKQUEUE_E2E_DIVIDED"),
+            (self.traffic, "WORKQUEUE_E2E_TRAFFIC"),
+            (self.kube_runtime, "WORKQUEUE_E2E_KUBE_RUNTIME"),
+        ] {
+            if flag {
+                command.env(var, "1");
+            }
+        }
     }
 
     /// The spec in this process's environment, if it is a replica.
@@ -173,6 +198,9 @@ impl Spec {
                 (PathBuf::from(flag), block)
             }),
             workers: var("WORKQUEUE_E2E_WORKERS").map_or(2, |w| w.parse().expect("workers")),
+            divided: var("WORKQUEUE_E2E_DIVIDED").is_some(),
+            traffic: var("WORKQUEUE_E2E_TRAFFIC").is_some(),
+            kube_runtime: var("WORKQUEUE_E2E_KUBE_RUNTIME").is_some(),
         })
     }
 
@@ -191,27 +219,43 @@ impl Spec {
     }
 }
 
-/// How many shard Leases each holder holds, as the server says. `leases` is the Lease API of a
-/// namespace that holds one controller's Leases only (a test's own): its Leases with `-shard-`
-/// in their name are the shards; a holder is counted under the first of `replicas` that starts
-/// its `holderIdentity` (so that an identity with an instance suffix is still its replica's).
+/// How many shard Leases each holder holds, as the server says (see [`held_shards`]).
 pub async fn shard_holders(leases: &Api<Lease>, replicas: &[&str]) -> BTreeMap<String, u32> {
+    let held = held_shards(leases, replicas).await;
+    held.into_iter()
+        .map(|(replica, shards)| (replica, shards.len() as u32))
+        .collect()
+}
+
+/// Which shards each holder holds, as the server says. `leases` is the Lease API of a
+/// namespace that holds one controller's Leases only (a test's own): its Leases named
+/// `{controller}-shard-{i}` are the shards; a holder is counted under the first of `replicas`
+/// that starts its `holderIdentity` (so that an identity with an instance suffix is still its
+/// replica's).
+pub async fn held_shards(
+    leases: &Api<Lease>,
+    replicas: &[&str],
+) -> BTreeMap<String, BTreeSet<u32>> {
     let list = leases
         .list(&ListParams::default())
         .await
         .expect("listing the Leases");
-    let mut held = BTreeMap::new();
+    let mut held: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
     for lease in list {
-        if !lease.name_any().contains("-shard-") {
+        let name = lease.name_any();
+        let Some(shard) = name
+            .rsplit_once("-shard-")
+            .and_then(|(_, i)| i.parse().ok())
+        else {
             continue;
-        }
+        };
         let holder = lease.spec.and_then(|s| s.holder_identity);
         if let Some(holder) = holder.filter(|h| !h.is_empty()) {
             let replica = replicas
                 .iter()
                 .find(|r| holder.starts_with(**r))
                 .map_or(holder, |r| r.to_string());
-            *held.entry(replica).or_default() += 1;
+            held.entry(replica).or_default().insert(shard);
         }
     }
     held
@@ -345,12 +389,17 @@ async fn run(spec: Spec) {
         .with(ledger.clone().map(log::ToLedger::new));
     tracing::subscriber::set_global_default(logs).expect("one subscriber");
     let config = crate::child::client_from_env();
-    let client = match &spec.hang_watch {
-        Some(flag) => kube::client::ClientBuilder::try_from(config)
+    let traffic = Arc::new(Traffic::default());
+    let client = match (&spec.hang_watch, spec.traffic) {
+        (Some(flag), _) => kube::client::ClientBuilder::try_from(config)
             .expect("a client builder")
             .with_layer(&crate::faults::WatchHang::new(flag.clone()))
             .build(),
-        None => Client::try_from(config).expect("a client"),
+        (None, true) => kube::client::ClientBuilder::try_from(config)
+            .expect("a client builder")
+            .with_layer(&CountTraffic::new("configmaps", traffic.clone()))
+            .build(),
+        (None, false) => Client::try_from(config).expect("a client"),
     };
     let api = Api::<ConfigMap>::namespaced(client.clone(), &spec.namespace);
     let ctx = Arc::new(Context {
@@ -361,11 +410,39 @@ async fn run(spec: Spec) {
     ctx.record("up", "-", "");
     let config = Config::default().concurrency(spec.concurrency);
     let watch = watcher::Config::default().labels(&spec.selector);
-    let items = Controller::new(api, watch)
+    if spec.kube_runtime {
+        use kube::runtime::controller::{Action as KubeAction, Controller as KubeController};
+        let controller = KubeController::new(api, watch)
+            .with_config(kube::runtime::controller::Config::default().concurrency(spec.concurrency))
+            .shutdown_on_signal();
+        if spec.traffic {
+            tokio::spawn(record_traffic(controller.store(), traffic, ctx.clone()));
+        }
+        let reconcile = |cm, ctx| async move {
+            reconcile(cm, ctx).await?;
+            Ok::<_, Infallible>(KubeAction::await_change())
+        };
+        controller
+            .run(reconcile, |_, _, _| KubeAction::await_change(), ctx.clone())
+            .for_each(|_| async {})
+            .await;
+        ctx.record("exit", "-", "");
+        return;
+    }
+    let controller = Controller::new(api, watch)
         .with_config(config)
         .leases(spec.lease_config())
-        .shutdown_on_signal()
-        .run(reconcile, |_, _, _| Action::await_change(), ctx.clone());
+        .shutdown_on_signal();
+    if spec.traffic {
+        tokio::spawn(record_traffic(controller.store(), traffic, ctx.clone()));
+    }
+    let controller = if spec.divided {
+        tokio::spawn(record_store(controller.store(), ctx.clone()));
+        controller.divide_caches()
+    } else {
+        controller
+    };
+    let items = controller.run(reconcile, |_, _, _| Action::await_change(), ctx.clone());
     let ctx_items = ctx.clone();
     items
         .for_each(|item| {
@@ -377,6 +454,35 @@ async fn run(spec: Spec) {
         })
         .await;
     ctx.record("exit", "-", "");
+}
+
+/// Records the store's contents as a `store` line whenever they change (looked at every 100 ms):
+/// the detail is the number of objects, then their shards (`3 0,5`).
+async fn record_store(store: Store<ConfigMap>, ctx: Arc<Context>) {
+    let mut last = String::new();
+    loop {
+        let objects = store.state();
+        let shards: BTreeSet<u32> = objects
+            .iter()
+            .map(|cm| shard_of(cm.namespace().as_deref(), &cm.name_any(), ctx.spec.shards))
+            .collect();
+        let shards: Vec<String> = shards.iter().map(u32::to_string).collect();
+        let detail = format!("{} {}", objects.len(), shards.join(","));
+        if detail != last {
+            ctx.record("store", "-", &detail);
+            last = detail;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Records the store's size and the client's ConfigMap traffic every second (`traffic` lines).
+async fn record_traffic(store: Store<ConfigMap>, traffic: Arc<Traffic>, ctx: Arc<Context>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let detail = format!("{} {}", store.len(), traffic.line());
+        ctx.record("traffic", "-", &detail);
+    }
 }
 
 /// The `log` lines of the ledger.

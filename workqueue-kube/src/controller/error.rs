@@ -118,4 +118,25 @@ pub enum RunnerError {
     /// (`for_stream`): the Leases need a client. Use `Controller::new`.
     #[error("a controller on Leases needs a client: build it with Controller::new")]
     LeasesNeedAClient,
+    /// [`Controller::divide_caches`](super::Controller::divide_caches) on a controller that
+    /// cannot divide its cache: one without [`Controller::leases`](super::Controller::leases)
+    /// (there are no shards to divide by), or one made from a stream (`for_stream` and the
+    /// like: its store is filled elsewhere). The controller did not start.
+    #[error(
+        "divided caches need a controller made with Controller::new and run on Leases (Controller::leases)"
+    )]
+    DividedCachesNeedLeases,
+    /// Writing an object's shard label failed (divided caches): the API server refused the
+    /// patch (a missing `patch` permission on the main kind is named in the message) or did
+    /// not answer. The object is not reconciled until it carries its label; the patch is
+    /// retried with a backoff. Reported once until a patch succeeds again.
+    #[error("labelling {} with its shard failed: {message}", match namespace { Some(ns) => format!("{ns}/{name}"), None => name.clone() })]
+    LabelFailed {
+        /// The object's namespace (`None`: cluster-scoped).
+        namespace: Option<String>,
+        /// The object's name.
+        name: String,
+        /// What the API server (or the client) said.
+        message: String,
+    },
 }

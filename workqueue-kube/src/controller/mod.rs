@@ -130,8 +130,10 @@
 mod applier;
 mod backoff;
 mod config;
+mod divided;
 mod error;
 mod guard;
+mod labeller;
 mod relations;
 mod reports;
 mod shards;
@@ -165,6 +167,7 @@ pub use workqueue_tokio::runner::Action;
 use crate::lease::{LeaseClock, LeaseConfig};
 use applier::Keys;
 use backoff::TriggerBackoff;
+use divided::{MainWatch, ShardLabel};
 use reports::{Inbox, Reports};
 use shards::Leases;
 use triggers::Trigger;
@@ -227,6 +230,10 @@ where
     leases: Option<LeaseConfig>,
     /// The clock the Leases are judged by, whichever of `leases` and `lease_clock` came first.
     lease_clock: Option<Arc<dyn LeaseClock>>,
+    /// The main watch, when the controller made it (`Controller::new`): whole or divided.
+    main_watch: Option<MainWatch<K>>,
+    /// Whether each replica watches only its shards' objects (`divide_caches`).
+    divide: bool,
 }
 
 /// The names of the metrics of a controller on Leases (with the `metrics` feature), labelled
@@ -263,9 +270,13 @@ where
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(false);
         // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
-        let events = reflector::reflector(writer, watcher(main_api, wc));
+        let (main_watch, events) = MainWatch::new(main_api, wc, writer);
         let main = triggers::main(events, gate_tx, dyntype.clone());
-        Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client))
+        let controller = Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client));
+        Controller {
+            main_watch: Some(main_watch),
+            ..controller
+        }
     }
 
     /// A controller whose main trigger is `main`, reading `reader`, taking keys once `gate` says
@@ -295,6 +306,8 @@ where
             client,
             leases: None,
             lease_clock: None,
+            main_watch: None,
+            divide: false,
         }
     }
 
@@ -462,6 +475,54 @@ where
         self
     }
 
+    /// Divides the cache too: each replica watches, and keeps in its store, only the objects of
+    /// the shards it holds, so that memory and watch traffic per replica shrink with the
+    /// number of replicas. Needs [`Controller::leases`] and a controller made with
+    /// [`Controller::new`] (else the stream's first item is
+    /// [`RunnerError::DividedCachesNeedLeases`]).
+    ///
+    /// How: every object of the main kind carries its shard in a label of the controller's,
+    /// `{name}.workqueue-kube.io/shard-of-{shards}` (`name` and `shards` of the
+    /// [`LeaseConfig`]), whose value is the object's shard: the same stable hash that assigns
+    /// its key ([`shard_of`](crate::lease::shard_of)), so it is written once and never
+    /// changes. See it with `kubectl get cm -L counter.workqueue-kube.io/shard-of-32`. The
+    /// controller writes it itself, with a merge patch: the replica that holds shard 0 watches
+    /// the objects without it (`notin`: nearly nothing once all are labelled) and labels them,
+    /// and a replica that sees a wrong value among its shards' objects (a third party changed
+    /// it) sets it right. A replica joining or leaving writes no object: the others restart
+    /// their watch with the shards they now hold.
+    ///
+    /// What stays: a key is still run only by the holder of its hashed shard (a missing or
+    /// wrong label delays an object until it is relabelled, never gives it to two replicas),
+    /// and a replica takes a key of a shard only once its store holds that shard's complete
+    /// list. While a replica's watch relists (its shards changed), none of its reconciles
+    /// starts, as during any relist. Another number of shards has another label, so a rolling
+    /// update that changes it relabels every object once, while the old replicas still find
+    /// theirs.
+    ///
+    /// RBAC: `patch` on the main kind, besides `list` and `watch`. Not divided: the watches of
+    /// [`owns`](Controller::owns) and [`watches`](Controller::watches) (an owned object's key
+    /// is its owner's, and a mapper's keys cannot be known before it runs): they stay whole.
+    ///
+    /// ```no_run
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::{Api, Client};
+    /// use kube::runtime::watcher;
+    /// use workqueue_kube::controller::Controller;
+    /// use workqueue_kube::lease::LeaseConfig;
+    ///
+    /// # fn build(client: Client, identity: String) {
+    /// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+    ///     .leases(LeaseConfig::new("counter", "default", identity))
+    ///     .divide_caches();
+    /// # let _ = controller;
+    /// # }
+    /// ```
+    pub fn divide_caches(mut self) -> Self {
+        self.divide = true;
+        self
+    }
+
     /// Judges Lease time by `clock` instead of tokio's (a simulation, or a test that gives each
     /// replica a clock of its own), before or after [`Controller::leases`]. Without it, it
     /// changes nothing.
@@ -551,19 +612,40 @@ where
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {
         let name = K::kind(&self.dyntype).to_lowercase();
-        let leases = match self.leases {
+        let label = self
+            .leases
+            .as_ref()
+            .map(|c| ShardLabel::new(&c.name, c.shards));
+        let mut leases = match self.leases {
             Some(config) => {
                 let clock = self.lease_clock;
                 Leases::new(self.client, config, clock, self.reports.0.clone()).map(Some)
             }
             None => Ok(None),
         };
+        let mut tasks = self.tasks;
+        match (self.main_watch, &mut leases, label) {
+            (Some(main), Ok(Some(leases)), Some(label)) if self.divide => {
+                let (assignment, listed) = leases.divide();
+                let reports = self.reports.0.clone();
+                let labeller = main.divide(label, &self.dyntype, assignment, listed, move |e| {
+                    reports.send(e)
+                });
+                tasks.push(labeller.run().boxed());
+            }
+            (main, Ok(_), _) if self.divide => {
+                drop(main);
+                leases = Err(RunnerError::DividedCachesNeedLeases);
+            }
+            (Some(main), _, _) => main.whole(),
+            (None, _, _) => {}
+        }
         let parts = Parts {
             name,
             triggers: self.triggers,
             store: self.reader,
             gate: self.gate,
-            tasks: self.tasks,
+            tasks,
             config: self.config,
             leases,
             graceful: self.graceful,

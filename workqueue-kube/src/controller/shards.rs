@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use workqueue_tokio::runner::Aborts;
 use workqueue_tokio::{AddOptions, WorkQueue};
 
+use super::divided::Listed;
 use super::error::RunnerError;
 use super::guard::{LeaseGuard, ShardPolls};
 use super::reports::Reports;
@@ -81,6 +82,9 @@ pub(crate) struct Leases {
     on_loss: OnLoss,
     /// The reconciles' polls under way, per shard (for the guard).
     polls: Arc<ShardPolls>,
+    /// With divided caches, the shards whose list the store holds: a key is taken only once
+    /// its shard is listed (`None`: the store holds every shard's objects).
+    listed: Option<watch::Receiver<Listed>>,
 }
 
 impl Leases {
@@ -132,7 +136,17 @@ impl Leases {
             slack,
             on_loss,
             polls,
+            listed: None,
         })
+    }
+
+    /// Divides the cache by the shards held (`super::divided`): the assignment the main watch
+    /// follows, and where it publishes the shards its store holds the list of, which from now
+    /// on a key's shard must be among to be taken.
+    pub(crate) fn divide(&mut self) -> (watch::Receiver<Assignment>, watch::Sender<Listed>) {
+        let (listed, reader) = watch::channel(Listed::new());
+        self.listed = Some(reader);
+        (self.assignment.clone(), listed)
     }
 
     /// What each reconcile runs in: the scope [`lease::deadline`](crate::lease::deadline)
@@ -145,12 +159,13 @@ impl Leases {
         }
     }
 
-    /// The rule for the runner: whether a key's shard is held now.
+    /// The rule for the runner: whether a key's shard is held now (and, with divided caches,
+    /// listed).
     pub(crate) fn owns<K: Resource>(
         &self,
     ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
-        let assignment = self.assignment.clone();
-        move |key| owns(&assignment.borrow(), key)
+        let (assignment, listed) = (self.assignment.clone(), self.listed.clone());
+        move |key| owns(&assignment.borrow(), listed.as_ref(), key)
     }
 
     /// The rule for running reconciles, asked before each of their polls: whether a key's
@@ -190,9 +205,12 @@ impl Leases {
         let metrics = ShardMetrics::new(queue.name().unwrap_or("unnamed"));
         let seen = self.assignment.borrow().clone();
         metrics.emit(&seen);
+        let listed_seen = self.listed.as_ref().map(|l| l.borrow().clone());
         Watchdog {
             assignment: self.assignment,
             seen,
+            listed: self.listed,
+            listed_seen,
             hand_overs: Some(self.hand_overs),
             stopping: HashMap::new(),
             settling: FuturesUnordered::new(),
@@ -240,9 +258,16 @@ fn key_shard<K: Resource>(key: &ObjectRef<K>, shards: u32) -> u32 {
     shard_of(key.namespace.as_deref(), &key.name, shards.max(1))
 }
 
-/// Whether `key`'s shard is held and valid now, by `assignment`.
-fn owns<K: Resource>(assignment: &Assignment, key: &ObjectRef<K>) -> bool {
-    assignment.accepts(key_shard(key, assignment.shard_count()), Instant::now())
+/// Whether `key`'s shard is held and valid now, by `assignment`, and its objects are in the
+/// store (always without divided caches; else when `listed` names it).
+fn owns<K: Resource>(
+    assignment: &Assignment,
+    listed: Option<&watch::Receiver<Listed>>,
+    key: &ObjectRef<K>,
+) -> bool {
+    let shard = key_shard(key, assignment.shard_count());
+    assignment.accepts(shard, Instant::now())
+        && listed.is_none_or(|listed| listed.borrow().contains(&shard))
 }
 
 /// Whether a running reconcile of `key` may be polled now, by `assignment`: its shard held or
@@ -267,6 +292,8 @@ struct Stopping {
 /// What the protocol told the watchdog.
 enum Event {
     Changed,
+    /// The shards listed changed (`None`: they no longer change).
+    Listed(Option<()>),
     HandOver(HandOver),
     HandOversClosed,
     Deadline,
@@ -285,6 +312,10 @@ where
     assignment: watch::Receiver<Assignment>,
     /// The assignment as last handled (for its changes).
     seen: Assignment,
+    /// With divided caches, the shards whose list the store holds (`Leases::divide`), and
+    /// those as last handled (a shard is enqueued once it is both held and listed).
+    listed: Option<watch::Receiver<Listed>>,
+    listed_seen: Option<Listed>,
     hand_overs: Option<mpsc::UnboundedReceiver<HandOver>>,
     stopping: HashMap<u32, Stopping>,
     /// For each hand-over waiting for its shard's reconciles: completes with the shard when none
@@ -317,6 +348,8 @@ where
         loop {
             match self.next_event(finish.as_mut()).await {
                 Event::Changed => self.on_assignment(),
+                Event::Listed(Some(())) => self.on_listed(),
+                Event::Listed(None) => self.listed_seen = None,
                 Event::HandOver(hand_over) => self.on_hand_over(hand_over),
                 Event::HandOversClosed => self.hand_overs = None,
                 Event::Deadline => self.on_time(),
@@ -333,16 +366,23 @@ where
         let deadline = self.next_deadline();
         let Watchdog {
             assignment,
+            listed,
+            listed_seen,
             hand_overs,
             settling,
             protocol,
             ..
         } = self;
+        // Watched until its sender is gone (`listed_seen` is then `None`).
+        let listed = listed.as_mut().filter(|_| listed_seen.is_some());
         tokio::select! {
             biased;
             _ = finish => Event::Finish,
             // Once the protocol is gone, its assignment no longer changes.
             Ok(()) = assignment.changed() => Event::Changed,
+            Some(changed) = OptionFuture::from(listed.map(|l| l.changed())) => {
+                Event::Listed(changed.ok())
+            }
             Some(hand_over) = OptionFuture::from(hand_overs.as_mut().map(|rx| rx.recv())) => {
                 match hand_over {
                     Some(hand_over) => Event::HandOver(hand_over),
@@ -396,12 +436,41 @@ where
             }
         }
         self.seen = now;
+        // With divided caches, a shard's objects are enqueued once it is listed too.
+        acquired.retain(|shard| self.is_listed(*shard));
         if !acquired.is_empty() {
             self.enqueue(&acquired);
         }
         self.metrics.emit(&self.seen);
         // A shard stopped above may be due for its abort now.
         self.on_time();
+    }
+
+    /// Whether the store holds `shard`'s objects: always without divided caches.
+    fn is_listed(&self, shard: u32) -> bool {
+        match &self.listed {
+            Some(listed) => listed.borrow().contains(&shard),
+            None => true,
+        }
+    }
+
+    /// The shards listed changed (divided caches): enqueues the objects of each held shard
+    /// just listed. Keys of a shard not yet listed were not taken (they did not belong), so
+    /// this is where the shard's work starts.
+    fn on_listed(&mut self) {
+        let Some(listed) = &mut self.listed else {
+            return;
+        };
+        let now = listed.borrow_and_update().clone();
+        let before = self.listed_seen.replace(now.clone()).unwrap_or_default();
+        let held: Vec<u32> = now
+            .difference(&before)
+            .copied()
+            .filter(|&shard| self.seen.accepts(shard, Instant::now()))
+            .collect();
+        if !held.is_empty() {
+            self.enqueue(&held);
+        }
     }
 
     /// Enqueues the objects of the shards just taken, at [`TAKEN_PRIORITY`].

@@ -1,0 +1,244 @@
+//! Divided caches (`Controller::divide_caches`) on the real kube-apiserver, each replica an OS
+//! process of its own (`workqueue_e2e::replica`, which records its store's contents in the
+//! ledger): objects created without the shard label are labelled by the controller; each
+//! replica's store holds the objects of the shards it holds and no other; a label removed or
+//! changed by a third party is set right; a replica killed (`kill -9`), one joining and one
+//! leaving (SIGTERM) move shards without writing any object (their resourceVersions stay), and
+//! every object of a moved shard is reconciled by its new holder. No object is ever reconciled
+//! by two processes at once (the ledger).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tokio::time::Instant;
+use workqueue_e2e::replica::run_if_replica;
+use workqueue_kube::lease::shard_of;
+
+mod scenario;
+
+use scenario::{CONTROLLER, Scenario};
+
+/// Not a test: the entry of the replica processes the test below starts.
+#[test]
+fn replica_process() {
+    run_if_replica();
+}
+
+const SHARDS: u32 = 8;
+const OBJECTS: usize = 300;
+
+/// The controller's shard label.
+fn label() -> String {
+    format!("{CONTROLLER}.workqueue-kube.io/shard-of-{SHARDS}")
+}
+
+/// The shard of `namespace/name`.
+fn shard(object: &str) -> u32 {
+    let (ns, name) = object.split_once('/').expect("namespace/name");
+    shard_of(Some(ns), name, SHARDS)
+}
+
+/// Waits until every object carries its shard's label; returns their resourceVersions.
+async fn until_labelled(s: &mut Scenario, what: &str) -> HashMap<String, u64> {
+    let start = Instant::now();
+    loop {
+        let (versions, wrong) = s.versions_and_unlabelled(&label(), SHARDS).await;
+        if wrong == 0 && versions.len() == OBJECTS {
+            println!(
+                "{what}: every object labelled {:.1} s after",
+                start.elapsed().as_secs_f64()
+            );
+            return versions;
+        }
+        s.check_alive();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: {wrong} objects without their label after 60 s\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until each replica's store holds exactly the objects of the shards it holds (by the
+/// Leases), the shards held by `replicas` alone, fairly; returns who holds what.
+async fn until_stores_match(
+    s: &mut Scenario,
+    what: &str,
+    replicas: &[&str],
+    objects: &[String],
+) -> BTreeMap<String, BTreeSet<u32>> {
+    s.until_fair(Duration::from_secs(60), replicas, SHARDS)
+        .await;
+    let start = Instant::now();
+    loop {
+        let held = s.held_shards().await;
+        s.sync();
+        let stores = s.stores();
+        let expected = |shards: &BTreeSet<u32>| {
+            let count = objects
+                .iter()
+                .filter(|o| shards.contains(&shard(o)))
+                .count();
+            (count, shards.clone())
+        };
+        let matching = replicas.iter().all(|r| {
+            let shards = held.get(*r).cloned().unwrap_or_default();
+            stores.get(*r) == Some(&expected(&shards))
+        });
+        if matching {
+            let sizes: Vec<String> = replicas
+                .iter()
+                .map(|r| format!("{r}: {} objects of {:?}", stores[*r].0, held[*r]))
+                .collect();
+            println!(
+                "{what}: stores match the shards held {:.1} s after the shards settled ({})",
+                start.elapsed().as_secs_f64(),
+                sizes.join("; ")
+            );
+            return held;
+        }
+        s.check_alive();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: stores {stores:?} do not match the shards held {held:?}\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every object of `shards` was reconciled to its end by `replica` after `since`.
+async fn until_reconciled_by(
+    s: &mut Scenario,
+    what: &str,
+    replica: &str,
+    shards: &BTreeSet<u32>,
+    objects: &[String],
+    since: Instant,
+) {
+    let moved: BTreeSet<&String> = objects
+        .iter()
+        .filter(|o| shards.contains(&shard(o)))
+        .collect();
+    assert!(!moved.is_empty(), "{what}: no object moved");
+    s.until(Duration::from_secs(60), what, |s| {
+        let done: BTreeSet<String> = s
+            .completed()
+            .into_iter()
+            .filter(|c| c.replica == replica && c.start >= since)
+            .map(|c| c.object)
+            .collect();
+        moved.iter().all(|o| done.contains(*o))
+    })
+    .await;
+    println!(
+        "{what}: the {} objects of the moved shards {shards:?} reconciled by {replica} within {:.1} s",
+        moved.len(),
+        since.elapsed().as_secs_f64()
+    );
+}
+
+/// Asserts that no object was written since `before` (its resourceVersion is the same).
+async fn assert_unwritten(s: &Scenario, what: &str, before: &HashMap<String, u64>) {
+    let (now, _) = s.versions_and_unlabelled(&label(), SHARDS).await;
+    let written: Vec<&String> = before
+        .iter()
+        .filter(|(object, version)| now.get(*object) != Some(version))
+        .map(|(object, _)| object)
+        .collect();
+    assert!(written.is_empty(), "{what}: objects written: {written:?}");
+    println!("{what}: no object written ({} unchanged)", before.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
+    let mut s = Scenario::new("divided").await;
+    let names: Vec<String> = (0..OBJECTS).map(Scenario::name).collect();
+    s.create(&names).await;
+    let objects: Vec<String> = names.iter().map(|n| format!("{}/{n}", s.ns)).collect();
+    let spec = |s: &Scenario, identity: &str| {
+        let mut spec = s.spec(identity, SHARDS);
+        spec.divided = true;
+        spec
+    };
+    for identity in ["r1", "r2"] {
+        let next = spec(&s, identity);
+        s.start(&next);
+    }
+
+    // Labelled by the controller, each store holding its shards' objects, all reconciled.
+    let labelled = until_labelled(&mut s, "start").await;
+    let held = until_stores_match(&mut s, "start", &["r1", "r2"], &objects).await;
+    s.until(
+        Duration::from_secs(60),
+        "start: every object reconciled",
+        |s| s.not_reconciled(&labelled) == 0,
+    )
+    .await;
+
+    // A third party removes one label and changes another: both are set right.
+    let third_party = json!({ "metadata": { "labels": { label(): null } } });
+    s.api
+        .patch(
+            &names[0],
+            &PatchParams::default(),
+            &Patch::Merge(&third_party),
+        )
+        .await
+        .expect("removing a label");
+    let wrong = (shard(&objects[1]) + 1) % SHARDS;
+    let third_party = json!({ "metadata": { "labels": { label(): wrong.to_string() } } });
+    s.api
+        .patch(
+            &names[1],
+            &PatchParams::default(),
+            &Patch::Merge(&third_party),
+        )
+        .await
+        .expect("changing a label");
+    let relabelled = until_labelled(&mut s, "a third party's edits").await;
+    s.until(
+        Duration::from_secs(60),
+        "a third party's edits: the relabelled objects reconciled",
+        |s| s.not_reconciled(&relabelled) == 0,
+    )
+    .await;
+
+    // kill -9: the survivor takes the shards, lists them, reconciles them; nothing is written.
+    let before = until_labelled(&mut s, "before the kill").await;
+    let killed = s.kill("r2");
+    until_stores_match(&mut s, "kill -9 (r2)", &["r1"], &objects).await;
+    let moved = held["r2"].clone();
+    until_reconciled_by(&mut s, "kill -9 (r2)", "r1", &moved, &objects, killed).await;
+    assert_unwritten(&s, "kill -9 (r2)", &before).await;
+
+    // A join: the newcomer takes its share, lists it and reconciles it; nothing is written.
+    let joined = Instant::now();
+    let next = spec(&s, "r3");
+    s.start(&next);
+    let held = until_stores_match(&mut s, "join (r3)", &["r1", "r3"], &objects).await;
+    until_reconciled_by(&mut s, "join (r3)", "r3", &held["r3"], &objects, joined).await;
+    assert_unwritten(&s, "join (r3)", &before).await;
+
+    // A graceful leave: r1 hands its shards over to r3; nothing is written.
+    let left = Instant::now();
+    let moved = held["r1"].clone();
+    s.replica("r1").signal("TERM");
+    let mut r1 = s.replicas.remove("r1").expect("r1 runs");
+    let status = r1.exit_within(Duration::from_secs(15)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "r1 did not exit cleanly after SIGTERM: {status:?}\n{}",
+        r1.log_tail(20)
+    );
+    until_stores_match(&mut s, "leave (r1, SIGTERM)", &["r3"], &objects).await;
+    until_reconciled_by(&mut s, "leave (r1, SIGTERM)", "r3", &moved, &objects, left).await;
+    assert_unwritten(&s, "leave (r1, SIGTERM)", &before).await;
+
+    let runs = s.assert_never_two_at_once();
+    assert!(runs >= 2 * OBJECTS, "{runs} runs judged");
+    s.shut_down();
+}
