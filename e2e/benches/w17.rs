@@ -27,10 +27,23 @@
 //! objects in its store at the end; its peak RSS (`VmHWM`). The API server's requests for
 //! `configmaps` over the window, less the churn's own.
 //!
-//! Options: `--objects N` (20,000), `--rate N` (100), `--churn SECS` (20), `--only NAME` (one
+//! **Creations** (`divided x4` and `whole x4`): new objects created at `--create-rate` a second
+//! (200) for `--create` seconds (60): the delay from each one's creation (the server's answer)
+//! to the start of its first reconcile, p50 and p99, and whether each was labelled; the
+//! objects are deleted afterwards.
+//!
+//! **Moves** (`divided x4`, unless `--no-moves`): a replica killed (`kill -9`), one joining and
+//! one leaving (SIGTERM), one after the other: the objects of the shards that changed holder,
+//! the time until the shards settled and until every one of those objects was reconciled by its
+//! new holder, and the API server's ConfigMap writes meanwhile (none is needed: the label names
+//! the shard, not the replica). The ledger is judged: no object reconciled by two processes at
+//! once.
+//!
+//! Options: `--objects N` (20,000), `--rate N` (100), `--churn SECS` (20), `--create-rate N`
+//! (200; 0: no creations), `--create SECS` (60), `--no-moves`, `--only NAME` (one
 //! configuration, by its name above).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -41,18 +54,21 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use workqueue_e2e::child::{Child, this_binary};
-use workqueue_e2e::replica::{Spec, fair, run_if_replica, shard_holders};
+use workqueue_e2e::replica::{Spec, fair, held_shards, run_if_replica, shard_holders};
+use workqueue_kube::lease::shard_of;
 use workqueue_test_support::api_requests::scrape;
 use workqueue_test_support::control_plane::ControlPlane;
-use workqueue_test_support::figures::peak_rss_kib;
+use workqueue_test_support::figures::{peak_rss_kib, percentile};
 use workqueue_test_support::fixtures::cm_in;
-use workqueue_test_support::ledger_file::{END, Line, Tail};
+use workqueue_test_support::ledger_file::{END, LedgerReader, Line, START, Tail, wall_ns};
 
 const LABEL: &str = "w17.workqueue/bench";
 const SHARDS: u32 = 32;
 /// The controller's name: the same for every configuration, so that the label written by the
 /// first divided one serves the others.
 const CONTROLLER: &str = "w17";
+/// The replicas' lease duration (renew deadline 2 s, retry period 0.4 s).
+const LEASE: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Debug)]
 struct Options {
@@ -60,6 +76,10 @@ struct Options {
     rate: u64,
     churn: Duration,
     only: Option<String>,
+    /// Objects created a second in the creations phase (0: none).
+    create_rate: u64,
+    create: Duration,
+    moves: bool,
 }
 
 fn options() -> Options {
@@ -68,6 +88,9 @@ fn options() -> Options {
         rate: 100,
         churn: Duration::from_secs(20),
         only: None,
+        create_rate: 200,
+        create: Duration::from_secs(60),
+        moves: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -77,6 +100,11 @@ fn options() -> Options {
             "--rate" => options.rate = value().parse().expect("--rate N"),
             "--churn" => options.churn = Duration::from_secs(value().parse().expect("--churn S")),
             "--only" => options.only = Some(value()),
+            "--create-rate" => options.create_rate = value().parse().expect("--create-rate N"),
+            "--create" => {
+                options.create = Duration::from_secs(value().parse().expect("--create S"))
+            }
+            "--no-moves" => options.moves = false,
             "--bench" => {}
             other => panic!(
                 "unknown argument {other:?}: --objects N, --rate N, --churn SECS, --only NAME"
@@ -122,6 +150,8 @@ struct Figures {
     steady_requests_per_s: f64,
     churn_updates: u64,
     replicas: BTreeMap<String, Replica>,
+    created: Option<Creations>,
+    moved: Vec<Move>,
 }
 
 /// A `traffic` line's fields: store, requests, list bytes, watch bytes, watch events.
@@ -190,6 +220,29 @@ fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
+/// Spawns replica `identity` of `setup`, recording into `ledger`.
+fn spawn(
+    plane: &ControlPlane,
+    dir: &Path,
+    ns: &str,
+    ledger: &Path,
+    setup: Setup,
+    identity: &str,
+) -> Child {
+    let mut spec = Spec::new(identity, ns, CONTROLLER);
+    spec.selector = format!("{LABEL}=yes");
+    spec.shards = SHARDS;
+    spec.timing = Some((LEASE, Duration::from_secs(2), Duration::from_millis(400)));
+    spec.ledger = Some(ledger.to_path_buf());
+    spec.divided = setup.divided;
+    spec.traffic = true;
+    spec.kube_runtime = setup.kube_runtime;
+    let mut command = this_binary(None);
+    spec.apply(&mut command, &plane.config(), dir);
+    Child::spawn(identity, command, &dir.join(format!("{identity}.log")))
+        .expect("spawning a replica")
+}
+
 /// Runs one configuration.
 async fn run(
     plane: &ControlPlane,
@@ -209,22 +262,7 @@ async fn run(
     let mut replicas: BTreeMap<String, Child> = BTreeMap::new();
     for r in 0..setup.replicas {
         let identity = format!("{token}-r{r}");
-        let mut spec = Spec::new(&identity, ns, CONTROLLER);
-        spec.selector = format!("{LABEL}=yes");
-        spec.shards = SHARDS;
-        spec.timing = Some((
-            Duration::from_secs(3),
-            Duration::from_secs(2),
-            Duration::from_millis(400),
-        ));
-        spec.ledger = Some(ledger.clone());
-        spec.divided = setup.divided;
-        spec.traffic = true;
-        spec.kube_runtime = setup.kube_runtime;
-        let mut command = this_binary(None);
-        spec.apply(&mut command, &plane.config(), dir);
-        let child = Child::spawn(&identity, command, &dir.join(format!("{identity}.log")))
-            .expect("spawning a replica");
+        let child = spawn(plane, dir, ns, &ledger, setup, &identity);
         replicas.insert(identity, child);
     }
     let names: Vec<String> = replicas.keys().cloned().collect();
@@ -294,7 +332,10 @@ async fn run(
     let at_end = last_traffic(&lines);
     let steady_requests = steady_to.since(&steady_from).of("configmaps") - updates as f64;
     let mut figures = BTreeMap::new();
-    for (name, child) in &replicas {
+    for (name, child) in replicas
+        .iter()
+        .filter(|(name, _)| at_start.contains_key(*name))
+    {
         let (start, end) = (at_start[name], at_end[name]);
         figures.insert(
             name.clone(),
@@ -306,6 +347,28 @@ async fn run(
             },
         );
     }
+    let four = setup.replicas == 4 && !setup.kube_runtime;
+    let created = if four && options.create_rate > 0 {
+        Some(creations(&api, ns, options, setup, &token, &mut tail, &mut lines).await)
+    } else {
+        None
+    };
+    let moved = if four && setup.divided && options.moves {
+        let objects: Vec<String> = (0..options.objects)
+            .map(|i| format!("{ns}/cm-{i:05}"))
+            .collect();
+        let mut context = Moves {
+            plane,
+            dir,
+            ns,
+            ledger: &ledger,
+            setup,
+            leases: &leases,
+        };
+        context.run(&mut replicas, &objects).await
+    } else {
+        Vec::new()
+    };
     for child in replicas.values() {
         child.signal("TERM");
     }
@@ -332,6 +395,244 @@ async fn run(
         steady_requests_per_s: steady_requests / window_s,
         churn_updates: updates,
         replicas: figures,
+        created,
+        moved,
+    }
+}
+
+/// New objects created at a steady rate: the delay from each one's creation to its first
+/// reconcile.
+#[derive(Debug)]
+struct Creations {
+    created: usize,
+    /// How many were not reconciled within 60 s after the last creation.
+    unreconciled: usize,
+    /// How many lack their shard label (divided caches) once all were reconciled.
+    unlabelled: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Creates objects at `--create-rate` a second for `--create` seconds and measures the delay
+/// from each one's creation (the server's answer) to the start of its first reconcile; then
+/// deletes them.
+async fn creations(
+    api: &Api<ConfigMap>,
+    ns: &str,
+    options: &Options,
+    setup: Setup,
+    token: &str,
+    tail: &mut Tail,
+    lines: &mut Vec<Line>,
+) -> Creations {
+    let rate = options.create_rate;
+    let total = rate * options.create.as_secs();
+    let start = tokio::time::Instant::now();
+    let created: Vec<(String, String, u128)> = stream::iter(0..total)
+        .then(|i| async move {
+            tokio::time::sleep_until(start + Duration::from_nanos(i * 1_000_000_000 / rate)).await;
+            i
+        })
+        .map(|i| async move {
+            let name = format!("new-{token}-{i:05}");
+            let mut cm = cm_in(ns, &name, "0");
+            cm.labels_mut().insert(LABEL.into(), "yes".into());
+            api.create(&PostParams::default(), &cm)
+                .await
+                .expect("creating a ConfigMap");
+            (format!("{ns}/{name}"), name, wall_ns())
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (delays, unreconciled) = loop {
+        lines.extend(tail.read_new().expect("reading the ledger"));
+        let mut first: HashMap<&str, u128> = HashMap::new();
+        for line in lines.iter().filter(|l| l.kind == START) {
+            first.entry(line.subject.as_str()).or_insert(line.at_ns);
+        }
+        let delays: Vec<f64> = created
+            .iter()
+            .filter_map(|(object, _, at)| {
+                let started = *first.get(object.as_str())?;
+                Some((started as f64 - *at as f64) / 1e6)
+            })
+            .collect();
+        let unreconciled = created.len() - delays.len();
+        if unreconciled == 0 || Instant::now() > deadline {
+            break (delays, unreconciled);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let label = format!("{CONTROLLER}.workqueue-kube.io/shard-of-{SHARDS}");
+    let listed = api
+        .list(&ListParams::default().labels(&format!("{LABEL}=yes")))
+        .await
+        .expect("listing");
+    let unlabelled = listed
+        .iter()
+        .filter(|cm| cm.name_any().starts_with(&format!("new-{token}-")))
+        .filter(|cm| setup.divided && !cm.labels().contains_key(&label))
+        .count();
+    stream::iter(&created)
+        .map(|(_, name, _)| async move { api.delete(name, &DeleteParams::default()).await })
+        .buffer_unordered(32)
+        .for_each(|_| async {})
+        .await;
+    Creations {
+        created: created.len(),
+        unreconciled,
+        unlabelled,
+        p50_ms: percentile(&delays, 50.0).unwrap_or(f64::NAN),
+        p99_ms: percentile(&delays, 99.0).unwrap_or(f64::NAN),
+    }
+}
+
+/// One membership change of the moves phase.
+#[derive(Debug)]
+struct Move {
+    what: String,
+    /// The objects of the shards that changed holder.
+    objects: usize,
+    /// From the change to the shards settled (fair on the new replicas).
+    settled_s: f64,
+    /// From the change to every moved object reconciled (to its end) by its new holder.
+    reconciled_s: f64,
+    /// The API server's writes of ConfigMaps meanwhile.
+    writes: f64,
+}
+
+/// The moves phase of divided caches: a replica killed (`kill -9`), one joining, one leaving
+/// (SIGTERM), one after the other.
+struct Moves<'a> {
+    plane: &'a ControlPlane,
+    dir: &'a Path,
+    ns: &'a str,
+    ledger: &'a Path,
+    setup: Setup,
+    leases: &'a Api<Lease>,
+}
+
+impl Moves<'_> {
+    async fn run(
+        &mut self,
+        replicas: &mut BTreeMap<String, Child>,
+        objects: &[String],
+    ) -> Vec<Move> {
+        let mut reader = LedgerReader::new(self.ledger);
+        let mut moves = Vec::new();
+        let token = self.setup.name().replace(' ', "-");
+        for step in ["kill -9", "join", "leave (SIGTERM)"] {
+            let names: Vec<String> = replicas.keys().cloned().collect();
+            let before_names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let held_before = held_shards(self.leases, &before_names).await;
+            let client = self.plane.client();
+            let scraped = scrape(&client).await.expect("scraping /metrics");
+            let at = Instant::now();
+            let at_wall = wall_ns();
+            match step {
+                "kill -9" => {
+                    let victim = names.last().expect("a replica").clone();
+                    let mut child = replicas.remove(&victim).expect("a replica");
+                    child.kill();
+                    reader
+                        .sync()
+                        .stopped(child.pid(), tokio::time::Instant::now());
+                }
+                "join" => {
+                    let identity = format!("{token}-r{}", 4 + moves.len());
+                    let child = spawn(
+                        self.plane,
+                        self.dir,
+                        self.ns,
+                        self.ledger,
+                        self.setup,
+                        &identity,
+                    );
+                    replicas.insert(identity, child);
+                }
+                _ => {
+                    let leaver = names.first().expect("a replica").clone();
+                    let mut child = replicas.remove(&leaver).expect("a replica");
+                    child.signal("TERM");
+                    let _ = child.exit_within(Duration::from_secs(30)).await;
+                }
+            }
+            let names: Vec<String> = replicas.keys().cloned().collect();
+            let now_names: Vec<&str> = names.iter().map(String::as_str).collect();
+            while !fair(
+                &shard_holders(self.leases, &now_names).await,
+                &now_names,
+                SHARDS,
+            ) {
+                assert!(
+                    at.elapsed() < Duration::from_secs(120),
+                    "{step}: the shards did not settle"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let settled_s = at.elapsed().as_secs_f64();
+            let held_after = held_shards(self.leases, &now_names).await;
+            let holder = |held: &BTreeMap<String, BTreeSet<u32>>, shard: u32| {
+                held.iter()
+                    .find(|(_, s)| s.contains(&shard))
+                    .map(|(r, _)| r.clone())
+            };
+            let moved: BTreeMap<u32, String> = (0..SHARDS)
+                .filter_map(|shard| {
+                    let after = holder(&held_after, shard)?;
+                    (holder(&held_before, shard).as_ref() != Some(&after)).then_some((shard, after))
+                })
+                .collect();
+            let moved_objects: Vec<(&String, &String)> = objects
+                .iter()
+                .filter_map(|o| {
+                    let (ns, name) = o.split_once('/')?;
+                    moved.get(&shard_of(Some(ns), name, SHARDS)).map(|r| (o, r))
+                })
+                .collect();
+            loop {
+                reader.sync();
+                let done: HashSet<(&str, &str)> = reader
+                    .feed()
+                    .lines()
+                    .iter()
+                    .filter(|l| l.kind == END && l.detail == "done" && l.at_ns >= at_wall)
+                    .map(|l| (l.subject.as_str(), l.replica.as_str()))
+                    .collect();
+                if moved_objects
+                    .iter()
+                    .all(|(o, r)| done.contains(&(o.as_str(), r.as_str())))
+                {
+                    break;
+                }
+                assert!(
+                    at.elapsed() < Duration::from_secs(180),
+                    "{step}: moved objects not reconciled"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let reconciled_s = at.elapsed().as_secs_f64();
+            let writes = scrape(&client)
+                .await
+                .expect("scraping /metrics")
+                .since(&scraped)
+                .writes_of("configmaps");
+            let done = Move {
+                what: step.into(),
+                objects: moved_objects.len(),
+                settled_s,
+                reconciled_s,
+                writes,
+            };
+            eprintln!("{done:?}");
+            moves.push(done);
+        }
+        reader.sync();
+        let (runs, _) = reader.feed().ledger().assert_never_two_at_once();
+        eprintln!("moves: the ledger's {runs} runs, never two at once");
+        moves
     }
 }
 
@@ -393,6 +694,28 @@ fn main() {
                 println!(
                     "| {head} | {name} | {} | {} | {:.1} | {:.1} |",
                     r.store, r.events, r.read_mib, r.peak_rss_mib
+                );
+            }
+        }
+        println!();
+        println!("| configuration | objects created | at | first reconcile after creation p50 / p99 (ms) | not reconciled | without their label |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for f in &results {
+            if let Some(c) = &f.created {
+                println!(
+                    "| {} | {} | {}/s | {:.0} / {:.0} | {} | {} |",
+                    f.setup.name(), c.created, options.create_rate, c.p50_ms, c.p99_ms, c.unreconciled, c.unlabelled
+                );
+            }
+        }
+        println!();
+        println!("| configuration | change | objects moved | shards settled after (s) | moved objects reconciled by their new holder after (s) | ConfigMap writes meanwhile |");
+        println!("|---|---|---:|---:|---:|---:|");
+        for f in &results {
+            for m in &f.moved {
+                println!(
+                    "| {} | {} | {} | {:.1} | {:.1} | {:.0} |",
+                    f.setup.name(), m.what, m.objects, m.settled_s, m.reconciled_s, m.writes + 0.0
                 );
             }
         }
