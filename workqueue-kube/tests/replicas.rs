@@ -812,3 +812,54 @@ async fn a_controller_whose_watches_end_leaves_its_leases_and_ends() {
     assert_eq!(members.len(), 1, "the membership Lease: {members:?}");
     assert_eq!(lease_support::holder_identity(&members[0]), None, "vacated");
 }
+
+/// A replica that takes its shards while its first list of the objects is under way: the list's
+/// first pages came while it held no shard (their keys were not taken), and its store was still
+/// empty when it took the shards (nothing to enqueue from it). Every object is reconciled: the
+/// shards taken during a list have their objects enqueued once the list is complete.
+#[tokio::test(start_paused = true)]
+async fn shards_taken_during_the_first_list_lose_no_object() {
+    let server = ApiServer::new();
+    for i in 0..100 {
+        server.put(&cm(&format!("cm-{i:03}"), "1"));
+    }
+    server.set_max_page_size("configmaps", 10);
+    let objects = server.gate_lists("configmaps");
+    let leases = server.gate_lists("leases");
+    let ledger = Ledger::new();
+    let r1 = Replica::start(&server, &ledger, 0, sharded_in("r1", 8), millis(10), 4);
+    // Half of the objects' first list while no shard is held: five pages, one at a time, and
+    // the sixth waiting at the gate.
+    for _ in 0..5 {
+        objects.until_held(1).await;
+        objects.release_one();
+        sleep(millis(100)).await;
+    }
+    objects.until_held(1).await;
+    sleep(secs(1)).await;
+    assert!(holders(&server).is_empty(), "no shard is held yet");
+    assert!(ledger.runs().is_empty(), "nothing reconciled yet");
+    // The shards are taken while the rest of the list waits.
+    leases.open();
+    until(secs(30), "r1 holds every shard", || {
+        fair(&server, &["r1"], 8)
+    })
+    .await;
+    sleep(secs(1)).await;
+    objects.open();
+    let reconciled = |ledger: &Ledger| {
+        let runs = ledger.runs();
+        let done: std::collections::HashSet<_> = runs
+            .iter()
+            .filter(|r| r.ended.is_some())
+            .map(|r| r.subject.clone())
+            .collect();
+        done.len()
+    };
+    until(secs(60), "every object reconciled", || {
+        reconciled(&ledger) == 100
+    })
+    .await;
+    ledger.assert_never_two_at_once();
+    r1.shut_down().await;
+}

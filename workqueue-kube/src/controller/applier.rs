@@ -269,7 +269,7 @@ where
     };
     let runner = config
         .runner(Runner::new(queue.clone(), reconcile))
-        .readiness(gate);
+        .readiness(gate.clone());
     // The one rule for which keys this replica takes: its shards'; and no poll of a reconcile
     // past its shard's deadline.
     let mut runner = match &leases {
@@ -299,6 +299,7 @@ where
             aborts,
             queue.clone(),
             store.clone(),
+            gate,
             dyntype,
             shutdown.clone(),
         )

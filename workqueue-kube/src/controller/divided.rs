@@ -277,11 +277,7 @@ where
                 let assignment = self.division.assignment.borrow_and_update();
                 assignment.held().map(|(shard, _)| shard).collect()
             };
-            let shrinks = self
-                .selected
-                .as_ref()
-                .is_some_and(|selected| wanted.is_subset(selected) && wanted != *selected);
-            if (!self.listing || shrinks) && self.selected.as_ref() != Some(&wanted) {
+            if restarts(self.selected.as_ref(), &wanted, self.listing) {
                 self.restart(wanted);
                 continue;
             }
@@ -344,6 +340,17 @@ where
     }
 }
 
+/// Whether a watch that selects `selected` (`None`: none yet), listing or not, is restarted to
+/// select `wanted`: when they differ, unless a list is under way and `wanted` adds a shard (see
+/// the module docs).
+fn restarts(selected: Option<&Listed>, wanted: &Listed, listing: bool) -> bool {
+    match selected {
+        None => true,
+        Some(selected) if selected == wanted => false,
+        Some(selected) => !listing || wanted.is_subset(selected),
+    }
+}
+
 /// The next item of `events`; never, without a watch.
 pub(crate) async fn next_of<T>(events: &mut Option<BoxStream<'static, T>>) -> Option<T> {
     match events {
@@ -402,6 +409,35 @@ mod tests {
         assert!(!label.is_right(&other));
         assert!(!label.is_right(&cm("web", &[])));
         assert_eq!(Relabel::of(&wrong, &label).shard, shard);
+    }
+
+    #[test]
+    fn a_list_under_way_is_restarted_only_to_drop_shards() {
+        let set = |shards: &[u32]| shards.iter().copied().collect::<Listed>();
+        let (all, some) = (set(&[0, 1, 2, 3]), set(&[1, 3]));
+        assert!(restarts(None, &set(&[]), false), "the first watch starts");
+        assert!(restarts(None, &all, true));
+        assert!(
+            !restarts(Some(&all), &all, false),
+            "the same shards: no restart"
+        );
+        assert!(
+            restarts(Some(&some), &all, false),
+            "a complete list is restarted to add"
+        );
+        assert!(
+            !restarts(Some(&some), &all, true),
+            "a list under way completes first"
+        );
+        assert!(
+            !restarts(Some(&some), &set(&[1, 2]), true),
+            "dropping and adding: it completes"
+        );
+        assert!(restarts(Some(&all), &some, true), "dropping only: at once");
+        assert!(
+            restarts(Some(&all), &set(&[]), true),
+            "dropping all: at once"
+        );
     }
 
     #[test]

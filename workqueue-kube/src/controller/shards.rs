@@ -12,7 +12,9 @@
 //!
 //! The rest is the [`Watchdog`], a task of its own, so that nothing it does waits for the
 //! application to poll the controller's stream:
-//! - a shard taken has its objects enqueued (another replica may have dropped their events) at
+//! - a shard taken has its objects enqueued (another replica may have dropped their events), from
+//!   the store when it holds a complete list, else once the list under way completed (the keys
+//!   of that list that came before the shard was taken were not taken), at
 //!   the default priority 0, as changes are ([`TAKEN_PRIORITY`]): the failover already delayed
 //!   them by a lease duration or more, so they go behind the keys ready at the takeover and ahead
 //!   of every key queued after it (requeues included) and of initial lists and resyncs
@@ -35,7 +37,7 @@
 //! (`super::guard`), a thread of its own, ends the process before another replica may take the
 //! shard.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +182,8 @@ impl Leases {
     }
 
     /// The watchdog over this protocol (which it starts), for a controller whose reconciles
-    /// `aborts` stops, whose keys `queue` holds and whose objects `store` holds. `shutdown` is
+    /// `aborts` stops, whose keys `queue` holds and whose objects `store` holds (complete while
+    /// `gate` reads `true`). `shutdown` is
     /// the controller's graceful shutdown: the protocol hands every shard over once it is
     /// cancelled, and cancels it itself when it ends on a lost Lease.
     pub(crate) fn watchdog<K>(
@@ -188,6 +191,7 @@ impl Leases {
         aborts: Aborts<ObjectRef<K>>,
         queue: WorkQueue<ObjectRef<K>>,
         store: Store<K>,
+        gate: watch::Receiver<bool>,
         dyntype: K::DynamicType,
         shutdown: CancellationToken,
     ) -> Watchdog<K>
@@ -211,6 +215,8 @@ impl Leases {
             seen,
             listed: self.listed,
             listed_seen,
+            gate,
+            taken_while_listing: BTreeSet::new(),
             hand_overs: Some(self.hand_overs),
             stopping: HashMap::new(),
             settling: FuturesUnordered::new(),
@@ -294,6 +300,8 @@ enum Event {
     Changed,
     /// The shards listed changed (`None`: they no longer change).
     Listed(Option<()>),
+    /// The gate changed.
+    Gate,
     HandOver(HandOver),
     HandOversClosed,
     Deadline,
@@ -316,6 +324,13 @@ where
     /// those as last handled (a shard is enqueued once it is both held and listed).
     listed: Option<watch::Receiver<Listed>>,
     listed_seen: Option<Listed>,
+    /// Whether the store holds a complete list (the main watch's gate: closed while a list is
+    /// under way).
+    gate: watch::Receiver<bool>,
+    /// The shards taken while a list was under way: the keys of that list's objects that came
+    /// before were not taken (their shard was not held), and the store does not hold them yet,
+    /// so their objects are enqueued once the gate opens.
+    taken_while_listing: BTreeSet<u32>,
     hand_overs: Option<mpsc::UnboundedReceiver<HandOver>>,
     stopping: HashMap<u32, Stopping>,
     /// For each hand-over waiting for its shard's reconciles: completes with the shard when none
@@ -350,6 +365,7 @@ where
                 Event::Changed => self.on_assignment(),
                 Event::Listed(Some(())) => self.on_listed(),
                 Event::Listed(None) => self.listed_seen = None,
+                Event::Gate => self.on_gate(),
                 Event::HandOver(hand_over) => self.on_hand_over(hand_over),
                 Event::HandOversClosed => self.hand_overs = None,
                 Event::Deadline => self.on_time(),
@@ -368,6 +384,8 @@ where
             assignment,
             listed,
             listed_seen,
+            gate,
+            taken_while_listing,
             hand_overs,
             settling,
             protocol,
@@ -383,6 +401,7 @@ where
             Some(changed) = OptionFuture::from(listed.map(|l| l.changed())) => {
                 Event::Listed(changed.ok())
             }
+            Ok(()) = gate.changed(), if !taken_while_listing.is_empty() => Event::Gate,
             Some(hand_over) = OptionFuture::from(hand_overs.as_mut().map(|rx| rx.recv())) => {
                 match hand_over {
                     Some(hand_over) => Event::HandOver(hand_over),
@@ -436,6 +455,9 @@ where
             }
         }
         self.seen = now;
+        if !*self.gate.borrow() {
+            self.taken_while_listing.extend(acquired.iter().copied());
+        }
         // With divided caches, a shard's objects are enqueued once it is listed too.
         acquired.retain(|shard| self.is_listed(*shard));
         if !acquired.is_empty() {
@@ -470,6 +492,22 @@ where
             .collect();
         if !held.is_empty() {
             self.enqueue(&held);
+        }
+    }
+
+    /// The gate changed: once it is open (a list completed), enqueues the objects of the shards
+    /// taken while it was closed and still held.
+    fn on_gate(&mut self) {
+        if !*self.gate.borrow_and_update() {
+            return;
+        }
+        let now = Instant::now();
+        let taken: Vec<u32> = std::mem::take(&mut self.taken_while_listing)
+            .into_iter()
+            .filter(|&shard| self.seen.accepts(shard, now) && self.is_listed(shard))
+            .collect();
+        if !taken.is_empty() {
+            self.enqueue(&taken);
         }
     }
 
