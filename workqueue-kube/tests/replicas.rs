@@ -233,6 +233,49 @@ async fn an_invalid_lease_configuration_is_reported_and_nothing_runs() {
     assert!(lease_support::leases(&server).is_empty());
 }
 
+/// Divided caches without Leases (nothing to divide by), or on a controller made from a stream
+/// (its store is filled elsewhere), are the stream's only item; nothing is reconciled.
+#[tokio::test(start_paused = true)]
+async fn divided_caches_without_leases_or_a_watch_are_reported_and_nothing_runs() {
+    let server = ApiServer::new();
+    server.put(&cm("cm-0", "1"));
+    let reconcile = |cm: Arc<ConfigMap>, _: Arc<()>| async move {
+        Err::<Action, _>(std::io::Error::other(format!(
+            "{} reconciled",
+            cm.name_any()
+        )))
+    };
+    let api = Api::<ConfigMap>::all(server.client_named("r1"));
+    let without_leases = Controller::new(api.clone(), watcher::Config::default()).divide_caches();
+    let (reader, writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let objects = kube::runtime::reflector(writer, watcher(api, watcher::Config::default()));
+    let from_a_stream = Controller::for_stream(
+        kube::runtime::WatchStreamExt::applied_objects(objects),
+        reader,
+    )
+    .divide_caches();
+    for controller in [without_leases, from_a_stream] {
+        let items: Vec<_> = controller
+            .run(
+                reconcile,
+                |_, _: &std::io::Error, _| Action::await_change(),
+                Arc::new(()),
+            )
+            .collect()
+            .await;
+        let [Err(Error::RunnerError(error @ RunnerError::DividedCachesNeedLeases))] = &items[..]
+        else {
+            panic!("not one DividedCachesNeedLeases: {items:?}");
+        };
+        assert_eq!(
+            error.to_string(),
+            "divided caches need a controller made with Controller::new and run on Leases \
+             (Controller::leases)"
+        );
+    }
+    assert!(lease_support::leases(&server).is_empty());
+}
+
 /// A reconcile of a controller on Leases reads its shard's deadline (`lease::deadline`): in the
 /// future, at most a renew deadline ahead, and moving forward with the renewals; without Leases
 /// (and outside a reconcile) there is none.

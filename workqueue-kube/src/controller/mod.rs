@@ -531,7 +531,9 @@ where
         self
     }
 
-    /// The store of the main resource's objects (ready once the first list is complete).
+    /// The store of the main resource's objects (ready once the first list is complete). With
+    /// [divided caches](Controller::divide_caches), the objects of the shards this replica
+    /// holds.
     pub fn store(&self) -> Store<K> {
         self.reader.clone()
     }
