@@ -5,7 +5,8 @@
 //! changed by a third party is set right; a replica killed (`kill -9`), one joining and one
 //! leaving (SIGTERM) move shards without writing any object (their resourceVersions stay), and
 //! every object of a moved shard is reconciled by its new holder. No object is ever reconciled
-//! by two processes at once (the ledger).
+//! by two processes at once (the ledger). And owned objects: labelled with their owner's shard,
+//! their changes reconciling their owner on the replica that holds it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -241,4 +242,195 @@ async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
     let runs = s.assert_never_two_at_once();
     assert!(runs >= 2 * OBJECTS, "{runs} runs judged");
     s.shut_down();
+}
+
+/// Owned objects with divided caches: two controllers (in this process, each on its own
+/// client) own Secrets through owner references to their ConfigMaps. Each Secret, created
+/// without the label, is labelled with its owner's shard; a change of a Secret reconciles its
+/// owner on the replica that holds the owner's shard; a Secret whose label a third party
+/// changes is set right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_objects_carry_their_owners_shard() {
+    use std::sync::{Arc, Mutex};
+
+    use futures_util::StreamExt;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::ResourceExt;
+    use kube::api::{Api, PostParams};
+    use kube::runtime::watcher;
+    use workqueue_kube::controller::{Action, Controller};
+    use workqueue_kube::lease::LeaseConfig;
+    use workqueue_test_support::control_plane::ControlPlane;
+    use workqueue_test_support::fixtures::cm_in;
+
+    const OWNERS: usize = 20;
+    const SELECTOR: &str = "e2e.workqueue/owned";
+    let plane = ControlPlane::shared().await;
+    let ns = plane.namespace("divided-owned").await;
+    let key = format!("owned.workqueue-kube.io/shard-of-{SHARDS}");
+    let configmaps = Api::<ConfigMap>::namespaced(plane.client(), &ns);
+    let secrets = Api::<Secret>::namespaced(plane.client(), &ns);
+    let mut owners = Vec::new();
+    for i in 0..OWNERS {
+        let mut cm = cm_in(&ns, &format!("owner-{i:02}"), "0");
+        cm.labels_mut().insert(SELECTOR.into(), "yes".into());
+        owners.push(
+            configmaps
+                .create(&PostParams::default(), &cm)
+                .await
+                .expect("an owner"),
+        );
+    }
+    // Every reconcile: (replica, owner's name, when).
+    let reconciles: Arc<Mutex<Vec<(String, String, Instant)>>> = Arc::default();
+    let mut controllers = Vec::new();
+    for identity in ["o1", "o2"] {
+        let client = plane.client();
+        let mut leases = LeaseConfig::new("owned", &ns, identity);
+        leases.shards = SHARDS;
+        leases.lease_duration = Duration::from_secs(3);
+        leases.renew_deadline = Duration::from_secs(2);
+        leases.retry_period = Duration::from_millis(400);
+        leases.hand_over_timeout = Duration::from_secs(2);
+        let wc = watcher::Config::default().labels(SELECTOR);
+        let reconciles = reconciles.clone();
+        let stream = Controller::new(
+            Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            wc.clone(),
+        )
+        .owns(Api::<Secret>::namespaced(client, &ns), wc)
+        .leases(leases)
+        .divide_caches()
+        .run(
+            move |cm: Arc<ConfigMap>, _: Arc<()>| {
+                let done = (identity.to_string(), cm.name_any(), Instant::now());
+                reconciles.lock().unwrap().push(done);
+                async { Ok::<_, std::convert::Infallible>(Action::await_change()) }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        controllers.push(tokio::spawn(stream.for_each(|_| async {})));
+    }
+    // The children, without the label.
+    let child = |i: usize, value: &str| {
+        let owner = &owners[i];
+        let mut secret = Secret {
+            string_data: Some([("v".to_string(), value.to_string())].into()),
+            ..Secret::default()
+        };
+        secret.metadata.name = Some(format!("child-{i:02}"));
+        secret.metadata.namespace = Some(ns.clone());
+        secret.labels_mut().insert(SELECTOR.into(), "yes".into());
+        secret.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: owner.name_any(),
+            uid: owner.uid().expect("a uid"),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        secret
+    };
+    for i in 0..OWNERS {
+        secrets
+            .create(&PostParams::default(), &child(i, "0"))
+            .await
+            .expect("a child");
+    }
+    let owner_shard = |i: usize| shard_of(Some(&ns), &format!("owner-{i:02}"), SHARDS).to_string();
+    let labelled = || async {
+        let list = secrets
+            .list(&Default::default())
+            .await
+            .expect("the children");
+        list.iter()
+            .filter(|s| {
+                let i: usize = s.name_any()["child-".len()..].parse().unwrap();
+                s.labels().get(&key) == Some(&owner_shard(i))
+            })
+            .count()
+    };
+    let start = Instant::now();
+    while labelled().await < OWNERS {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "children not labelled in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "owned: every child labelled with its owner's shard {:.1} s after",
+        start.elapsed().as_secs_f64()
+    );
+
+    // A change of each child reconciles its owner, once settled; by one replica per shard.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let touched = Instant::now();
+    for i in 0..OWNERS {
+        let patch = json!({ "stringData": { "v": "1" } });
+        secrets
+            .patch(
+                &format!("child-{i:02}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect("touching a child");
+    }
+    let owners_reconciled = || {
+        let reconciles = reconciles.lock().unwrap();
+        let after: Vec<&(String, String, Instant)> = reconciles
+            .iter()
+            .filter(|(_, _, at)| *at >= touched)
+            .collect();
+        let names: BTreeSet<&String> = after.iter().map(|(_, name, _)| name).collect();
+        let mut by_shard: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+        for (replica, name, _) in &after {
+            let shard = shard_of(Some(&ns), name, SHARDS);
+            by_shard.entry(shard).or_default().insert(replica.clone());
+        }
+        (names.len(), by_shard.values().all(|r| r.len() == 1))
+    };
+    let start = Instant::now();
+    loop {
+        let (reconciled, one_each) = owners_reconciled();
+        assert!(one_each, "a shard's owners reconciled by two replicas");
+        if reconciled == OWNERS {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{reconciled} owners reconciled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "owned: a change of every child reconciled its owner within {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+
+    // A third party changes a child's label: it is set right.
+    let wrong = (owner_shard(0).parse::<u32>().unwrap() + 1) % SHARDS;
+    let patch = json!({ "metadata": { "labels": { key.clone(): wrong.to_string() } } });
+    secrets
+        .patch("child-00", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("changing a label");
+    let start = Instant::now();
+    while labelled().await < OWNERS {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "child-00 not relabelled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "owned: a changed label set right within {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    for controller in controllers {
+        controller.abort();
+    }
 }

@@ -23,15 +23,16 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Resource;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, PartialObjectMeta};
 use kube::runtime::reflector::{self, store::Writer};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::lease::{Assignment, shard_of};
+use crate::sources::owner_keys;
 
 /// The shards whose complete list a replica's store holds.
 pub(crate) type Listed = BTreeSet<u32>;
@@ -63,22 +64,18 @@ impl ShardLabel {
         &self.key
     }
 
-    /// The shard `object` belongs to: its key's ([`shard_of`]).
-    pub(crate) fn shard<K: Resource>(&self, object: &K) -> u32 {
+    /// The shard of `object`'s own key among `shards` ([`shard_of`]).
+    fn key_shard_of<K: Resource>(object: &K, shards: u32) -> u32 {
         let meta = object.meta();
         let name = meta.name.as_deref().unwrap_or_default();
-        shard_of(meta.namespace.as_deref(), name, self.shards)
+        shard_of(meta.namespace.as_deref(), name, shards)
     }
 
-    /// The label's value on `object`, if it has one.
-    fn value<'a, K: Resource>(&self, object: &'a K) -> Option<&'a str> {
-        let labels = object.meta().labels.as_ref()?;
-        labels.get(&*self.key).map(String::as_str)
-    }
-
-    /// Whether `object` carries its own shard.
-    pub(crate) fn is_right<K: Resource>(&self, object: &K) -> bool {
-        self.value(object) == Some(self.shard(object).to_string().as_str())
+    /// Whether `object` carries `shard` in the label.
+    fn carries<T: Resource>(&self, object: &T, shard: u32) -> bool {
+        let labels = object.meta().labels.as_ref();
+        let value = labels.and_then(|labels| labels.get(&*self.key));
+        value.is_some_and(|value| *value == shard.to_string())
     }
 
     /// The selector of the objects of `shards` (not empty).
@@ -103,27 +100,49 @@ pub(crate) fn with_selector(wc: &watcher::Config, ours: &str) -> watcher::Config
     wc.clone().labels(&selector)
 }
 
-/// An object whose label is missing or wrong: where it is, and the shard it belongs to.
+/// An object whose label is missing or wrong: its kind (the labeller's index of the kinds it
+/// labels), where it is, and the shard it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Relabel {
+    pub(crate) kind: usize,
     pub(crate) namespace: Option<String>,
     pub(crate) name: String,
     pub(crate) shard: u32,
 }
 
 impl Relabel {
-    /// `object`, to be labelled with its shard by `label`.
-    pub(crate) fn of<K: Resource>(object: &K, label: &ShardLabel) -> Self {
+    /// `object`, of the labeller's kind `kind`, to be labelled with `shard`.
+    pub(crate) fn of<T: Resource>(kind: usize, object: &T, shard: u32) -> Self {
         let meta = object.meta();
         Relabel {
+            kind,
             namespace: meta.namespace.clone(),
             name: meta.name.clone().unwrap_or_default(),
-            shard: label.shard(object),
+            shard,
         }
     }
 }
 
-/// How the main watch runs, decided when the controller runs.
+/// Starts a watch of one kind with a config.
+type Start<T> = Arc<
+    dyn Fn(watcher::Config) -> BoxStream<'static, watcher::Result<watcher::Event<T>>> + Send + Sync,
+>;
+
+/// Applies a watch's event to a store (the main watch's; nothing for an owned kind).
+type Apply<T> = Box<dyn FnMut(&watcher::Event<T>) + Send>;
+
+/// The shard an object of one kind belongs to: its key's for the main kind, its owner's for an
+/// owned kind (`None`: it has no owner of the main kind; it is never labelled).
+pub(crate) type ShardOf<T> = Arc<dyn Fn(&T) -> Option<u32> + Send + Sync>;
+
+/// A kind the labelling duty labels (`super::labeller`): its API resource, and its objects
+/// without a valid label (a watch started while the duty is held).
+pub(crate) struct Labelled {
+    pub(crate) resource: ApiResource,
+    pub(crate) unlabelled: Box<dyn Fn() -> BoxStream<'static, Relabel> + Send>,
+}
+
+/// How a watch runs, decided when the controller runs.
 enum Plan {
     /// Every object the user's watch config selects (no division).
     Whole,
@@ -131,42 +150,134 @@ enum Plan {
     Divided(Division),
 }
 
-/// What a divided main watch reads and tells.
+/// What a divided watch reads and tells.
 struct Division {
     /// The shards held (the Lease protocol's).
     assignment: watch::Receiver<Assignment>,
     label: ShardLabel,
-    /// Where the shards listed are published.
-    listed: watch::Sender<Listed>,
+    /// The watched kind's index among those the labeller labels.
+    kind: usize,
+    /// Where the shards listed are published (the main watch, whose store they are).
+    listed: Option<watch::Sender<Listed>>,
     /// Where objects whose label is wrong go (the labeller's queue).
     relabel: mpsc::UnboundedSender<Relabel>,
 }
 
-/// The main watch of a controller made with `Controller::new`, until it runs: whole or divided.
-pub(crate) struct MainWatch<K> {
+/// A watch the controller makes (the main kind's, or an owned kind's), until it runs: whole or
+/// divided.
+pub(crate) struct PlannedWatch {
     plan: oneshot::Sender<Plan>,
-    api: Api<K>,
-    wc: watcher::Config,
+    /// Its kind's labelling (the kind's index, the label).
+    labelled: Box<dyn FnOnce(usize, ShardLabel) -> Labelled + Send>,
 }
 
-impl<K> MainWatch<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + Hash + Send + Sync,
-{
-    /// The main watch of `api` with `wc`, filling `writer`'s store: its events, and what
-    /// decides how it runs.
-    pub(crate) fn new(
+impl PlannedWatch {
+    /// The main watch: of `api` with `wc`, filling `writer`'s store; its events.
+    pub(crate) fn main<K>(
         api: Api<K>,
         wc: watcher::Config,
-        writer: Writer<K>,
+        mut writer: Writer<K>,
+        dyntype: K::DynamicType,
     ) -> (
         Self,
         impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
-    ) {
+    )
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Clone + Eq + Hash + Send + Sync,
+    {
+        let start: Start<K> = {
+            let api = api.clone();
+            Arc::new(move |wc| watcher(api.clone(), wc).boxed())
+        };
         let (plan, planned) = oneshot::channel();
-        let events = main_events(api.clone(), wc.clone(), writer, planned);
-        (MainWatch { plan, api, wc }, events)
+        let events = {
+            let (start, wc) = (start.clone(), wc.clone());
+            stream::once(async move {
+                match planned.await {
+                    Ok(Plan::Divided(division)) => {
+                        let shards = division.label.shards;
+                        let shard: ShardOf<K> = Arc::new(move |object: &K| {
+                            Some(ShardLabel::key_shard_of(object, shards))
+                        });
+                        let apply = Box::new(move |event: &watcher::Event<K>| {
+                            writer.apply_watcher_event(event)
+                        });
+                        DividedWatch::new(start, wc, shard, apply, division).events()
+                    }
+                    _ => reflector::reflector(writer, start(wc)).boxed(),
+                }
+            })
+            .flatten()
+        };
+        let labelled = Box::new(move |kind: usize, label: ShardLabel| {
+            let resource = ApiResource::erase::<K>(&dyntype);
+            let shards = label.shards;
+            let unlabelled = unlabelled(start, &wc, &label, kind, move |object: &K| {
+                Some(ShardLabel::key_shard_of(object, shards))
+            });
+            Labelled {
+                resource,
+                unlabelled,
+            }
+        });
+        (PlannedWatch { plan, labelled }, events)
+    }
+
+    /// An owned kind's watch (metadata only): of `api` with `wc`; the shard of a child is its
+    /// first owner's of kind `K`; its events.
+    #[allow(deprecated)] // as `Controller::owns`: an `Api<Child>` cannot become a metadata one
+    pub(crate) fn owned<K, Child>(
+        api: Api<Child>,
+        wc: watcher::Config,
+        owner_type: K::DynamicType,
+        child_type: Child::DynamicType,
+    ) -> (
+        Self,
+        impl Stream<Item = watcher::Result<watcher::Event<PartialObjectMeta<Child>>>> + Send + 'static,
+    )
+    where
+        K: Resource + 'static,
+        K::DynamicType: Clone + Send + Sync + 'static,
+        Child: Clone + Resource + DeserializeOwned + Debug + Send + 'static,
+        Child::DynamicType: Clone + Send + Sync + 'static,
+    {
+        let start: Start<PartialObjectMeta<Child>> = {
+            let api = api.clone();
+            Arc::new(move |wc| kube::runtime::metadata_watcher(api.clone(), wc).boxed())
+        };
+        let owner_shard = move |shards: u32| -> ShardOf<PartialObjectMeta<Child>> {
+            let owner_type = owner_type.clone();
+            Arc::new(move |child: &PartialObjectMeta<Child>| {
+                let owner = owner_keys::<K, _>(child, &owner_type).into_iter().next()?;
+                Some(shard_of(owner.namespace.as_deref(), &owner.name, shards))
+            })
+        };
+        let (plan, planned) = oneshot::channel();
+        let events = {
+            let (start, wc, owner_shard) = (start.clone(), wc.clone(), owner_shard.clone());
+            stream::once(async move {
+                match planned.await {
+                    Ok(Plan::Divided(division)) => {
+                        let shard = owner_shard(division.label.shards);
+                        let apply = Box::new(|_: &watcher::Event<PartialObjectMeta<Child>>| {});
+                        DividedWatch::new(start, wc, shard, apply, division).events()
+                    }
+                    _ => start(wc),
+                }
+            })
+            .flatten()
+        };
+        let labelled = Box::new(move |kind: usize, label: ShardLabel| {
+            let resource = ApiResource::erase::<Child>(&child_type);
+            let shard = owner_shard(label.shards);
+            let unlabelled = unlabelled(start, &wc, &label, kind, move |child| shard(child));
+            Labelled {
+                resource,
+                unlabelled,
+            }
+        });
+        (PlannedWatch { plan, labelled }, events)
     }
 
     /// Runs it whole.
@@ -174,90 +285,99 @@ where
         let _ = self.plan.send(Plan::Whole);
     }
 
-    /// Runs it divided by the shards `assignment` holds, publishing the shards listed on
-    /// `listed`: the labelling duty (a task of the controller's, to run with it), which reports
-    /// on `report`.
+    /// Runs it divided by the shards `assignment` holds, as the labeller's kind `kind`,
+    /// publishing the shards listed on `listed` (the main watch); what the labeller needs of it.
     pub(crate) fn divide(
         self,
-        label: ShardLabel,
-        dyntype: &K::DynamicType,
-        assignment: watch::Receiver<Assignment>,
-        listed: watch::Sender<Listed>,
-        report: impl Fn(super::error::RunnerError) + Send + Sync + 'static,
-    ) -> super::labeller::Labeller<K> {
-        let (relabel, relabels) = mpsc::unbounded_channel();
+        kind: usize,
+        label: &ShardLabel,
+        assignment: &watch::Receiver<Assignment>,
+        listed: Option<watch::Sender<Listed>>,
+        relabel: &mpsc::UnboundedSender<Relabel>,
+    ) -> Labelled {
         let division = Division {
             assignment: assignment.clone(),
             label: label.clone(),
+            kind,
             listed,
-            relabel,
+            relabel: relabel.clone(),
         };
         let _ = self.plan.send(Plan::Divided(division));
-        super::labeller::Labeller::new(
-            self.api, self.wc, label, dyntype, assignment, relabels, report,
-        )
+        (self.labelled)(kind, label.clone())
     }
 }
 
-/// The main resource's events, applied to `writer`'s store: a watch of `api` with `wc`, whole
-/// or divided as `plan` says once the controller runs (a plan never sent: whole).
-fn main_events<K>(
-    api: Api<K>,
-    wc: watcher::Config,
-    writer: Writer<K>,
-    plan: oneshot::Receiver<Plan>,
-) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + Hash + Send + Sync,
-{
-    stream::once(async move {
-        match plan.await {
-            Ok(Plan::Divided(division)) => {
-                let divided = DividedWatch::new(api, wc, writer, division);
-                stream::unfold(divided, |mut divided| async move {
-                    let event = divided.next().await?;
-                    Some((event, divided))
+/// The objects without a valid label (`label notin (0..shards)`) of the kind `start` watches,
+/// as relabels of kind `kind` (those `shard` gives a shard); started anew by each call.
+fn unlabelled<T: Resource + Send + 'static>(
+    start: Start<T>,
+    wc: &watcher::Config,
+    label: &ShardLabel,
+    kind: usize,
+    shard: impl Fn(&T) -> Option<u32> + Send + Sync + 'static,
+) -> Box<dyn Fn() -> BoxStream<'static, Relabel> + Send> {
+    let wc = with_selector(wc, &label.unlabelled());
+    let shard = Arc::new(shard);
+    Box::new(move || {
+        let shard = shard.clone();
+        // The backoff sees only objects as progress: a list that keeps failing yields an
+        // `Init` before each attempt, which would reset it.
+        let objects = start(wc.clone()).try_filter(|event| {
+            let listing = matches!(event, watcher::Event::Init | watcher::Event::InitDone);
+            std::future::ready(!listing)
+        });
+        objects
+            .default_backoff()
+            .filter_map(move |event| {
+                std::future::ready(match event {
+                    Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                        shard(&object).map(|s| Relabel::of(kind, &object, s))
+                    }
+                    Ok(_) => None,
+                    Err(error) => {
+                        tracing::warn!(%error, "the watch of unlabelled objects failed; it retries");
+                        None
+                    }
                 })
-                .boxed()
-            }
-            _ => reflector::reflector(writer, watcher(api, wc)).boxed(),
-        }
+            })
+            .boxed()
     })
-    .flatten()
 }
 
 /// A watch of the objects of the shards held, restarted as they change (see the module docs).
-struct DividedWatch<K: Resource + Clone + 'static>
-where
-    K::DynamicType: Clone + Eq + Hash,
-{
-    api: Api<K>,
+struct DividedWatch<T> {
+    start: Start<T>,
     wc: watcher::Config,
-    writer: Writer<K>,
+    /// The shard an object belongs to.
+    shard: ShardOf<T>,
+    /// Applies an event to the store (the main watch's; nothing for an owned kind).
+    apply: Apply<T>,
     division: Division,
     /// The shards the current watch selects (`None` before the first).
     selected: Option<Listed>,
     /// The current watch's events (`None`: no shard is held, nothing is watched).
-    events: Option<BoxStream<'static, watcher::Result<watcher::Event<K>>>>,
+    events: Option<BoxStream<'static, watcher::Result<watcher::Event<T>>>>,
     /// Whether the current watch's list is under way.
     listing: bool,
     /// Events made here, yielded before the watch's: the empty list of no shard.
-    made: VecDeque<watcher::Event<K>>,
+    made: VecDeque<watcher::Event<T>>,
     /// Whether the assignment can still change (its sender is alive).
     assignment_open: bool,
 }
 
-impl<K> DividedWatch<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + Hash + Send + Sync,
-{
-    fn new(api: Api<K>, wc: watcher::Config, writer: Writer<K>, division: Division) -> Self {
+impl<T: Resource + Send + 'static> DividedWatch<T> {
+    fn new(
+        start: Start<T>,
+        wc: watcher::Config,
+        shard: ShardOf<T>,
+        apply: Apply<T>,
+        division: Division,
+    ) -> Self {
         DividedWatch {
-            api,
+            start,
             wc,
-            writer,
+            shard,
+            apply,
             division,
             selected: None,
             events: None,
@@ -267,8 +387,17 @@ where
         }
     }
 
+    /// Its events, as a stream.
+    fn events(self) -> BoxStream<'static, watcher::Result<watcher::Event<T>>> {
+        stream::unfold(self, |mut divided| async move {
+            let event = divided.next().await?;
+            Some((event, divided))
+        })
+        .boxed()
+    }
+
     /// The next event, applied to the store.
-    async fn next(&mut self) -> Option<watcher::Result<watcher::Event<K>>> {
+    async fn next(&mut self) -> Option<watcher::Result<watcher::Event<T>>> {
         loop {
             if let Some(event) = self.made.pop_front() {
                 return Some(Ok(self.apply(event)));
@@ -302,7 +431,7 @@ where
 
     /// Watches the objects of `shards` from now on: their list first.
     fn restart(&mut self, shards: Listed) {
-        tracing::debug!(shards = ?shards, "the divided watch restarts");
+        tracing::debug!(shards = ?shards, "a divided watch restarts");
         if shards.is_empty() {
             // No shard: nothing to watch, and an empty list.
             self.events = None;
@@ -310,8 +439,7 @@ where
                 .extend([watcher::Event::Init, watcher::Event::InitDone]);
         } else {
             let selector = self.division.label.selecting(&shards);
-            let wc = with_selector(&self.wc, &selector);
-            self.events = Some(watcher(self.api.clone(), wc).boxed());
+            self.events = Some((self.start)(with_selector(&self.wc, &selector)));
         }
         self.listing = true;
         self.selected = Some(shards);
@@ -319,19 +447,23 @@ where
 
     /// Applies `event` to the store; publishes the shards listed at the end of a list, and
     /// sends an object whose label is wrong to be relabelled.
-    fn apply(&mut self, event: watcher::Event<K>) -> watcher::Event<K> {
-        self.writer.apply_watcher_event(&event);
+    fn apply(&mut self, event: watcher::Event<T>) -> watcher::Event<T> {
+        (self.apply)(&event);
         match &event {
             watcher::Event::Init => self.listing = true,
             watcher::Event::InitDone => {
                 self.listing = false;
-                let listed = self.selected.clone().unwrap_or_default();
-                self.division.listed.send_replace(listed);
+                if let Some(listed) = &self.division.listed {
+                    listed.send_replace(self.selected.clone().unwrap_or_default());
+                }
             }
             watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
                 let label = &self.division.label;
-                if !label.is_right(object) {
-                    let _ = self.division.relabel.send(Relabel::of(object, label));
+                if let Some(shard) = (self.shard)(object)
+                    && !label.carries(object, shard)
+                {
+                    let relabel = Relabel::of(self.division.kind, object, shard);
+                    let _ = self.division.relabel.send(relabel);
                 }
             }
             watcher::Event::Delete(_) => {}
@@ -398,17 +530,22 @@ mod tests {
     }
 
     #[test]
-    fn an_object_is_right_only_with_its_own_shard() {
+    fn an_object_carries_a_shard_only_in_its_controllers_label() {
         let label = ShardLabel::new("counter", 4);
-        let shard = shard_of(Some("default"), "web", 4);
+        let shard = ShardLabel::key_shard_of(&cm("web", &[]), 4);
+        assert_eq!(shard, shard_of(Some("default"), "web", 4));
         let right = cm("web", &[(label.key(), &shard.to_string())]);
         let wrong = cm("web", &[(label.key(), &((shard + 1) % 4).to_string())]);
         let other = cm("web", &[("counter.workqueue-kube.io/shard-of-8", "0")]);
-        assert!(label.is_right(&right));
-        assert!(!label.is_right(&wrong));
-        assert!(!label.is_right(&other));
-        assert!(!label.is_right(&cm("web", &[])));
-        assert_eq!(Relabel::of(&wrong, &label).shard, shard);
+        assert!(label.carries(&right, shard));
+        assert!(!label.carries(&wrong, shard));
+        assert!(!label.carries(&other, shard));
+        assert!(!label.carries(&cm("web", &[]), shard));
+        let relabel = Relabel::of(1, &wrong, shard);
+        assert_eq!(
+            (relabel.kind, relabel.shard, relabel.name.as_str()),
+            (1, shard, "web")
+        );
     }
 
     #[test]

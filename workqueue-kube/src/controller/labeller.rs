@@ -1,34 +1,34 @@
 //! The labelling duty of a controller with divided caches (`super::divided`): objects without
 //! their shard's label get it.
 //!
-//! Two kinds of object need a label, and each is found where it costs nearly nothing:
+//! The kinds are those the controller watches divided: the main kind (an object's shard is its
+//! key's) and the owned kinds of `owns` (a child's shard is its first owner's of the main kind;
+//! a child without one is left alone). Two kinds of object need a label, and each is found
+//! where it costs nearly nothing:
 //! - those without it, or with a value that is no shard (created by anyone, or stripped by a
 //!   third party): the replica that holds shard 0 watches them (`label notin (0..shards)`,
-//!   nearly nothing in steady state) and labels each one. One replica at a time holds shard 0,
-//!   as any shard; two at once during a hand-over would write the same value;
+//!   nearly nothing in steady state, but the children without an owner of the main kind) and
+//!   labels each one. One replica at a time holds shard 0, as any shard; two at once during a
+//!   hand-over would write the same value;
 //! - those whose value is another shard (changed by a third party): the replica that holds
-//!   that shard sees them in its own watch, and relabels them (see `Division::relabel`).
+//!   that shard sees them in its own watch, and relabels them (see `divided::Division`).
 //!
 //! A label is written with a merge patch of the object's metadata (RBAC: `patch` on the main
-//! kind). A patch that fails is retried with a backoff until it succeeds or the object is gone;
+//! kind and the owned kinds). A patch that fails is retried with a backoff until it succeeds or the object is gone;
 //! the first failure after a success is reported on the controller's stream.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::fmt::Debug;
 use std::future::Future;
-use std::hash::Hash;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::stream::{BoxStream, FuturesUnordered, StreamExt, TryStreamExt};
-use k8s_openapi::serde::de::DeserializeOwned;
-use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use futures_util::stream::{self, BoxStream, FuturesUnordered, StreamExt};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::divided::{Relabel, ShardLabel, next_of, with_selector};
+use super::divided::{Labelled, Relabel, ShardLabel, next_of};
 use super::error::RunnerError;
 use crate::lease::Assignment;
 
@@ -38,13 +38,13 @@ const IN_FLIGHT: usize = 16;
 /// The first and the longest wait between the attempts of a patch that fails.
 const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(30));
 
-/// The labelling duty, for the objects `api` and `wc` select (see the module docs): runs until
-/// dropped (with the controller's run).
-pub(crate) struct Labeller<K: Resource> {
-    api: Api<K>,
-    wc: watcher::Config,
+/// The labelling duty, for the kinds of a controller's divided watches (see the module docs):
+/// runs until dropped (with the controller's run).
+pub(crate) struct Labeller {
+    client: Client,
+    /// The kinds, by the index a [`Relabel`] names.
+    kinds: Vec<Labelled>,
     label: ShardLabel,
-    resource: ApiResource,
     assignment: watch::Receiver<Assignment>,
     relabel: mpsc::UnboundedReceiver<Relabel>,
     report: Box<dyn Fn(RunnerError) + Send + Sync>,
@@ -59,25 +59,19 @@ enum Patched {
     Failed(Relabel, kube::Error, u32),
 }
 
-impl<K> Labeller<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + Hash + Send + Sync,
-{
+impl Labeller {
     pub(crate) fn new(
-        api: Api<K>,
-        wc: watcher::Config,
+        client: Client,
+        kinds: Vec<Labelled>,
         label: ShardLabel,
-        dyntype: &K::DynamicType,
         assignment: watch::Receiver<Assignment>,
         relabel: mpsc::UnboundedReceiver<Relabel>,
         report: impl Fn(RunnerError) + Send + Sync + 'static,
     ) -> Self {
         Labeller {
-            api,
-            wc,
+            client,
+            kinds,
             label,
-            resource: ApiResource::erase::<K>(dyntype),
             assignment,
             relabel,
             report: Box::new(report),
@@ -90,7 +84,7 @@ where
         // Waiting or in flight: an object seen twice before its patch is patched once.
         let mut pending: HashSet<Relabel> = HashSet::new();
         let mut patches: FuturesUnordered<BoxFuture<'static, Patched>> = FuturesUnordered::new();
-        let mut unlabelled: Option<BoxStream<'static, watcher::Result<watcher::Event<K>>>> = None;
+        let mut unlabelled: Option<BoxStream<'static, Relabel>> = None;
         let mut relabel_open = true;
         let mut failing = false;
         loop {
@@ -101,15 +95,8 @@ where
             match (duty, unlabelled.is_some()) {
                 (true, false) => {
                     tracing::info!(selector = %self.label.unlabelled(), "labelling duty taken");
-                    let wc = with_selector(&self.wc, &self.label.unlabelled());
-                    // The backoff sees only objects as progress: a list that keeps failing
-                    // yields an `Init` before each attempt, which would reset it.
-                    let objects = watcher(self.api.clone(), wc).try_filter(|event| {
-                        let listing =
-                            matches!(event, watcher::Event::Init | watcher::Event::InitDone);
-                        std::future::ready(!listing)
-                    });
-                    unlabelled = Some(objects.default_backoff().boxed());
+                    let watches = self.kinds.iter().map(|kind| (kind.unlabelled)());
+                    unlabelled = Some(stream::select_all(watches).boxed());
                 }
                 (false, true) => unlabelled = None,
                 _ => {}
@@ -144,14 +131,8 @@ where
                     Some(relabel) => found = Some(relabel),
                     None => relabel_open = false,
                 },
-                event = next_of(&mut unlabelled) => match event {
-                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
-                        found = Some(Relabel::of(&object, &self.label));
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "the watch of unlabelled objects failed; it retries");
-                    }
+                relabel = next_of(&mut unlabelled) => match relabel {
+                    Some(relabel) => found = Some(relabel),
                     None => unlabelled = None,
                 },
                 changed = self.assignment.changed() => {
@@ -176,10 +157,10 @@ where
         relabel: Relabel,
         attempt: u32,
     ) -> impl Future<Output = Patched> + Send + 'static {
-        let client = self.api.clone().into_client();
+        let (client, resource) = (self.client.clone(), &self.kinds[relabel.kind].resource);
         let api: Api<DynamicObject> = match &relabel.namespace {
-            Some(namespace) => Api::namespaced_with(client, namespace, &self.resource),
-            None => Api::all_with(client, &self.resource),
+            Some(namespace) => Api::namespaced_with(client, namespace, resource),
+            None => Api::all_with(client, resource),
         };
         // `{"metadata": {"labels": {key: shard}}}` (the other fields of `ObjectMeta` are left
         // out when `None`).

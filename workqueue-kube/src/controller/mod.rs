@@ -167,7 +167,8 @@ pub use workqueue_tokio::runner::Action;
 use crate::lease::{LeaseClock, LeaseConfig};
 use applier::Keys;
 use backoff::TriggerBackoff;
-use divided::{MainWatch, ShardLabel};
+use divided::{PlannedWatch, ShardLabel};
+use labeller::Labeller;
 use reports::{Inbox, Reports};
 use shards::Leases;
 use triggers::Trigger;
@@ -231,7 +232,9 @@ where
     /// The clock the Leases are judged by, whichever of `leases` and `lease_clock` came first.
     lease_clock: Option<Arc<dyn LeaseClock>>,
     /// The main watch, when the controller made it (`Controller::new`): whole or divided.
-    main_watch: Option<MainWatch<K>>,
+    main_watch: Option<PlannedWatch>,
+    /// The owned kinds' watches the controller made (`owns`): whole or divided.
+    owned_watches: Vec<PlannedWatch>,
     /// Whether each replica watches only its shards' objects (`divide_caches`).
     divide: bool,
 }
@@ -270,7 +273,7 @@ where
         let reader = writer.as_reader();
         let (gate_tx, gate) = watch::channel(false);
         // No backoff on the watcher itself: the trigger backoff applies after its `Init` events.
-        let (main_watch, events) = MainWatch::new(main_api, wc, writer);
+        let (main_watch, events) = PlannedWatch::main(main_api, wc, writer, dyntype.clone());
         let main = triggers::main(events, gate_tx, dyntype.clone());
         let controller = Self::with_main(main, reader, dyntype, gate, Vec::new(), Some(client));
         Controller {
@@ -307,6 +310,7 @@ where
             leases: None,
             lease_clock: None,
             main_watch: None,
+            owned_watches: Vec::new(),
             divide: false,
         }
     }
@@ -481,7 +485,8 @@ where
     /// [`Controller::new`] (else the stream's first item is
     /// [`RunnerError::DividedCachesNeedLeases`]).
     ///
-    /// How: every object of the main kind carries its shard in a label of the controller's,
+    /// How: every object of the main kind (and each owned object) carries its shard in a label
+    /// of the controller's,
     /// `{name}.workqueue-kube.io/shard-of-{shards}` (`name` and `shards` of the
     /// [`LeaseConfig`]), whose value is the object's shard: the same stable hash that assigns
     /// its key ([`shard_of`](crate::lease::shard_of)), so it is written once and never
@@ -500,9 +505,14 @@ where
     /// update that changes it relabels every object once, while the old replicas still find
     /// theirs.
     ///
-    /// RBAC: `patch` on the main kind, besides `list` and `watch`. Not divided: the watches of
-    /// [`owns`](Controller::owns) and [`watches`](Controller::watches) (an owned object's key
-    /// is its owner's, and a mapper's keys cannot be known before it runs): they stay whole.
+    /// The watches of [`owns`](Controller::owns) are divided too: a child carries its owner's
+    /// shard (its first owner reference to the main kind; a child without one is never
+    /// labelled, and stays in the labelling replica's watch), so an object's family stays on
+    /// one replica. Not divided: the watches of [`watches`](Controller::watches) (a mapper's
+    /// keys cannot be known before it runs) and the streams given to `owns_stream` and the like
+    /// (made elsewhere): they stay whole.
+    ///
+    /// RBAC: `patch` on the main kind and the owned kinds, besides `list` and `watch`.
     ///
     /// ```no_run
     /// use k8s_openapi::api::core::v1::ConfigMap;
@@ -618,6 +628,7 @@ where
             .leases
             .as_ref()
             .map(|c| ShardLabel::new(&c.name, c.shards));
+        let client = self.client.clone();
         let mut leases = match self.leases {
             Some(config) => {
                 let clock = self.lease_clock;
@@ -626,21 +637,28 @@ where
             None => Ok(None),
         };
         let mut tasks = self.tasks;
-        match (self.main_watch, &mut leases, label) {
-            (Some(main), Ok(Some(leases)), Some(label)) if self.divide => {
+        match (self.main_watch, &mut leases, label, client) {
+            (Some(main), Ok(Some(leases)), Some(label), Some(client)) if self.divide => {
+                // The main kind is the labeller's kind 0, the owned kinds follow.
                 let (assignment, listed) = leases.divide();
+                let (relabel, relabels) = tokio::sync::mpsc::unbounded_channel();
+                let mut kinds = vec![main.divide(0, &label, &assignment, Some(listed), &relabel)];
+                for owned in self.owned_watches {
+                    kinds.push(owned.divide(kinds.len(), &label, &assignment, None, &relabel));
+                }
                 let reports = self.reports.0.clone();
-                let labeller = main.divide(label, &self.dyntype, assignment, listed, move |e| {
-                    reports.send(e)
-                });
+                let report = move |error| reports.send(error);
+                let labeller = Labeller::new(client, kinds, label, assignment, relabels, report);
                 tasks.push(labeller.run().boxed());
             }
-            (main, Ok(_), _) if self.divide => {
-                drop(main);
+            (_, Ok(_), _, _) if self.divide => {
                 leases = Err(RunnerError::DividedCachesNeedLeases);
             }
-            (Some(main), _, _) => main.whole(),
-            (None, _, _) => {}
+            (main, _, _, _) => {
+                main.into_iter()
+                    .chain(self.owned_watches)
+                    .for_each(PlannedWatch::whole);
+            }
         }
         let parts = Parts {
             name,

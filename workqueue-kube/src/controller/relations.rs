@@ -16,13 +16,11 @@ use futures_util::stream::{Stream, StreamExt};
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Resource;
 use kube::api::Api;
-#[allow(deprecated)]
-// as kube-runtime's own `owns`: an `Api<Child>` cannot become a metadata-only one
-use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, watcher};
 
 use super::Controller;
+use super::divided::PlannedWatch;
 use super::triggers::{self, Relation};
 
 impl<K> Controller<K>
@@ -51,8 +49,9 @@ where
         Child::DynamicType: Debug + Eq + Hash + Clone,
     {
         let name = format!("owns:{}", Child::kind(&dyntype).to_lowercase());
-        #[allow(deprecated)]
-        let events = metadata_watcher(api, wc);
+        let (watch, events) =
+            PlannedWatch::owned::<K, Child>(api, wc, self.dyntype.clone(), dyntype);
+        self.owned_watches.push(watch);
         let keys = triggers::owners::<K, _, _>(events, self.dyntype.clone());
         self.triggers.push((name, self.backoff.apply(keys).boxed()));
         self
