@@ -190,16 +190,16 @@ impl PlannedWatch {
             let api = api.clone();
             Arc::new(move |wc| watcher(api.clone(), wc).boxed())
         };
+        let key_shard = |shards: u32| -> ShardOf<K> {
+            Arc::new(move |object: &K| Some(ShardLabel::key_shard_of(object, shards)))
+        };
         let (plan, planned) = oneshot::channel();
         let events = {
             let (start, wc) = (start.clone(), wc.clone());
             stream::once(async move {
                 match planned.await {
                     Ok(Plan::Divided(division)) => {
-                        let shards = division.label.shards;
-                        let shard: ShardOf<K> = Arc::new(move |object: &K| {
-                            Some(ShardLabel::key_shard_of(object, shards))
-                        });
+                        let shard = key_shard(division.label.shards);
                         let apply = Box::new(move |event: &watcher::Event<K>| {
                             writer.apply_watcher_event(event)
                         });
@@ -212,10 +212,7 @@ impl PlannedWatch {
         };
         let labelled = Box::new(move |kind: usize, label: ShardLabel| {
             let resource = ApiResource::erase::<K>(&dyntype);
-            let shards = label.shards;
-            let unlabelled = unlabelled(start, &wc, &label, kind, move |object: &K| {
-                Some(ShardLabel::key_shard_of(object, shards))
-            });
+            let unlabelled = unlabelled(start, &wc, &label, kind, key_shard(label.shards));
             Labelled {
                 resource,
                 unlabelled,
@@ -270,8 +267,7 @@ impl PlannedWatch {
         };
         let labelled = Box::new(move |kind: usize, label: ShardLabel| {
             let resource = ApiResource::erase::<Child>(&child_type);
-            let shard = owner_shard(label.shards);
-            let unlabelled = unlabelled(start, &wc, &label, kind, move |child| shard(child));
+            let unlabelled = unlabelled(start, &wc, &label, kind, owner_shard(label.shards));
             Labelled {
                 resource,
                 unlabelled,
@@ -314,10 +310,9 @@ fn unlabelled<T: Resource + Send + 'static>(
     wc: &watcher::Config,
     label: &ShardLabel,
     kind: usize,
-    shard: impl Fn(&T) -> Option<u32> + Send + Sync + 'static,
+    shard: ShardOf<T>,
 ) -> Box<dyn Fn() -> BoxStream<'static, Relabel> + Send> {
     let wc = with_selector(wc, &label.unlabelled());
-    let shard = Arc::new(shard);
     Box::new(move || {
         let shard = shard.clone();
         // The backoff sees only objects as progress: a list that keeps failing yields an
