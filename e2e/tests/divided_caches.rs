@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tokio::time::Instant;
@@ -182,7 +183,8 @@ async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
 
     // A third party removes one label and changes another: both are set right.
     let third_party = json!({ "metadata": { "labels": { label(): null } } });
-    s.api
+    let removed = s
+        .api
         .patch(
             &names[0],
             &PatchParams::default(),
@@ -190,9 +192,11 @@ async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
         )
         .await
         .expect("removing a label");
+    assert!(!removed.labels().contains_key(&label()));
     let wrong = (shard(&objects[1]) + 1) % SHARDS;
     let third_party = json!({ "metadata": { "labels": { label(): wrong.to_string() } } });
-    s.api
+    let changed = s
+        .api
         .patch(
             &names[1],
             &PatchParams::default(),
@@ -200,7 +204,16 @@ async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
         )
         .await
         .expect("changing a label");
+    assert_eq!(changed.labels().get(&label()), Some(&wrong.to_string()));
+    let edited = [(&objects[0], &removed), (&objects[1], &changed)];
     let relabelled = until_labelled(&mut s, "a third party's edits").await;
+    for (object, edit) in edited {
+        let edit: u64 = edit.resource_version().unwrap().parse().unwrap();
+        assert!(
+            relabelled[object] > edit,
+            "{object} was written again after the edit"
+        );
+    }
     s.until(
         Duration::from_secs(60),
         "a third party's edits: the relabelled objects reconciled",
@@ -414,12 +427,19 @@ async fn owned_objects_carry_their_owners_shard() {
     // A third party changes a child's label: it is set right.
     let wrong = (owner_shard(0).parse::<u32>().unwrap() + 1) % SHARDS;
     let patch = json!({ "metadata": { "labels": { key.clone(): wrong.to_string() } } });
-    secrets
+    let changed = secrets
         .patch("child-00", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("changing a label");
+    assert_eq!(changed.labels().get(&key), Some(&wrong.to_string()));
+    let changed_version: u64 = changed.resource_version().unwrap().parse().unwrap();
     let start = Instant::now();
-    while labelled().await < OWNERS {
+    loop {
+        let now = secrets.get("child-00").await.expect("child-00");
+        let version: u64 = now.resource_version().unwrap().parse().unwrap();
+        if labelled().await == OWNERS && version > changed_version {
+            break;
+        }
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "child-00 not relabelled"
