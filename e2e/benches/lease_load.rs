@@ -216,12 +216,7 @@ async fn case(plane: &ControlPlane, options: &Options, shards: u32, k: usize) ->
 fn main() {
     run_if_replica();
     let options = options();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    workqueue_e2e::block_on(async {
         let plane = ControlPlane::shared().await;
         let client = plane.client();
         let load_avg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -169,21 +169,6 @@ fn last_traffic(lines: &[Line]) -> BTreeMap<String, [u64; 5]> {
         .collect()
 }
 
-async fn create(api: &Api<ConfigMap>, ns: &str, objects: usize) {
-    stream::iter(0..objects)
-        .map(|i| {
-            let mut cm = cm_in(ns, &format!("cm-{i:05}"), "0");
-            cm.labels_mut().insert(LABEL.into(), "yes".into());
-            async move { api.create(&PostParams::default(), &cm).await }
-        })
-        .buffer_unordered(32)
-        .for_each(|created| {
-            created.expect("creating a ConfigMap");
-            async {}
-        })
-        .await;
-}
-
 /// Changes `data.v` of the objects, `rate` a second for `churn`; returns the updates made.
 async fn churn(
     api: &Api<ConfigMap>,
@@ -639,31 +624,59 @@ impl Moves<'_> {
 fn main() {
     run_if_replica();
     let options = options();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    workqueue_e2e::block_on(async {
         let plane = ControlPlane::shared().await;
-        let dir: PathBuf = std::env::temp_dir().join(format!("workqueue-w17-{}", std::process::id()));
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("workqueue-w17-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a folder");
         let ns = plane.namespace("w17").await;
-        let api = Api::<ConfigMap>::namespaced(plane.client(), &ns);
         let created = Instant::now();
-        create(&api, &ns, options.objects).await;
-        eprintln!("{} ConfigMaps created in {:.1} s", options.objects, created.elapsed().as_secs_f64());
+        let objects = (0..options.objects).map(|i| (ns.clone(), format!("cm-{i:05}")));
+        workqueue_e2e::create_configmaps(&plane.client(), objects, LABEL).await;
+        eprintln!(
+            "{} ConfigMaps created in {:.1} s",
+            options.objects,
+            created.elapsed().as_secs_f64()
+        );
         let setups = [
-            Setup { kube_runtime: true, divided: false, replicas: 1 },
-            Setup { kube_runtime: false, divided: false, replicas: 1 },
-            Setup { kube_runtime: false, divided: true, replicas: 1 },
-            Setup { kube_runtime: false, divided: true, replicas: 2 },
-            Setup { kube_runtime: false, divided: true, replicas: 4 },
-            Setup { kube_runtime: false, divided: false, replicas: 4 },
+            Setup {
+                kube_runtime: true,
+                divided: false,
+                replicas: 1,
+            },
+            Setup {
+                kube_runtime: false,
+                divided: false,
+                replicas: 1,
+            },
+            Setup {
+                kube_runtime: false,
+                divided: true,
+                replicas: 1,
+            },
+            Setup {
+                kube_runtime: false,
+                divided: true,
+                replicas: 2,
+            },
+            Setup {
+                kube_runtime: false,
+                divided: true,
+                replicas: 4,
+            },
+            Setup {
+                kube_runtime: false,
+                divided: false,
+                replicas: 4,
+            },
         ];
         let mut results = Vec::new();
         for setup in setups {
-            if options.only.as_ref().is_some_and(|only| *only != setup.name()) {
+            if options
+                .only
+                .as_ref()
+                .is_some_and(|only| *only != setup.name())
+            {
                 continue;
             }
             let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -698,24 +711,39 @@ fn main() {
             }
         }
         println!();
-        println!("| configuration | objects created | at | first reconcile after creation p50 / p99 (ms) | not reconciled | without their label |");
+        println!(
+            "| configuration | objects created | at | first reconcile after creation p50 / p99 (ms) | not reconciled | without their label |"
+        );
         println!("|---|---:|---:|---:|---:|---:|");
         for f in &results {
             if let Some(c) = &f.created {
                 println!(
                     "| {} | {} | {}/s | {:.0} / {:.0} | {} | {} |",
-                    f.setup.name(), c.created, options.create_rate, c.p50_ms, c.p99_ms, c.unreconciled, c.unlabelled
+                    f.setup.name(),
+                    c.created,
+                    options.create_rate,
+                    c.p50_ms,
+                    c.p99_ms,
+                    c.unreconciled,
+                    c.unlabelled
                 );
             }
         }
         println!();
-        println!("| configuration | change | objects moved | shards settled after (s) | moved objects reconciled by their new holder after (s) | ConfigMap writes meanwhile |");
+        println!(
+            "| configuration | change | objects moved | shards settled after (s) | moved objects reconciled by their new holder after (s) | ConfigMap writes meanwhile |"
+        );
         println!("|---|---|---:|---:|---:|---:|");
         for f in &results {
             for m in &f.moved {
                 println!(
                     "| {} | {} | {} | {:.1} | {:.1} | {:.0} |",
-                    f.setup.name(), m.what, m.objects, m.settled_s, m.reconciled_s, m.writes + 0.0
+                    f.setup.name(),
+                    m.what,
+                    m.objects,
+                    m.settled_s,
+                    m.reconciled_s,
+                    m.writes + 0.0
                 );
             }
         }

@@ -45,17 +45,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use futures_util::{StreamExt, stream};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
-use kube::api::{Api, PostParams};
 use workqueue_e2e::child::{Child, pass_client, this_binary};
 use workqueue_test_support::api_requests::scrape;
 use workqueue_test_support::control_plane::ControlPlane;
 use workqueue_test_support::figures::{
     Versioned, median, peak_rss_kib, percentile, reconcile_lags,
 };
-use workqueue_test_support::fixtures::cm_in;
 use workqueue_test_support::ledger_file::{END, Line, START, Tail, wall_ns};
 
 use roles::{Impl, LABEL};
@@ -141,25 +136,12 @@ fn read(tail: &mut Tail, lines: &mut Vec<Line>) {
     lines.extend(tail.read_new().expect("reading the ledger"));
 }
 
-/// Creates the objects: `per_namespace` ConfigMaps in each of `namespaces`, 32 at a time.
+/// Creates the objects: `per_namespace` ConfigMaps in each of `namespaces`.
 async fn create(client: &kube::Client, namespaces: &[String], per_namespace: usize) {
-    let objects: Vec<(String, String)> = namespaces
+    let objects = namespaces
         .iter()
-        .flat_map(|ns| (0..per_namespace).map(move |i| (ns.clone(), format!("cm-{i:05}"))))
-        .collect();
-    stream::iter(objects)
-        .map(|(ns, name)| {
-            let api = Api::<ConfigMap>::namespaced(client.clone(), &ns);
-            let mut cm = cm_in(&ns, &name, "0");
-            cm.labels_mut().insert(LABEL.into(), "yes".into());
-            async move { api.create(&PostParams::default(), &cm).await }
-        })
-        .buffer_unordered(32)
-        .for_each(|created| {
-            created.expect("creating a ConfigMap");
-            async {}
-        })
-        .await;
+        .flat_map(|ns| (0..per_namespace).map(move |i| (ns.clone(), format!("cm-{i:05}"))));
+    workqueue_e2e::create_configmaps(client, objects, LABEL).await;
 }
 
 /// Spawns this binary as `role` with the client configuration and `env`.
@@ -380,15 +362,11 @@ fn print_figures(f: &Figures) {
 fn main() {
     roles::run_if_role();
     let options = options();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    workqueue_e2e::block_on(async {
         let plane = ControlPlane::shared().await;
         let client = plane.client();
-        let dir: PathBuf = std::env::temp_dir().join(format!("workqueue-w15-{}", std::process::id()));
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("workqueue-w15-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a folder");
         let mut namespaces = Vec::new();
         for _ in 0..options.namespaces {
@@ -425,7 +403,9 @@ fn main() {
             println!("{l}");
         }
         println!();
-        println!("| run | controller | start-up (s) | lag p50 (ms) | lag p99 (ms) | requests/reconcile | requests/update | reconciles | updates (/s) | peak RSS after start-up / at the end (MiB) |");
+        println!(
+            "| run | controller | start-up (s) | lag p50 (ms) | lag p99 (ms) | requests/reconcile | requests/update | reconciles | updates (/s) | peak RSS after start-up / at the end (MiB) |"
+        );
         println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for (i, f) in results.iter().enumerate() {
             println!(
@@ -447,10 +427,8 @@ fn main() {
         if order.len() == 2 {
             // Ratios ours / kube-runtime, per round (the two runs next to each other) and the
             // median of the rounds.
-            let pairs: Vec<(&Figures, &Figures)> = results
-                .chunks(2)
-                .map(|pair| (&pair[0], &pair[1]))
-                .collect();
+            let pairs: Vec<(&Figures, &Figures)> =
+                results.chunks(2).map(|pair| (&pair[0], &pair[1])).collect();
             let ratio = |f: &dyn Fn(&Figures) -> f64| -> Vec<f64> {
                 pairs.iter().map(|(o, k)| f(o) / f(k)).collect()
             };

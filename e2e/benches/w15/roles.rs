@@ -70,12 +70,7 @@ pub fn run_if_role() {
         return;
     };
     exit_with_parent();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    workqueue_e2e::block_on(async {
         match role.as_str() {
             "ours" => controller(Impl::Ours).await,
             "kube-runtime" => controller(Impl::KubeRuntime).await,

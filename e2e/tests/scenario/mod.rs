@@ -13,14 +13,13 @@ use futures_util::{StreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 use workqueue_e2e::child::{Child, this_binary};
 use workqueue_e2e::replica::{Spec, fair, held_shards, shard_holders};
 use workqueue_kube::lease::shard_of;
 use workqueue_test_support::control_plane::ControlPlane;
-use workqueue_test_support::fixtures::cm_in;
 use workqueue_test_support::ledger::Run;
 use workqueue_test_support::ledger_file::{END, LedgerReader, Line, START};
 
@@ -110,21 +109,10 @@ impl Scenario {
         format!("cm-{i:04}")
     }
 
-    /// Creates the ConfigMaps `cm-0000`... with the label, 16 at a time.
+    /// Creates the ConfigMaps `names` with the label.
     pub async fn create(&self, names: &[String]) {
-        stream::iter(names)
-            .map(|name| {
-                let api = self.api.clone();
-                let mut cm = cm_in(&self.ns, name, "0");
-                cm.labels_mut().insert(LABEL.into(), "yes".into());
-                async move { api.create(&PostParams::default(), &cm).await }
-            })
-            .buffer_unordered(16)
-            .for_each(|created| {
-                created.expect("creating a ConfigMap");
-                async {}
-            })
-            .await;
+        let objects = names.iter().map(|name| (self.ns.clone(), name.clone()));
+        workqueue_e2e::create_configmaps(&self.plane.client(), objects, LABEL).await;
     }
 
     /// Sets every object's data to `value`, 16 at a time; returns each one's new resourceVersion.
