@@ -17,6 +17,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use workqueue_e2e::replica::run_if_replica;
 use workqueue_kube::lease::shard_of;
+use workqueue_test_support::api_requests::scrape;
 
 mod scenario;
 
@@ -33,7 +34,12 @@ const OBJECTS: usize = 300;
 
 /// The controller's shard label.
 fn label() -> String {
-    format!("{CONTROLLER}.workqueue-kube.io/shard-of-{SHARDS}")
+    label_of(SHARDS)
+}
+
+/// The controller's shard label with `shards` shards.
+fn label_of(shards: u32) -> String {
+    format!("{CONTROLLER}.workqueue-kube.io/shard-of-{shards}")
 }
 
 /// The shard of `namespace/name`.
@@ -44,10 +50,21 @@ fn shard(object: &str) -> u32 {
 
 /// Waits until every object carries its shard's label; returns their resourceVersions.
 async fn until_labelled(s: &mut Scenario, what: &str) -> HashMap<String, u64> {
+    until_labelled_in(s, what, SHARDS, OBJECTS).await
+}
+
+/// Waits until every one of `objects` objects carries its shard's label with `shards` shards;
+/// returns their resourceVersions.
+async fn until_labelled_in(
+    s: &mut Scenario,
+    what: &str,
+    shards: u32,
+    objects: usize,
+) -> HashMap<String, u64> {
     let start = Instant::now();
     loop {
-        let (versions, wrong) = s.versions_and_unlabelled(&label(), SHARDS).await;
-        if wrong == 0 && versions.len() == OBJECTS {
+        let (versions, wrong) = s.versions_and_unlabelled(&label_of(shards), shards).await;
+        if wrong == 0 && versions.len() == objects {
             println!(
                 "{what}: every object labelled {:.1} s after",
                 start.elapsed().as_secs_f64()
@@ -453,4 +470,63 @@ async fn owned_objects_carry_their_owners_shard() {
     for controller in controllers {
         controller.abort();
     }
+}
+
+/// A new number of shards (a rolling update that changes it, once the old replicas are gone):
+/// the new layout has a label of its own, written once on every object (the API server counts
+/// one write per object), and the old layout's label stays as it was, so old replicas still
+/// running would still find their objects. Every object is reconciled by the new replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_number_of_shards_labels_every_object_once_and_keeps_the_old_layout() {
+    const FEW: usize = 100;
+    let mut s = Scenario::new("divided-reshard").await;
+    let names: Vec<String> = (0..FEW).map(Scenario::name).collect();
+    s.create(&names).await;
+    let mut old = s.spec("r1", SHARDS);
+    old.divided = true;
+    s.start(&old);
+    let labelled = until_labelled_in(&mut s, "8 shards", SHARDS, FEW).await;
+    s.until(
+        Duration::from_secs(60),
+        "8 shards: every object reconciled",
+        |s| s.not_reconciled(&labelled) == 0,
+    )
+    .await;
+    s.shut_down();
+
+    let client = s.api.clone().into_client();
+    let before = scrape(&client).await.expect("scraping /metrics");
+    let started = Instant::now();
+    let mut new = s.spec("r2", 4);
+    new.divided = true;
+    s.start(&new);
+    let relabelled = until_labelled_in(&mut s, "4 shards", 4, FEW).await;
+    s.until(
+        Duration::from_secs(60),
+        "4 shards: every object reconciled",
+        |s| s.not_reconciled(&relabelled) == 0,
+    )
+    .await;
+    let (old_versions, old_wrong) = s.versions_and_unlabelled(&label_of(SHARDS), SHARDS).await;
+    assert_eq!(old_wrong, 0, "the old layout's labels stay");
+    assert_eq!(old_versions, relabelled, "no write since the new labels");
+    let writes = scrape(&client)
+        .await
+        .expect("scraping /metrics")
+        .since(&before)
+        .writes_of("configmaps");
+    assert_eq!(writes, FEW as f64, "one write per object");
+    let reconciled_by_r2 = s
+        .completed()
+        .iter()
+        .filter(|c| c.replica == "r2" && c.start >= started)
+        .map(|c| c.object.clone())
+        .collect::<BTreeSet<_>>()
+        .len();
+    assert_eq!(reconciled_by_r2, FEW);
+    println!(
+        "a new number of shards: {FEW} objects labelled once ({writes} writes), the old labels kept"
+    );
+    s.assert_never_two_at_once();
+    s.shut_down();
 }
