@@ -29,6 +29,10 @@ fn replica_process() {
     run_if_replica();
 }
 
+/// The scenarios run one at a time: one counts the API server's writes, which are
+/// server-wide.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const SHARDS: u32 = 8;
 const OBJECTS: usize = 300;
 
@@ -174,6 +178,7 @@ async fn assert_unwritten(s: &Scenario, what: &str, before: &HashMap<String, u64
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
+    let _serial = SERIAL.lock().await;
     let mut s = Scenario::new("divided").await;
     let names: Vec<String> = (0..OBJECTS).map(Scenario::name).collect();
     s.create(&names).await;
@@ -281,6 +286,7 @@ async fn divided_caches_hold_their_shards_only_and_move_without_writes() {
 /// changes is set right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_objects_carry_their_owners_shard() {
+    let _serial = SERIAL.lock().await;
     use std::sync::{Arc, Mutex};
 
     use futures_util::StreamExt;
@@ -478,6 +484,7 @@ async fn owned_objects_carry_their_owners_shard() {
 /// running would still find their objects. Every object is reconciled by the new replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_number_of_shards_labels_every_object_once_and_keeps_the_old_layout() {
+    let _serial = SERIAL.lock().await;
     const FEW: usize = 100;
     let mut s = Scenario::new("divided-reshard").await;
     let names: Vec<String> = (0..FEW).map(Scenario::name).collect();

@@ -272,8 +272,13 @@ fn owns<K: Resource>(
     key: &ObjectRef<K>,
 ) -> bool {
     let shard = key_shard(key, assignment.shard_count());
-    assignment.accepts(shard, Instant::now())
-        && listed.is_none_or(|listed| listed.borrow().contains(&shard))
+    assignment.accepts(shard, Instant::now()) && is_listed(listed, shard)
+}
+
+/// Whether the store holds `shard`'s objects: always without divided caches (`listed` is
+/// `None`); else when `listed` names it.
+fn is_listed(listed: Option<&watch::Receiver<Listed>>, shard: u32) -> bool {
+    listed.is_none_or(|listed| listed.borrow().contains(&shard))
 }
 
 /// Whether a running reconcile of `key` may be polled now, by `assignment`: its shard held or
@@ -459,21 +464,13 @@ where
             self.taken_while_listing.extend(acquired.iter().copied());
         }
         // With divided caches, a shard's objects are enqueued once it is listed too.
-        acquired.retain(|shard| self.is_listed(*shard));
+        acquired.retain(|shard| is_listed(self.listed.as_ref(), *shard));
         if !acquired.is_empty() {
             self.enqueue(&acquired);
         }
         self.metrics.emit(&self.seen);
         // A shard stopped above may be due for its abort now.
         self.on_time();
-    }
-
-    /// Whether the store holds `shard`'s objects: always without divided caches.
-    fn is_listed(&self, shard: u32) -> bool {
-        match &self.listed {
-            Some(listed) => listed.borrow().contains(&shard),
-            None => true,
-        }
     }
 
     /// The shards listed changed (divided caches): enqueues the objects of each held shard
@@ -504,7 +501,9 @@ where
         let now = Instant::now();
         let taken: Vec<u32> = std::mem::take(&mut self.taken_while_listing)
             .into_iter()
-            .filter(|&shard| self.seen.accepts(shard, now) && self.is_listed(shard))
+            .filter(|&shard| {
+                self.seen.accepts(shard, now) && is_listed(self.listed.as_ref(), shard)
+            })
             .collect();
         if !taken.is_empty() {
             self.enqueue(&taken);
