@@ -2,9 +2,11 @@
 //! replica watches, and keeps in its store, only the objects of the shards it holds.
 //!
 //! Every object carries its shard in a label of the controller's ([`ShardLabel`]), written once
-//! by the labelling duty (`super::labeller`). The main watch selects `label in (shards held)`
-//! and is restarted whenever the shards held change: a taken shard's objects are listed, and a
-//! given one's leave the store with the new list. The label only says what to watch: which
+//! by the labelling duty (`super::labeller`): an object of the main kind its own key's shard, an
+//! owned object (`owns`) its first owner's. Each watch the controller makes ([`PlannedWatch`]:
+//! the main kind's, the owned kinds') selects `label in (shards held)` and is restarted
+//! whenever the shards held change: a taken shard's objects are listed, and a given one's leave
+//! the store with the new list. The label only says what to watch: which
 //! replica runs a key is still the key's hashed shard ([`shard_of`]), so a wrong or missing
 //! label can delay an object (until it is relabelled) but never give it to two replicas.
 //!
