@@ -13,7 +13,12 @@
 //! - `log` for each event of `workqueue_kube` at INFO or above (the protocol's and the
 //!   controller's: "acquired a shard", "lost a shard", ...), with its level and fields;
 //! - `up` once the client is made, `item` for each error the controller's stream yields,
-//!   `exit` when the stream ended (after a graceful shutdown: SIGTERM).
+//!   `exit` when the stream ended (after a graceful shutdown: SIGTERM);
+//! - with divided caches ([`Spec::divided`]), `store` whenever its store's contents change;
+//!   with [`Spec::traffic`], `traffic` every second (W17).
+//!
+//! With [`Spec::kube_runtime`] it runs kube-runtime's `Controller` instead (no Leases), as W17's
+//! peer.
 //!
 //! Nothing here checks anything: the parent judges the ledger.
 
