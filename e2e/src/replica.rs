@@ -14,8 +14,8 @@
 //!   controller's: "acquired a shard", "lost a shard", ...), with its level and fields;
 //! - `up` once the client is made, `item` for each error the controller's stream yields,
 //!   `exit` when the stream ended (after a graceful shutdown: SIGTERM);
-//! - with divided caches ([`Spec::divided`]), `store` whenever its store's contents change;
-//!   with [`Spec::traffic`], `traffic` every second (W17).
+//! - with divided caches ([`Spec::divided`]) and without [`Spec::traffic`], `store` whenever its
+//!   store's contents change; with [`Spec::traffic`], `traffic` every second (W17).
 //!
 //! With [`Spec::kube_runtime`] it runs kube-runtime's `Controller` instead (no Leases), as W17's
 //! peer.
@@ -92,7 +92,7 @@ pub struct Spec {
     pub workers: usize,
     /// Whether the controller divides its cache (`Controller::divide_caches`); the replica then
     /// records its store's contents (`store` lines: the number of objects and their shards)
-    /// whenever they change.
+    /// whenever they change, unless it records its [`traffic`](Spec::traffic).
     pub divided: bool,
     /// Whether the replica counts its client's ConfigMap traffic ([`crate::traffic`]) and
     /// records it every second with its store's size: `traffic` lines, `<objects in the store>
@@ -438,11 +438,14 @@ async fn run(spec: Spec) {
         .with_config(config)
         .leases(spec.lease_config())
         .shutdown_on_signal();
+    // One recorder: a benchmark's (`traffic`) reads only the store's size, so that the process
+    // measured does not also scan its store every 100 ms.
     if spec.traffic {
         tokio::spawn(record_traffic(controller.store(), traffic, ctx.clone()));
+    } else if spec.divided {
+        tokio::spawn(record_store(controller.store(), ctx.clone()));
     }
     let controller = if spec.divided {
-        tokio::spawn(record_store(controller.store(), ctx.clone()));
         controller.divide_caches()
     } else {
         controller

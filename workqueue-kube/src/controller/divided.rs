@@ -94,7 +94,7 @@ impl ShardLabel {
 }
 
 /// `ours` added to the label selector of `wc` (the user's, kept).
-pub(crate) fn with_selector(wc: &watcher::Config, ours: &str) -> watcher::Config {
+fn with_selector(wc: &watcher::Config, ours: &str) -> watcher::Config {
     let selector = match &wc.label_selector {
         Some(user) if !user.is_empty() => format!("{user},{ours}"),
         _ => ours.to_string(),
