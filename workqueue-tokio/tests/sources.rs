@@ -292,3 +292,99 @@ async fn a_key_that_panics_in_a_batch_loses_nothing_after_it() {
         (3, 0, 0, 1)
     );
 }
+
+/// The sources are read by the task that runs the runner (as kube-runtime reads its watches), so
+/// what a source allocates is allocated there: on a multi-thread runtime, a stream of results
+/// polled by `block_on` has its sources polled on the thread that called `block_on`, never on
+/// the runtime's workers (where the reconciles run).
+#[test]
+fn sources_are_read_on_the_task_that_runs_the_runner() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let caller = std::thread::current().id();
+    let polls = Arc::new(Mutex::new(Vec::new()));
+    let keys = {
+        let polls = polls.clone();
+        let mut next = 0..100u32;
+        stream::poll_fn(move |_| {
+            polls.lock().unwrap().push(std::thread::current().id());
+            std::task::Poll::Ready(next.next())
+        })
+    };
+    let reconciled_on = Arc::new(Mutex::new(Vec::new()));
+    let reconcile = {
+        let reconciled_on = reconciled_on.clone();
+        move |_key: u32, _ctx: Context| {
+            let reconciled_on = reconciled_on.clone();
+            async move {
+                tokio::task::yield_now().await;
+                reconciled_on
+                    .lock()
+                    .unwrap()
+                    .push(std::thread::current().id());
+                Ok::<_, ()>(Action::await_change())
+            }
+        }
+    };
+    let queue: WorkQueue<u32> = WorkQueue::new();
+    let results: Vec<_> = runtime.block_on(
+        Runner::new(queue, reconcile)
+            .source("keys", keys)
+            .results(CancellationToken::new())
+            .collect(),
+    );
+    assert_eq!(results.len(), 100, "the stream ends with its source");
+    let polls = polls.lock().unwrap();
+    assert!(polls.len() > 100, "the source was polled ({})", polls.len());
+    assert!(
+        polls.iter().all(|t| *t == caller),
+        "polled on another thread"
+    );
+    let reconciled_on = reconciled_on.lock().unwrap();
+    assert_eq!(reconciled_on.len(), 100);
+    assert!(
+        reconciled_on.iter().all(|t| *t != caller),
+        "the reconciles run on the runtime's workers"
+    );
+}
+
+/// A source whose drop panics (user code) is dropped at the end of the run without ending it
+/// badly: the run returns its report, with what the source yielded reconciled.
+#[tokio::test(start_paused = true)]
+async fn a_source_that_panics_when_dropped_ends_the_run_normally() {
+    struct PanicsOnDrop(stream::Iter<std::vec::IntoIter<String>>);
+    impl futures_util::Stream for PanicsOnDrop {
+        type Item = String;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<String>> {
+            match self.0.poll_next_unpin(cx) {
+                // Never ends: it is dropped when the run ends.
+                std::task::Poll::Ready(None) => std::task::Poll::Pending,
+                other => other,
+            }
+        }
+    }
+    impl Drop for PanicsOnDrop {
+        fn drop(&mut self) {
+            panic!("the source panicked when dropped (expected by this test)");
+        }
+    }
+    let queue: WorkQueue<String> = WorkQueue::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let source = PanicsOnDrop(stream::iter(vec!["a".to_string(), "b".to_string()]));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(
+        Runner::new(queue, recording(&log))
+            .source("fragile", source)
+            .run(stop.clone()),
+    );
+    sleep(secs(1)).await;
+    stop.cancel();
+    let report = run.await.expect("the run ends without a panic");
+    assert_eq!(taken(&log), ["a", "b"]);
+    assert_eq!((report.processed, report.sources_ended), (2, 0));
+}

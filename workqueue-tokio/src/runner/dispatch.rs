@@ -1,7 +1,8 @@
-//! The dispatcher: the task that polls a runner's stream (or awaits `Runner::run`). It takes due
-//! keys from the queue while it may, calls the user's reconcile function (here, so that it need
-//! not be `Send`) and hands each future to the worker tasks as a job ([`super::workers`]); it
-//! judges failures with the user's error policy (here too), and runs the one shutdown sequence.
+//! The dispatcher: the task that polls a runner's stream (or awaits `Runner::run`). It reads
+//! the runner's sources into the queue ([`super::feed`]), takes due keys from the queue while it
+//! may, calls the user's reconcile function (here, so that it need not be `Send`) and hands each
+//! future to the worker tasks as a job ([`super::workers`]); it judges failures with the user's
+//! error policy (here too), and runs the one shutdown sequence.
 //!
 //! It is a loop over named steps: the ends that came back ([`Dispatcher::collect_ends`]), the
 //! keys it may take now ([`Dispatcher::take_ready`]), the items these made, whether the run is
@@ -34,7 +35,7 @@ use workqueue_core::Lease;
 
 use super::catch::catch;
 use super::engine::{End, Engine};
-use super::feed::{Source, feed};
+use super::feed::Sources;
 use super::report::Report;
 use super::workers::{self, Pool};
 use super::{Action, Context, Error, Failure, Reconcile, Runner, Settings};
@@ -78,7 +79,8 @@ enum Event<T> {
     Ends,
     Shutdown,
     Gate(Result<(), watch::error::RecvError>),
-    Source(Option<Result<(), JoinError>>),
+    /// Sources were read; whether the last one ended.
+    Source(bool),
     Worker(Option<Result<(), JoinError>>),
     Lease(std::thread::Result<Option<Lease<T>>>),
     Deadline,
@@ -91,8 +93,7 @@ where
     engine: Arc<Engine<T, R::Error, C, S>>,
     reconcile: R,
     policy: P,
-    /// The sources, until they are started at the first poll.
-    sources: Option<Vec<Source<T>>>,
+    sources: Sources<T>,
     pool: Arc<Pool>,
     /// The ends taken from the workers (empty between turns; kept for its buffer).
     inbox: Vec<End<T, R::Error, C>>,
@@ -103,10 +104,6 @@ where
     /// Whether the runtime is multi-threaded: a worker woken during a turn may start at once.
     multi_thread: bool,
     workers: JoinSet<()>,
-    feeders: JoinSet<()>,
-    feeder_stop: CancellationToken,
-    /// Whether some source is still read.
-    feeding: bool,
     gate: Option<watch::Receiver<bool>>,
     /// The gate's sender is gone: its value no longer changes.
     gate_final: bool,
@@ -159,16 +156,13 @@ where
             engine: Arc::new(engine),
             reconcile,
             policy,
-            sources: Some(sources),
+            sources: Sources::new(sources),
             pool: Arc::new(Pool::default()),
             inbox: Vec::new(),
             turn_jobs: 0,
             threads: 1,
             multi_thread: false,
             workers: JoinSet::new(),
-            feeders: JoinSet::new(),
-            feeder_stop: CancellationToken::new(),
-            feeding: false,
             gate,
             gate_final: false,
             phase: Phase::Running,
@@ -226,21 +220,16 @@ where
             .report(queue.len(), self.worker_panics, outage)
     }
 
-    /// Starts the sources (at the first poll: nothing runs before).
+    /// Starts the metrics and the intake watcher (at the first poll: nothing runs before).
     fn start(&mut self) {
-        let Some(sources) = self.sources.take() else {
+        if self.intake_watcher.is_some() || self.ended {
             return;
-        };
+        }
         let limit = self.settings.workers;
         let metrics_limit = if limit == usize::MAX { 0 } else { limit };
         if let Err(message) = catch(|| self.engine.metrics().start(metrics_limit)) {
             tracing::error!(panic = %message, "the metrics recorder panicked; the runner goes on");
         }
-        for (index, source) in sources.into_iter().enumerate() {
-            let (engine, stop) = (self.engine.clone(), self.feeder_stop.clone());
-            self.feeders.spawn(feed(engine, stop, index, source));
-        }
-        self.feeding = !self.feeders.is_empty();
         self.intake_watcher = Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             self.engine.intake_watcher(),
         )));
@@ -315,23 +304,25 @@ where
         let deadline = self.deadline();
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
         let watch_gate = self.gate.is_some() && !self.gate_final;
+        // Sources are read while intake is open, first: a read is cheap when nothing is ready,
+        // and is at most one batch a source when something is.
+        let read = self.sources.open() && !self.engine.intake_closed();
         let Dispatcher {
             engine,
             gate,
-            feeders,
-            feeding,
+            sources,
             workers,
             ..
         } = self;
         let ends = engine.ends();
         tokio::select! {
             biased;
+            last = poll_fn(|cx| sources.poll_feed(cx, engine)), if read => Event::Source(last),
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
             Some(changed) = OptionFuture::from(gate.as_mut().map(|g| g.changed())), if watch_gate => {
                 Event::Gate(changed)
             }
-            joined = feeders.join_next(), if *feeding => Event::Source(joined),
             joined = workers.join_next(), if !workers.is_empty() => Event::Worker(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             Some(()) = OptionFuture::from(deadline.map(tokio::time::sleep_until)) => Event::Deadline,
@@ -347,8 +338,8 @@ where
                 None
             }
             Event::Gate(changed) => self.on_gate(changed),
-            Event::Source(joined) => {
-                self.on_source(joined);
+            Event::Source(last) => {
+                self.on_source(last);
                 None
             }
             Event::Worker(joined) => {
@@ -420,19 +411,12 @@ where
         Some(Err(Error::Readiness))
     }
 
-    fn on_source(&mut self, joined: Option<Result<(), JoinError>>) {
-        match joined {
-            // The readers catch their sources' panics; this is defence in depth.
-            Some(Err(error)) => tracing::error!(%error, "a source reader failed"),
-            Some(Ok(())) => {}
-            None => {
-                self.feeding = false;
-                // A stream of items ends with its sources.
-                if self.engine.yields_items() && self.phase == Phase::Running {
-                    self.phase = Phase::Draining;
-                    self.engine.drain();
-                }
-            }
+    /// Sources were read into the queue; `last`: the last of them ended.
+    fn on_source(&mut self, last: bool) {
+        // A stream of items ends with its sources.
+        if last && self.engine.yields_items() && self.phase == Phase::Running {
+            self.phase = Phase::Draining;
+            self.engine.drain();
         }
     }
 
@@ -545,16 +529,11 @@ where
         }
     }
 
-    /// Ends the run: stops the sources and the workers, and waits for them.
+    /// Ends the run: drops the sources, stops the workers and waits for them.
     async fn end(&mut self) {
         self.ended = true;
         self.intake_watcher = None;
-        self.feeder_stop.cancel();
-        while let Some(joined) = self.feeders.join_next().await {
-            if let Err(error) = joined {
-                tracing::error!(%error, "a source reader failed");
-            }
-        }
+        self.sources.close();
         self.pool.close();
         while let Some(joined) = self.workers.join_next().await {
             if let Err(error) = joined {
@@ -566,8 +545,8 @@ where
 }
 
 /// A dropped dispatcher (a stream dropped before it ended): running reconciles are dropped at
-/// their next poll, jobs not yet taken with the pool; sources and workers are aborted with
-/// their task sets. Their leases end as dropped or interrupted leases do.
+/// their next poll, jobs not yet taken with the pool; the sources are dropped, and workers
+/// aborted with their task set. Their leases end as dropped or interrupted leases do.
 impl<T, R, C, S, P> Drop for Dispatcher<T, R, C, S, P>
 where
     R: Reconcile<T, C>,
@@ -575,6 +554,7 @@ where
     fn drop(&mut self) {
         self.engine.hard_stop();
         self.pool.close();
+        self.sources.close();
     }
 }
 

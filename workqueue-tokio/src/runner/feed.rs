@@ -1,14 +1,15 @@
-//! Feeding the queue from the runner's sources: one task per source reads what is ready, in
-//! batches, and adds it through the queue's batch add.
+//! Feeding the queue from the runner's sources. The dispatcher reads them (see
+//! [`super::dispatch`]) between its other steps, as kube-runtime's controller reads its watches
+//! on the task that polls it: whatever a source decodes, and whatever a store it fills keeps,
+//! is allocated on the task that runs the runner. Each read takes what every source has ready
+//! (up to [`BATCH`] items each) and adds it through the queue's batch add.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll, ready};
 
 use futures_util::stream::{BoxStream, Stream, StreamExt};
-use tokio_util::sync::CancellationToken;
 
 use super::catch;
 use super::engine::Engine;
@@ -34,7 +35,7 @@ impl<T: Send + 'static> Source<T> {
     {
         Source {
             name: Arc::from(name),
-            // An error is formatted here, inside the poll the feeder guards: a `Display` that
+            // An error is formatted here, inside the poll the reader guards: a `Display` that
             // panics is a panicking source.
             stream: stream
                 .map(|item| item.into_add().map_err(|e| e.to_string()))
@@ -47,6 +48,27 @@ impl<T> Source<T> {
     /// The source's name.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// Reads into `batch` what the stream has ready, up to [`BATCH`] items; `Pending` only while
+    /// `batch` is empty.
+    fn poll_batch(&mut self, cx: &mut Context<'_>, batch: &mut Vec<Item<T>>) -> Poll<Read> {
+        loop {
+            // A panicking stream is not polled again (its state is unknown): it is ended, and
+            // what it yielded before is kept.
+            match catch(|| self.stream.poll_next_unpin(cx)) {
+                Ok(Poll::Ready(Some(item))) => {
+                    batch.push(item);
+                    if batch.len() >= BATCH {
+                        return Poll::Ready(Read::More);
+                    }
+                }
+                Ok(Poll::Ready(None)) => return Poll::Ready(Read::Ended),
+                Err(message) => return Poll::Ready(Read::Panicked(message)),
+                Ok(Poll::Pending) if batch.is_empty() => return Poll::Pending,
+                Ok(Poll::Pending) => return Poll::Ready(Read::More),
+            }
+        }
     }
 }
 
@@ -68,74 +90,100 @@ enum Read {
     Panicked(String),
 }
 
-/// Reads into `batch` what the stream has ready, up to [`BATCH`] items; waits for the first.
-/// Cancel-safe: it returns as soon as it holds an item, so dropping it while it waits loses
-/// nothing.
-async fn read_batch<T>(stream: &mut BoxStream<'static, Item<T>>, batch: &mut Vec<Item<T>>) -> Read {
-    std::future::poll_fn(|cx| {
-        loop {
-            // A panicking stream is not polled again (its state is unknown): it is ended, and
-            // what it yielded before is kept.
-            let polled = catch(|| Pin::new(&mut *stream).poll_next(cx));
-            match polled {
-                Ok(Poll::Ready(Some(item))) => {
-                    batch.push(item);
-                    if batch.len() >= BATCH {
-                        return Poll::Ready(Read::More);
-                    }
-                }
-                Ok(Poll::Ready(None)) => return Poll::Ready(Read::Ended),
-                Err(message) => return Poll::Ready(Read::Panicked(message)),
-                Ok(Poll::Pending) if batch.is_empty() => return Poll::Pending,
-                Ok(Poll::Pending) => return Poll::Ready(Read::More),
-            }
-        }
-    })
-    .await
+/// The runner's sources while they are read.
+///
+/// Invariants: `batch` is empty between reads (a read's items are added before the next read);
+/// an ended source is `None` and never polled again; `open` counts the sources not ended.
+pub(crate) struct Sources<T> {
+    sources: Vec<Option<Source<T>>>,
+    batch: Vec<Item<T>>,
+    open: usize,
 }
 
-/// Feeds the queue from the source at `index` until it ends or panics, or the run stops
-/// (`stop`, cancelled when the run ends for any reason, or the engine's intake, at shutdown).
-pub(crate) async fn feed<T, E, C, S>(
-    engine: Arc<Engine<T, E, C, S>>,
-    stop: CancellationToken,
-    index: usize,
-    mut source: Source<T>,
-) where
-    T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
-    S: BuildHasher + Send + Sync + 'static,
-    E: fmt::Debug + Send + 'static,
-    C: Send + Sync + 'static,
-{
-    let name = source.name.clone();
-    let mut batch = Vec::new();
-    loop {
-        let read = tokio::select! {
-            biased;
-            () = engine.intake().cancelled() => return,
-            () = stop.cancelled() => return,
-            read = read_batch(&mut source.stream, &mut batch) => read,
-        };
-        add(&engine, index, &name, &mut batch);
-        match read {
-            Read::More => {}
-            Read::Ended => {
-                engine.counters().source_ended(false);
-                tracing::info!(source = %name, "a source ended; the runner goes on without it");
-                return;
-            }
-            Read::Panicked(message) => {
-                engine.counters().source_ended(true);
-                tracing::error!(
-                    source = %name,
-                    panic = %message,
-                    "a source panicked; it is ended, the runner goes on without it"
-                );
-                return;
-            }
+impl<T> Sources<T> {
+    pub(crate) fn new(sources: Vec<Source<T>>) -> Self {
+        Sources {
+            open: sources.len(),
+            sources: sources.into_iter().map(Some).collect(),
+            batch: Vec::new(),
         }
-        // A source that is always ready must not starve the workers on this runtime.
-        tokio::task::coop::consume_budget().await;
+    }
+
+    /// Whether some source is still read.
+    pub(crate) fn open(&self) -> bool {
+        self.open > 0
+    }
+
+    /// Reads what each source has ready (up to [`BATCH`] items each) and adds it to `engine`'s
+    /// queue (see [`add`]), so that keys ready in several sources at once are queued once before
+    /// any is taken. Ready once something was read or a source ended, with whether the last
+    /// source ended; `Pending` when nothing was ready. Each call is a unit of the task's
+    /// cooperative budget: sources that are always ready let the runtime run other tasks, as a
+    /// channel that is always ready does.
+    pub(crate) fn poll_feed<E, C, S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        engine: &Engine<T, E, C, S>,
+    ) -> Poll<bool>
+    where
+        T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
+        S: BuildHasher + Send + Sync + 'static,
+        E: fmt::Debug + Send + 'static,
+        C: Send + Sync + 'static,
+    {
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
+        let mut progress = false;
+        for index in 0..self.sources.len() {
+            let Some(source) = &mut self.sources[index] else {
+                continue;
+            };
+            let Poll::Ready(read) = source.poll_batch(cx, &mut self.batch) else {
+                continue;
+            };
+            progress = true;
+            let name = source.name.clone();
+            add(engine, index, &name, &mut self.batch);
+            match read {
+                Read::More => continue,
+                Read::Ended => {
+                    engine.counters().source_ended(false);
+                    tracing::info!(source = %name, "a source ended; the runner goes on without it");
+                }
+                Read::Panicked(message) => {
+                    engine.counters().source_ended(true);
+                    tracing::error!(
+                        source = %name,
+                        panic = %message,
+                        "a source panicked; it is ended, the runner goes on without it"
+                    );
+                }
+            }
+            self.end(index);
+        }
+        if !progress {
+            return Poll::Pending;
+        }
+        coop.made_progress();
+        Poll::Ready(self.open == 0)
+    }
+
+    /// Drops every source (at the end of the run).
+    pub(crate) fn close(&mut self) {
+        for index in 0..self.sources.len() {
+            self.end(index);
+        }
+    }
+
+    /// Drops the source at `index`. A stream whose drop panics is logged.
+    fn end(&mut self, index: usize) {
+        let Some(source) = self.sources[index].take() else {
+            return;
+        };
+        self.open -= 1;
+        let name = source.name.clone();
+        if let Err(message) = catch(|| drop(source)) {
+            tracing::error!(source = %name, panic = %message, "dropping a source panicked");
+        }
     }
 }
 

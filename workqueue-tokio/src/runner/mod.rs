@@ -510,7 +510,7 @@ where
     /// - when a reconcile ends: a key that no longer belongs is finished without a re-add,
     ///   whatever the reconcile or the error policy asked (its new owner runs it).
     ///
-    /// The rule is called on the runner's tasks and the sources' (hence `Send + Sync`); it must
+    /// The rule is called on the runner's tasks (hence `Send + Sync`); it must
     /// be quick (it runs for every key). A rule that panics says no (the panic is logged).
     ///
     /// ```
@@ -577,10 +577,14 @@ where
     /// Adds a source: while the runner runs, it reads `stream` and adds its keys to the queue.
     ///
     /// The items are keys, keys with [`AddOptions`](crate::AddOptions), or `Result`s of either
-    /// ([`SourceItem`]). What is ready is read at once, up to 1,024
-    /// items, and added with one batch add per run of
-    /// equal options; `name` names the source in logs, in the reconcile span's `reasons`, and
-    /// in metrics. Any number of sources may be added; each is read by its own task.
+    /// ([`SourceItem`]). What is ready is read at once, up to 1,024 items, and added with one
+    /// batch add per run of equal options; `name` names the source in logs, in the reconcile
+    /// span's `reasons`, and in metrics. Any number of sources may be added: each read takes
+    /// what every source has ready, so a key ready in several is queued once. They are read by
+    /// the task that runs the runner (the one that awaits [`run`](Runner::run) or polls
+    /// [`results`](Runner::results)), between its other steps, as kube-runtime's controller reads
+    /// its watches: what a source allocates (a watch's decoded objects, a store it fills) is
+    /// allocated there, and a source that blocks its thread in `poll_next` blocks the runner.
     ///
     /// - At shutdown (the token given to [`run`](Runner::run)), and when the run ends, the
     ///   runner stops reading its sources and drops them.
@@ -669,9 +673,9 @@ where
     ///
     /// A source that ends or fails never ends the run (see [`source`](Runner::source)).
     ///
-    /// Must run inside a tokio runtime (workers and source readers are tasks).
-    /// Dropping the future drops the running reconciles at their next poll and aborts the source
-    /// readers; leases finish as dropped or interrupted leases do.
+    /// Must run inside a tokio runtime (the workers are tasks).
+    /// Dropping the future drops the running reconciles at their next poll and the sources;
+    /// leases finish as dropped or interrupted leases do.
     pub async fn run(self, shutdown: CancellationToken) -> Report {
         let mut dispatcher = Dispatcher::new(self, shutdown, false);
         while dispatcher.next().await.is_some() {}
