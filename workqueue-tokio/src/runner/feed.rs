@@ -197,31 +197,30 @@ where
     E: fmt::Debug + Send + 'static,
     C: Send + Sync + 'static,
 {
-    let mut keys = Vec::with_capacity(batch.len());
-    for item in batch.drain(..) {
-        match item {
-            // A key of another owner is not queued (the rule catches its own panics).
-            Ok((key, _)) if !engine.belongs(&key) => {}
-            Ok(key) => keys.push(key),
-            Err(error) => {
-                engine.counters().source_error();
-                tracing::warn!(source = %name, %error, "a source yielded an error; skipped");
-            }
+    // In place: reads allocate nothing once the batch's buffer has grown.
+    batch.retain(|item| match item {
+        // A key of another owner is not queued (the rule catches its own panics).
+        Ok((key, _)) => engine.belongs(key),
+        Err(error) => {
+            engine.counters().source_error();
+            tracing::warn!(source = %name, %error, "a source yielded an error; skipped");
+            false
         }
-    }
-    if keys.is_empty() {
+    });
+    if batch.is_empty() {
         return;
     }
-    engine.counters().source_items(keys.len());
+    engine.counters().source_items(batch.len());
     // The reasons first, so the lease that an add causes finds its reason.
     if let Err(message) = catch(|| {
+        let keys = batch.iter().filter_map(|item| item.as_ref().ok());
         engine
             .reasons()
-            .mark(keys.iter().map(|(k, _)| k), source_bit(index))
+            .mark(keys.map(|(k, _)| k), source_bit(index))
     }) {
         tracing::error!(source = %name, panic = %message, "a key panicked while its reason was recorded");
     }
-    let mut keys = keys.into_iter().peekable();
+    let mut keys = batch.drain(..).filter_map(Result::ok).peekable();
     while let Some(&(_, opts)) = keys.peek() {
         // `run` borrows `keys`: keys after one that panics stay there for the next round.
         let run = std::iter::from_fn(|| keys.next_if(|(_, o)| *o == opts)).map(|(k, _)| k);
