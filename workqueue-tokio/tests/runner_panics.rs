@@ -413,3 +413,38 @@ async fn a_get_that_always_panics_is_retried_after_a_pause_not_in_a_busy_loop() 
     assert_eq!(report.get_panics, expected, "{report:?}");
     assert_eq!(log.len(), 0);
 }
+
+/// A source that is always ready (user code) holds back none of the dispatcher's other events:
+/// here the end of the pause after a panicking `get`. Sources are read first, but last right
+/// after a read. The runtime never idles, so the paused clock is moved by hand.
+#[tokio::test(start_paused = true)]
+async fn a_source_always_ready_does_not_hold_back_the_end_of_a_get_pause() {
+    let queue = fragile_queue();
+    let log = Log::new(Instant::now());
+    // One key at each poll, and a wake-up at once in between: ready at every read.
+    let mut ready = true;
+    let noise = futures_util::stream::poll_fn(move |cx| {
+        ready = !ready;
+        if ready {
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(Some(Fragile::sturdy("noise")))
+    });
+    let runner = Runner::new(queue.clone(), fragile_reconcile(&log))
+        .workers(1)
+        .source("always-ready", noise);
+    queue.add(Fragile::new("bad-get", |n| n == 1, |_| false));
+    queue.add(Fragile::sturdy("good"));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn(runner.run(stop.clone()));
+    let ran = |key| log.get().into_iter().filter(|r| r.key == key).count();
+    for _ in 0..100 {
+        tokio::time::advance(ms(10)).await;
+    }
+    assert!(ran("noise") > 0, "the source was read and its key ran");
+    assert_eq!(ran("good"), 1, "the pause ended and good ran");
+    stop.cancel();
+    let report = within(handle).await.unwrap();
+    assert_eq!(report.get_panics, 1, "{report:?}");
+}

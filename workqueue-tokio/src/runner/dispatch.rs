@@ -94,6 +94,8 @@ where
     reconcile: R,
     policy: P,
     sources: Sources<T>,
+    /// The last event was a read of the sources: the next wait reads them last.
+    just_read: bool,
     pool: Arc<Pool>,
     /// The ends taken from the workers (empty between turns; kept for its buffer).
     inbox: Vec<End<T, R::Error, C>>,
@@ -157,6 +159,7 @@ where
             reconcile,
             policy,
             sources: Sources::new(sources),
+            just_read: false,
             pool: Arc::new(Pool::default()),
             inbox: Vec::new(),
             turn_jobs: 0,
@@ -304,20 +307,27 @@ where
         let deadline = self.deadline();
         let watch_shutdown = matches!(self.shutdown, Shutdown::None);
         let watch_gate = self.gate.is_some() && !self.gate_final;
-        // Sources are read while intake is open, first: a read is cheap when nothing is ready,
-        // and is at most one batch a source when something is.
+        // Sources are read while intake is open: first (a read is cheap when nothing is ready,
+        // and at most one batch a source when something is), but last right after a read, so
+        // that sources always ready hold back no other event, and no other event them.
         let read = self.sources.open() && !self.engine.intake_closed();
         let Dispatcher {
             engine,
             gate,
             sources,
             workers,
+            just_read,
             ..
         } = self;
+        let (first, last) = match (read, *just_read) {
+            (false, _) => (None, None),
+            (true, false) => (Some(sources), None),
+            (true, true) => (None, Some(sources)),
+        };
         let ends = engine.ends();
         tokio::select! {
             biased;
-            last = poll_fn(|cx| sources.poll_feed(cx, engine)), if read => Event::Source(last),
+            Some(last) = OptionFuture::from(first.map(|s| s.feed(engine))) => Event::Source(last),
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
             Some(changed) = OptionFuture::from(gate.as_mut().map(|g| g.changed())), if watch_gate => {
@@ -326,11 +336,13 @@ where
             joined = workers.join_next(), if !workers.is_empty() => Event::Worker(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             Some(()) = OptionFuture::from(deadline.map(tokio::time::sleep_until)) => Event::Deadline,
+            Some(last) = OptionFuture::from(last.map(|s| s.feed(engine))) => Event::Source(last),
         }
     }
 
     /// Handles an event; an item it makes waits in `items`.
     fn handle(&mut self, event: Event<T>) {
+        self.just_read = matches!(event, Event::Source(_));
         let item = match event {
             Event::Ends => None,
             Event::Shutdown => {

@@ -114,13 +114,23 @@ impl<T> Sources<T> {
         self.open > 0
     }
 
-    /// Reads what each source has ready (up to [`BATCH`] items each) and adds it to `engine`'s
-    /// queue (see [`add`]), so that keys ready in several sources at once are queued once before
-    /// any is taken. Ready once something was read or a source ended, with whether the last
-    /// source ended; `Pending` when nothing was ready. Each call is a unit of the task's
-    /// cooperative budget: sources that are always ready let the runtime run other tasks, as a
-    /// channel that is always ready does.
-    pub(crate) fn poll_feed<E, C, S>(
+    /// Waits until a source has something, reads what each source has ready (up to [`BATCH`]
+    /// items each) and adds it to `engine`'s queue (see [`add`]), so that keys ready in several
+    /// sources at once are queued once before any is taken. Returns whether the last source
+    /// ended. Cancel-safe: it adds what it read before it returns. Each read is a unit of the
+    /// task's cooperative budget: sources that are always ready let the runtime run other
+    /// tasks, as a channel that is always ready does.
+    pub(crate) async fn feed<E, C, S>(&mut self, engine: &Engine<T, E, C, S>) -> bool
+    where
+        T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
+        S: BuildHasher + Send + Sync + 'static,
+        E: fmt::Debug + Send + 'static,
+        C: Send + Sync + 'static,
+    {
+        std::future::poll_fn(|cx| self.poll_feed(cx, engine)).await
+    }
+
+    fn poll_feed<E, C, S>(
         &mut self,
         cx: &mut Context<'_>,
         engine: &Engine<T, E, C, S>,
