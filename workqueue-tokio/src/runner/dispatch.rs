@@ -319,7 +319,7 @@ where
             just_read,
             ..
         } = self;
-        let (first, last) = match (read, *just_read) {
+        let (read_first, read_last) = match (read, *just_read) {
             (false, _) => (None, None),
             (true, false) => (Some(sources), None),
             (true, true) => (None, Some(sources)),
@@ -327,7 +327,7 @@ where
         let ends = engine.ends();
         tokio::select! {
             biased;
-            Some(last) = OptionFuture::from(first.map(|s| s.feed(engine))) => Event::Source(last),
+            Some(last) = OptionFuture::from(read_first.map(|s| s.feed(engine))) => Event::Source(last),
             () = poll_fn(|cx| ends.poll_ready(cx)) => Event::Ends,
             () = engine.intake().cancelled(), if watch_shutdown => Event::Shutdown,
             Some(changed) = OptionFuture::from(gate.as_mut().map(|g| g.changed())), if watch_gate => {
@@ -336,7 +336,7 @@ where
             joined = workers.join_next(), if !workers.is_empty() => Event::Worker(joined),
             got = AssertUnwindSafe(engine.queue().get()).catch_unwind(), if take => Event::Lease(got),
             Some(()) = OptionFuture::from(deadline.map(tokio::time::sleep_until)) => Event::Deadline,
-            Some(last) = OptionFuture::from(last.map(|s| s.feed(engine))) => Event::Source(last),
+            Some(last) = OptionFuture::from(read_last.map(|s| s.feed(engine))) => Event::Source(last),
         }
     }
 
