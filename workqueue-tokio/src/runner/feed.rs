@@ -93,17 +93,15 @@ enum Read {
 /// The runner's sources while they are read.
 ///
 /// Invariants: `batch` is empty between reads (a read's items are added before the next read);
-/// an ended source is `None` and never polled again; `open` counts the sources not ended.
+/// an ended source is `None` and never polled again.
 pub(crate) struct Sources<T> {
     sources: Vec<Option<Source<T>>>,
     batch: Vec<Item<T>>,
-    open: usize,
 }
 
 impl<T> Sources<T> {
     pub(crate) fn new(sources: Vec<Source<T>>) -> Self {
         Sources {
-            open: sources.len(),
             sources: sources.into_iter().map(Some).collect(),
             batch: Vec::new(),
         }
@@ -111,7 +109,7 @@ impl<T> Sources<T> {
 
     /// Whether some source is still read.
     pub(crate) fn open(&self) -> bool {
-        self.open > 0
+        self.sources.iter().any(Option::is_some)
     }
 
     /// Waits until a source has something, reads what each source has ready (up to [`BATCH`]
@@ -130,6 +128,7 @@ impl<T> Sources<T> {
         std::future::poll_fn(|cx| self.poll_feed(cx, engine)).await
     }
 
+    /// [`Sources::feed`]'s poll.
     fn poll_feed<E, C, S>(
         &mut self,
         cx: &mut Context<'_>,
@@ -174,7 +173,7 @@ impl<T> Sources<T> {
             return Poll::Pending;
         }
         coop.made_progress();
-        Poll::Ready(self.open == 0)
+        Poll::Ready(!self.open())
     }
 
     /// Drops every source (at the end of the run).
@@ -189,7 +188,6 @@ impl<T> Sources<T> {
         let Some(source) = self.sources[index].take() else {
             return;
         };
-        self.open -= 1;
         let name = source.name.clone();
         if let Err(message) = catch(|| drop(source)) {
             tracing::error!(source = %name, panic = %message, "dropping a source panicked");

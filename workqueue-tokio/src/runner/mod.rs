@@ -510,8 +510,8 @@ where
     /// - when a reconcile ends: a key that no longer belongs is finished without a re-add,
     ///   whatever the reconcile or the error policy asked (its new owner runs it).
     ///
-    /// The rule is called on the runner's tasks (hence `Send + Sync`); it must
-    /// be quick (it runs for every key). A rule that panics says no (the panic is logged).
+    /// The rule is called on the runner's tasks (hence `Send + Sync`); it must be quick (it runs
+    /// for every key). A rule that panics says no (the panic is logged).
     ///
     /// ```
     /// use workqueue_tokio::WorkQueue;
