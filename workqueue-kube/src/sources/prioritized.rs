@@ -117,20 +117,29 @@ impl<K: Resource> Resource for Prioritized<K> {
 /// bytes per object instead of a copy of three strings. Two objects whose hashes collide share
 /// an entry: with 10,000 objects the chance is below one in 10^11, and all it can do is give a
 /// changed object the low priority of an unchanged one; it is still reconciled.
+///
+/// Invariant: outside a relist, `listing` is empty and holds no memory; during the initial list
+/// `seen` holds exactly the objects that list returned so far (a restarted initial list starts
+/// it over), so the initial list needs no `listing` beside it.
 #[derive(Debug, Default)]
 struct Versions {
-    /// The last resourceVersion seen of each object the watch knows (`None`: it had none).
-    seen: HashMap<u64, Option<u64>>,
+    /// The hash of the last resourceVersion seen of each object the watch knows; [`NO_VERSION`]
+    /// when it had none.
+    seen: HashMap<u64, u64>,
     /// Whether a list has completed (`InitDone`): the next ones are relists.
     listed: bool,
-    /// The objects listed so far in the list under way.
+    /// The objects listed so far in the relist under way.
     listing: HashSet<u64>,
     hasher: RandomState,
 }
 
+/// [`Versions::seen`]'s value for an object without a resourceVersion (never "unchanged").
+const NO_VERSION: u64 = 0;
+
 impl Versions {
-    /// The hash of `object`'s namespace and name, and of its resourceVersion.
-    fn digest<K: Resource>(&self, object: &K) -> (u64, Option<u64>) {
+    /// The hash of `object`'s namespace and name, and of its resourceVersion ([`NO_VERSION`]
+    /// without one; a resourceVersion whose hash is 0 takes 1).
+    fn digest<K: Resource>(&self, object: &K) -> (u64, u64) {
         let meta = object.meta();
         let name = (
             meta.namespace.as_deref(),
@@ -139,34 +148,42 @@ impl Versions {
         let version = meta.resource_version.as_deref();
         (
             self.hasher.hash_one(name),
-            version.map(|v| self.hasher.hash_one(v)),
+            version.map_or(NO_VERSION, |v| self.hasher.hash_one(v).max(1)),
         )
     }
 
     fn classify<K: Resource>(&mut self, event: watcher::Event<K>) -> Option<Prioritized<K>> {
         let (object, change, priority) = match event {
             watcher::Event::Init => {
+                if !self.listed {
+                    // An initial list that starts over: what it returned before may be gone.
+                    self.seen.clear();
+                }
                 self.listing.clear();
                 return None;
             }
             watcher::Event::InitDone => {
-                // Objects the relist did not return are gone (the reflector's store drops them
+                // Objects a relist did not return are gone (the reflector's store drops them
                 // too): forget them.
                 let listing = std::mem::take(&mut self.listing);
-                self.seen.retain(|name, _| listing.contains(name));
+                if self.listed {
+                    self.seen.retain(|name, _| listing.contains(name));
+                }
                 self.listed = true;
                 return None;
             }
             watcher::Event::InitApply(object) => {
                 let (name, version) = self.digest(&object);
-                let unchanged = version.is_some() && self.seen.get(&name) == Some(&version);
+                let unchanged = version != NO_VERSION && self.seen.get(&name) == Some(&version);
                 let priority = if !self.listed || unchanged {
                     LOW_PRIORITY
                 } else {
                     0
                 };
                 self.seen.insert(name, version);
-                self.listing.insert(name);
+                if self.listed {
+                    self.listing.insert(name);
+                }
                 (object, Change::Listed, priority)
             }
             watcher::Event::Apply(object) => {
@@ -191,7 +208,8 @@ impl Versions {
 /// event touched, with the priority of its key ([`Prioritized`]); errors pass through.
 ///
 /// `Init` and `InitDone` yield nothing. Memory: two 64-bit hashes per live object (of its
-/// namespace and name, and of its resourceVersion); two objects whose hashes collide (below one
+/// namespace and name, and of its resourceVersion), and one more per object while a relist is
+/// under way; two objects whose hashes collide (below one
 /// chance in 10^11 with 10,000 objects) can at worst give a changed object the low priority of
 /// an unchanged one, never lose it. An object deleted while the watch was down is not reported (the relist just does
 /// not return it, and kube-runtime's watcher does not say so): the reflector's store drops it,
@@ -283,6 +301,42 @@ mod tests {
                 item("b", Change::Listed, LOW_PRIORITY),
             ]
         );
+    }
+
+    /// An initial list that starts over forgets what its first try returned: an object of that
+    /// try, relisted later with the same resourceVersion, is new (0). Only the relist keeps a
+    /// set of what it listed.
+    #[test]
+    fn a_restarted_initial_list_forgets_its_first_try() {
+        let mut versions = Versions::default();
+        let events = [
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::Init,
+            Event::InitApply(cm("b", "2")),
+        ];
+        for event in events {
+            versions.classify(event);
+        }
+        assert!(
+            versions.listing.is_empty(),
+            "no set beside the initial list"
+        );
+        versions.classify(Event::<ConfigMap>::InitDone);
+        assert_eq!(versions.seen.len(), 1, "only b");
+        let relisted: Vec<_> = [
+            Event::Init,
+            Event::InitApply(cm("a", "1")),
+            Event::InitApply(cm("b", "2")),
+        ]
+        .into_iter()
+        .filter_map(|e| versions.classify(e))
+        .map(|t| t.priority)
+        .collect();
+        assert_eq!(relisted, [0, LOW_PRIORITY]);
+        assert_eq!(versions.listing.len(), 2, "a relist keeps what it listed");
+        versions.classify(Event::<ConfigMap>::InitDone);
+        assert!(versions.listing.capacity() == 0, "and frees it at its end");
     }
 
     /// A relist forgets what it did not return: an object of that name listed later is new (0),

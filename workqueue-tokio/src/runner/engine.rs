@@ -11,13 +11,14 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasher, Hash};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use futures_util::future::CatchUnwind;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use workqueue_core::ratelimit::Signal;
@@ -411,10 +412,16 @@ where
                 engine.put_back(lease);
                 return;
             }
-            let ran = engine
-                .run_reconcile(fut, lease.key(), &begun.ctx, ticket.as_ref())
-                .instrument(begun.span.clone())
-                .await;
+            // Pinned here and lent to `run_reconcile`, so that the job stores the future once
+            // more, not twice (an async fn keeps its arguments apart from its locals); dropped
+            // at the end of this block.
+            let ran = {
+                let caught = pin!(AssertUnwindSafe(fut).catch_unwind());
+                engine
+                    .run_reconcile(caught, lease.key(), &begun.ctx, ticket.as_ref())
+                    .instrument(begun.span.clone())
+                    .await
+            };
             // The reconcile's future is gone: `Aborts::stopped` may see it ended.
             drop(ticket);
             let ran = match guard.end_active() {
@@ -449,7 +456,7 @@ where
     /// happens once it says no, whatever task would have stopped the reconcile otherwise.
     async fn run_reconcile<F>(
         &self,
-        fut: F,
+        mut caught: Pin<&mut CatchUnwind<AssertUnwindSafe<F>>>,
         key: &T,
         ctx: &Context<C>,
         ticket: Option<&Registered<T>>,
@@ -460,7 +467,6 @@ where
         if ticket.is_some_and(Registered::is_aborted) {
             return Ran::Interrupted;
         }
-        let mut caught = pin!(AssertUnwindSafe(fut).catch_unwind());
         // `None`: the rule said no before a poll; the future is dropped unpolled.
         let mut fut = pin!(poll_fn(|cx| {
             if let Some(rule) = &self.rules.poll_while
@@ -805,5 +811,46 @@ impl ReconcileId {
 impl fmt::Display for ReconcileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::Runner;
+
+    /// A job holds its reconcile's future once more at most, whatever its size: a job is a
+    /// reconcile's only allocation, copied into place as the reconcile starts.
+    #[tokio::test]
+    async fn a_job_stores_its_future_at_most_twice() {
+        let queue: WorkQueue<u32> = WorkQueue::new();
+        let runner = Runner::new(queue.clone(), |_key: u32, _ctx| async {
+            Ok::<_, ()>(Action::await_change())
+        });
+        let engine = Arc::new(Engine::new(
+            queue.clone(),
+            Arc::new(()),
+            runner.settings,
+            runner.rules,
+            CancellationToken::new(),
+            false,
+            Arc::from([]),
+        ));
+        queue.add(1);
+        let lease = queue.try_get().expect("1 is due");
+        let fut = async {
+            let buffer = [0u8; 16 * 1024];
+            tokio::task::yield_now().await;
+            Ok::<_, ()>(Action::await_change()).map(|a| (a, buffer.len()).0)
+        };
+        let size = std::mem::size_of_val(&fut);
+        let Ok(job) = engine.start(lease, |_, _| fut) else {
+            panic!("the job did not start");
+        };
+        let job_size = std::mem::size_of_val(&*job);
+        assert!(
+            job_size < 2 * size + 4096,
+            "a job of {job_size} bytes for a future of {size}"
+        );
     }
 }

@@ -13,11 +13,13 @@ use std::sync::{Mutex, PoisonError};
 use workqueue_core::state::DefaultHashBuilder;
 
 use super::action::Reconciled;
+use super::reasons::release_if_large;
 
 /// Invariant: a key has an entry exactly while its last verdict was a failure that was not given
 /// up, and the entry is the number of such failures in a row. Memory is bounded by the keys that
-/// are failing now. A key is handed to one worker at a time, so a read at the start of its
-/// reconcile and the update at its end never race for one key.
+/// are failing now (the table's room too, once none is: [`release_if_large`]). A key is handed
+/// to one worker at a time, so a read at the start of its reconcile and the update at its end
+/// never race for one key.
 #[derive(Debug)]
 pub(crate) struct FailureCounts<T> {
     counts: Mutex<HashMap<T, u32, DefaultHashBuilder>>,
@@ -74,6 +76,7 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
         counts.remove(key);
         if counts.is_empty() {
             self.any.store(false, Ordering::Release);
+            release_if_large(&mut counts);
         }
     }
 }

@@ -26,10 +26,22 @@ pub(crate) fn source_bit(index: usize) -> u64 {
     1 << bit
 }
 
+/// A map with more room than this many entries gives its memory back once it is empty (a
+/// backlog that drained), rather than keep the room of its largest backlog for good.
+const KEEP_ROOM: usize = 1024;
+
+/// Drops `map`'s table if it is empty and larger than [`KEEP_ROOM`].
+pub(crate) fn release_if_large<K, V, S: Default>(map: &mut HashMap<K, V, S>) {
+    if map.is_empty() && map.capacity() > KEEP_ROOM {
+        *map = HashMap::default();
+    }
+}
+
 /// The pending reasons of each key that was queued by the runner and not handed out since.
 ///
 /// Invariant: a key has an entry only from a `mark` to the next `take`, and its bits are the
-/// union of what was marked in between, so memory is bounded by the keys the queue holds (plus
+/// union of what was marked in between, so memory is bounded by the keys the queue holds (the
+/// table's room too, once it empties: [`release_if_large`]) (plus
 /// keys whose add the queue ignored at shutdown, until the run ends). A reason is marked before
 /// the add it explains, so the lease that the add causes finds it; it may be found by an earlier
 /// lease of the same key (a delayed add explained before its time): reasons are a log aid, not
@@ -84,6 +96,7 @@ impl<T: Hash> Reasons<T> {
             let bits = pending.remove(&self.hasher.hash_one(key)).unwrap_or(0);
             if pending.is_empty() {
                 self.any.store(false, Ordering::Release);
+                release_if_large(&mut pending);
             }
             bits
         } else {
@@ -219,6 +232,22 @@ mod tests {
         );
         reasons.mark([&"c"], REQUEUE);
         assert_eq!(reasons.take(&"c").to_string(), "requeue");
+    }
+
+    #[test]
+    fn a_drained_backlog_gives_its_room_back() {
+        let reasons = Reasons::new(names(1));
+        let keys: Vec<u32> = (0..10_000).collect();
+        reasons.mark(&keys, source_bit(0));
+        for key in &keys[..9_999] {
+            reasons.take(key);
+        }
+        assert!(
+            reasons.pending.lock().unwrap().capacity() >= 10_000,
+            "kept while not empty"
+        );
+        reasons.take(&9_999);
+        assert_eq!(reasons.pending.lock().unwrap().capacity(), 0);
     }
 
     #[test]
