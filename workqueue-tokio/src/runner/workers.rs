@@ -162,9 +162,8 @@ impl Pool {
 
 /// A worker: runs the pool's jobs one after another until it is closed, and wakes the
 /// dispatcher for the ends that wait when it takes the last queued job and before it waits
-/// itself (see the module docs). A job catches
-/// every panic of user code; one that still panics ends the worker (the dispatcher starts
-/// another).
+/// itself (see the module docs). A job catches every panic of user code; one that still panics
+/// ends the worker (the dispatcher starts another).
 pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
     loop {
         let (mut job, last) = match pool.try_next() {
