@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # W14 and W16 (benches/controller_throughput.rs) over runtimes and CPU conditions, in one run:
-# runtimes with 1, 2 and 4 worker threads and a current_thread one; quiet, beside two busy
-# processes (`yes > /dev/null` twice), and in a cgroup whose CPU quota is one core (cgroup v1 or
-# v2, where this machine lets us create one; skipped with a note otherwise).
+# runtimes with 1, 2 and 4 worker threads and a current_thread one; quiet, beside busy processes
+# (`yes > /dev/null`, one per CPU: two on a 2-core machine), and in a cgroup whose CPU quota is
+# one core (cgroup v1 or v2, where this machine lets us create one; skipped with a note otherwise).
 #
 #   workqueue-kube/benches/w14_matrix.sh [W14 runs] [W16 runs] [conditions] [runtimes]
 #   workqueue-kube/benches/w14_matrix.sh 5 9 "quiet busy quota" "1 2 4 current_thread"
 #
+# `W14_BENCH=path` runs a bench binary built before (on a machine without cargo, say: build it
+# with `cargo bench -p workqueue-kube --bench controller_throughput --no-run` and copy it).
 # Prints each series' table and ratio lines (`RATIO ...`), prefixed with the condition.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,8 +18,8 @@ conditions=${3:-quiet busy quota}
 runtimes=${4:-1 2 4 current_thread}
 
 # Built once, and copied: the series run this binary even if the tree changes meanwhile.
-built=$(cargo bench -p workqueue-kube --bench controller_throughput --no-run --message-format=json |
-    sed -n 's/.*"executable":"\([^"]*controller_throughput[^"]*\)".*/\1/p' | tail -1)
+built=${W14_BENCH:-$(cargo bench -p workqueue-kube --bench controller_throughput --no-run --message-format=json |
+    sed -n 's/.*"executable":"\([^"]*controller_throughput[^"]*\)".*/\1/p' | tail -1)}
 bench=$(mktemp /tmp/controller_throughput.XXXXXX)
 cp "$built" "$bench"
 chmod +x "$bench"
@@ -48,10 +50,10 @@ for condition in $conditions; do
     case $condition in
     quiet) ;;
     busy)
-        yes >/dev/null &
-        busy+=($!)
-        yes >/dev/null &
-        busy+=($!)
+        for _ in $(seq "$(nproc)"); do
+            yes >/dev/null &
+            busy+=($!)
+        done
         ;;
     quota)
         if ! procs=$(quota_cgroup); then
