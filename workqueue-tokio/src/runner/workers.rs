@@ -28,14 +28,11 @@
 //! Hand-overs come in batches the other way too, as follows.
 //!
 //! Ends: a job sends its end to the dispatcher through [`Ends`] without waking it; a worker wakes
-//! it when it takes the last queued job, so that the dispatcher refills the queue while that job
-//! runs rather than after it, and when it is about to wait (for the next job, or inside a job that
-//! waits). While a worker has queued jobs to run, the slots its ends freed could be used only by
-//! an idle worker, and an idle worker has woken the dispatcher before it waited. So the dispatcher
-//! is woken about once per batch of jobs rather than once per reconcile, which matters most where
-//! threads are scarce (other processes on the CPUs, a CPU quota): each wake is another thread to
-//! be scheduled, and a worker that had to wait for the dispatcher's thread to be scheduled again
-//! would stand idle meanwhile.
+//! it when it is about to wait (for the next job, or inside a job that waits). While a worker has
+//! queued jobs to run, the slots its ends freed could be used only by an idle worker, and an idle
+//! worker has woken the dispatcher before it waited. So the dispatcher is woken about once per
+//! batch of jobs rather than once per reconcile, which matters most where threads are scarce
+//! (other processes on the CPUs, a CPU quota): each wake is another thread to be scheduled.
 //!
 //! Nothing here knows on which runtime thread a task runs: a job that computes for long holds its
 //! worker (and, as any task does, its runtime thread), while the other workers are tasks the
@@ -73,16 +70,6 @@ pub(crate) struct Pool {
 struct Jobs {
     queue: VecDeque<Job>,
     closed: bool,
-}
-
-/// A job taken from the pool, and whether it was the last one queued.
-type Taken = (Job, bool);
-
-impl Jobs {
-    fn take(&mut self) -> Option<Taken> {
-        let job = self.queue.pop_front()?;
-        Some((job, self.queue.is_empty()))
-    }
 }
 
 impl Pool {
@@ -135,21 +122,21 @@ impl Pool {
         !self.lock_jobs().queue.is_empty()
     }
 
-    /// The next job if one is queued, and whether it was the last.
-    fn try_next(&self) -> Option<Taken> {
-        self.lock_jobs().take()
+    /// The next job if one is queued.
+    fn try_next(&self) -> Option<Job> {
+        self.lock_jobs().queue.pop_front()
     }
 
-    /// The next job, waiting for one, and whether it was the last; `None` once closed.
-    async fn next(&self) -> Option<Taken> {
+    /// The next job, waiting for one; `None` once closed.
+    async fn next(&self) -> Option<Job> {
         loop {
             // Registered before the queue is looked at: a push after the look wakes it.
             let mut ready = pin!(self.ready.notified());
             ready.as_mut().enable();
             {
                 let mut jobs = self.lock_jobs();
-                if let Some(taken) = jobs.take() {
-                    return Some(taken);
+                if let Some(job) = jobs.queue.pop_front() {
+                    return Some(job);
                 }
                 if jobs.closed {
                     return None;
@@ -161,26 +148,21 @@ impl Pool {
 }
 
 /// A worker: runs the pool's jobs one after another until it is closed, and wakes the
-/// dispatcher for the ends that wait when it takes the last queued job and before it waits
-/// itself (see the module docs). A job catches every panic of user code; one that still panics
-/// ends the worker (the dispatcher starts another).
+/// dispatcher for the ends that wait before it waits itself (see the module docs). A job catches
+/// every panic of user code; one that still panics ends the worker (the dispatcher starts
+/// another).
 pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
     loop {
-        let (mut job, last) = match pool.try_next() {
-            Some(taken) => taken,
+        let mut job = match pool.try_next() {
+            Some(job) => job,
             None => {
                 ends.wake();
                 match pool.next().await {
-                    Some(taken) => taken,
+                    Some(job) => job,
                     None => return,
                 }
             }
         };
-        if last && ends.wake() {
-            // The dispatcher refills the queue while this job runs, not after it; the yield
-            // lets it run before this job, which may hold this thread for long.
-            tokio::task::yield_now().await;
-        }
         poll_fn(|cx| {
             let polled = job.as_mut().poll(cx);
             if polled.is_pending() {
@@ -220,13 +202,11 @@ impl<M> Ends<M> {
         self.lock_queue().push(end);
     }
 
-    /// Wakes the dispatcher if ends wait; whether they did.
-    pub(crate) fn wake(&self) -> bool {
-        let waiting = !self.lock_queue().is_empty();
-        if waiting {
+    /// Wakes the dispatcher if ends wait.
+    pub(crate) fn wake(&self) {
+        if !self.lock_queue().is_empty() {
             self.dispatcher.wake();
         }
-        waiting
     }
 
     /// Moves the ends that wait into `into` (empty: the buffers are swapped, so neither side
@@ -282,49 +262,6 @@ mod tests {
         pool.end_turn(1, 1);
         let second = tokio::time::timeout(std::time::Duration::from_secs(5), ended(1)).await;
         assert_eq!(second.expect("the second job ran"), [1]);
-        pool.close();
-        worker.await.unwrap();
-    }
-
-    /// The dispatcher is woken when a worker takes the last queued job, not only once that job
-    /// ended: this job computes (blocks its thread) until the dispatcher ran.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn taking_the_last_job_wakes_the_dispatcher_while_it_runs() {
-        let pool = Arc::new(Pool::default());
-        let ends = Arc::new(Ends::new());
-        let (ran, seen) = std::sync::mpsc::channel();
-        let waiting = Arc::new(Notify::new());
-        let dispatcher = tokio::spawn({
-            let (ends, waiting) = (ends.clone(), waiting.clone());
-            async move {
-                poll_fn(|cx| {
-                    let ready = ends.poll_ready(cx);
-                    if ready.is_pending() {
-                        waiting.notify_one();
-                    }
-                    ready
-                })
-                .await;
-                ran.send(()).unwrap();
-            }
-        });
-        waiting.notified().await;
-        // An end waits (it freed a slot) and the dispatcher is not woken for it.
-        ends.push(0u32);
-        let (done, job_done) = tokio::sync::oneshot::channel();
-        let job: Job = Box::pin(async move {
-            let woken = seen
-                .recv_timeout(std::time::Duration::from_secs(10))
-                .is_ok();
-            done.send(woken).unwrap();
-        });
-        pool.push(job, true);
-        let worker = tokio::spawn(worker(pool.clone(), ends.clone()));
-        assert!(
-            job_done.await.unwrap(),
-            "the dispatcher ran while the last job was running"
-        );
-        dispatcher.await.unwrap();
         pool.close();
         worker.await.unwrap();
     }
