@@ -20,6 +20,11 @@
 //! ```
 //!
 //! `W14_THREADS=4` (or `1`, or `current_thread`) changes the runtime (default: 2 worker threads).
+//! `W14_SCHED=1` makes each run print, on stderr, how the kernel scheduled its threads while it
+//! ran (Linux `schedstat`): a `SCHED` line with the time on a CPU and the time waiting in a run
+//! queue of the thread that polls the controller's stream (`caller`) and of the other threads
+//! together (`others`: the runtime's), and the caller's context switches (voluntary /
+//! involuntary). A series prints its runs' lines.
 //!
 //! Each run is a process of its own (peak memory is the process's `VmHWM`); the runs alternate
 //! between the implementations. Figures: reconciles per second, p99 of the time from an object's
@@ -259,6 +264,7 @@ fn child(which: &str, n: usize, heavy: bool) {
     };
     let (store, refs) = store(n);
     let times = Arc::new(Times::new(n, heavy));
+    let sched = std::env::var_os("W14_SCHED").map(|_| Sched::now());
     let begun = Instant::now();
     let done = runtime.block_on(async {
         match which {
@@ -268,6 +274,9 @@ fn child(which: &str, n: usize, heavy: bool) {
         }
     });
     let elapsed = begun.elapsed();
+    if let Some(before) = sched {
+        Sched::now().print_since(&before, which, elapsed);
+    }
     // The stream reports the reconciles that finished before it ended (kube-runtime drops the
     // ones still in flight at its shutdown); every object's reconcile started.
     assert!(done <= n, "{which}: {done} results for {n} objects");
@@ -282,6 +291,71 @@ fn child(which: &str, n: usize, heavy: bool) {
         times.p99_us(),
         peak_rss_kib()
     );
+}
+
+/// How the kernel scheduled this process's threads so far (`W14_SCHED`): per thread, from
+/// `/proc/self/task/*/{schedstat,status}`, nanoseconds on a CPU and waiting in a run queue, and
+/// voluntary and involuntary context switches. The caller's thread is the process's first.
+struct Sched(Vec<(bool, [u64; 4])>);
+
+impl Sched {
+    fn now() -> Self {
+        let pid = std::process::id().to_string();
+        let mut threads = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+            let stat: Vec<u64> = read("schedstat")
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let switches = |field: &str| {
+                read("status")
+                    .lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            if let [on_cpu, waiting, ..] = stat[..] {
+                let caller = task.file_name().to_str() == Some(pid.as_str());
+                let switched = [
+                    switches("voluntary_ctxt_switches:"),
+                    switches("nonvoluntary_ctxt_switches:"),
+                ];
+                threads.push((caller, [on_cpu, waiting, switched[0], switched[1]]));
+            }
+        }
+        Sched(threads)
+    }
+
+    /// Prints the `SCHED` line of the figures since `before` (threads that ended meanwhile are
+    /// left out; the runtime's threads live as long as the run).
+    fn print_since(&self, before: &Sched, which: &str, elapsed: std::time::Duration) {
+        let sum = |s: &Sched, caller: bool| {
+            s.0.iter()
+                .filter(|t| t.0 == caller)
+                .fold([0u64; 4], |mut acc, t| {
+                    acc.iter_mut().zip(t.1).for_each(|(a, v)| *a += v);
+                    acc
+                })
+        };
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let (c1, c0) = (sum(self, true), sum(before, true));
+        let (r1, r0) = (sum(self, false), sum(before, false));
+        eprintln!(
+            "SCHED {which} elapsed {:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms",
+            elapsed.as_secs_f64() * 1e3,
+            ms(c1[0] - c0[0]),
+            ms(c1[1] - c0[1]),
+            c1[2] - c0[2],
+            c1[3] - c0[3],
+            ms(r1[0].saturating_sub(r0[0])),
+            ms(r1[1].saturating_sub(r0[1])),
+        );
+    }
 }
 
 /// The runtime's worker threads (`W14_THREADS`, default 2), or `None` for a `current_thread`
@@ -318,11 +392,11 @@ fn series(label: &str, n: usize, runs: usize, heavy: bool) {
                 args.push("heavy".into());
             }
             let out = Command::new(&exe).args(&args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{stderr}");
+            for line in stderr.lines().filter(|l| l.starts_with("SCHED ")) {
+                println!("{line}");
+            }
             let line = String::from_utf8(out.stdout).unwrap();
             let f: Vec<f64> = line
                 .split_whitespace()
