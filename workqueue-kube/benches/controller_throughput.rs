@@ -275,7 +275,7 @@ fn child(which: &str, n: usize, heavy: bool) {
     });
     let elapsed = begun.elapsed();
     if let Some(before) = sched {
-        Sched::now().print_since(&before, which, elapsed);
+        Sched::now().print_since(&before, which, elapsed, times.p99_us() / 1e3);
     }
     // The stream reports the reconciles that finished before it ended (kube-runtime drops the
     // ones still in flight at its shutdown); every object's reconcile started.
@@ -333,7 +333,7 @@ impl Sched {
 
     /// Prints the `SCHED` line of the figures since `before` (threads that ended meanwhile are
     /// left out; the runtime's threads live as long as the run).
-    fn print_since(&self, before: &Sched, which: &str, elapsed: std::time::Duration) {
+    fn print_since(&self, before: &Sched, which: &str, elapsed: std::time::Duration, p99_ms: f64) {
         let sum = |s: &Sched, caller: bool| {
             s.0.iter()
                 .filter(|t| t.0 == caller)
@@ -346,7 +346,7 @@ impl Sched {
         let (c1, c0) = (sum(self, true), sum(before, true));
         let (r1, r0) = (sum(self, false), sum(before, false));
         eprintln!(
-            "SCHED {which} elapsed {:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms",
+            "SCHED {which} elapsed {:.1} ms, p99 {p99_ms:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms",
             elapsed.as_secs_f64() * 1e3,
             ms(c1[0] - c0[0]),
             ms(c1[1] - c0[1]),
