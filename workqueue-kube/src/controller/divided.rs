@@ -114,7 +114,7 @@ pub(crate) struct Relabel {
 
 impl Relabel {
     /// `object`, of the labeller's kind `kind`, to be labelled with `shard`.
-    pub(crate) fn of<T: Resource>(kind: usize, object: &T, shard: u32) -> Self {
+    fn of<T: Resource>(kind: usize, object: &T, shard: u32) -> Self {
         let meta = object.meta();
         Relabel {
             kind,
@@ -135,7 +135,7 @@ type Apply<T> = Box<dyn FnMut(&watcher::Event<T>) + Send>;
 
 /// The shard an object of one kind belongs to: its key's for the main kind, its owner's for an
 /// owned kind (`None`: it has no owner of the main kind; it is never labelled).
-pub(crate) type ShardOf<T> = Arc<dyn Fn(&T) -> Option<u32> + Send + Sync>;
+type ShardOf<T> = Arc<dyn Fn(&T) -> Option<u32> + Send + Sync>;
 
 /// A kind the labelling duty labels (`super::labeller`): its API resource, and its objects
 /// without a valid label (a watch started while the duty is held).

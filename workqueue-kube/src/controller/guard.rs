@@ -64,7 +64,7 @@ impl ShardPolls {
 
     /// Counts a poll of a reconcile of `shard` as under way until the returned guard is dropped
     /// (the poll returned or unwound).
-    pub(crate) fn polled(self: &Arc<Self>, shard: u32) -> PollUnderWay {
+    fn polled(self: &Arc<Self>, shard: u32) -> PollUnderWay {
         let index = (shard as usize).min(self.under_way.len() - 1);
         self.under_way[index].fetch_add(1, Ordering::AcqRel);
         PollUnderWay {
@@ -81,7 +81,7 @@ impl ShardPolls {
 }
 
 /// One poll under way (see [`ShardPolls::polled`]).
-pub(crate) struct PollUnderWay {
+struct PollUnderWay {
     polls: Arc<ShardPolls>,
     index: usize,
 }

@@ -739,13 +739,13 @@ fn describe() {
 
 /// The shard-held metrics of a controller (with the `metrics` feature).
 #[derive(Debug)]
-pub(crate) struct ShardMetrics {
+struct ShardMetrics {
     #[cfg(feature = "metrics")]
     controller: Arc<str>,
 }
 
 impl ShardMetrics {
-    pub(crate) fn new(controller: &str) -> Self {
+    fn new(controller: &str) -> Self {
         #[cfg(not(feature = "metrics"))]
         let _ = controller;
         #[cfg(feature = "metrics")]
@@ -757,7 +757,7 @@ impl ShardMetrics {
     }
 
     /// Emits the gauges and counters of `assignment`.
-    pub(crate) fn emit(&self, assignment: &Assignment) {
+    fn emit(&self, assignment: &Assignment) {
         #[cfg(feature = "metrics")]
         {
             let controller = self.controller.to_string();

@@ -143,7 +143,7 @@ pub(crate) struct Registry<T> {
 }
 
 /// One running reconcile, shared by its job and the registry.
-pub(crate) struct Ticket<T> {
+struct Ticket<T> {
     key: T,
     aborted: AtomicBool,
     waker: AtomicWaker,

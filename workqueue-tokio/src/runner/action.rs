@@ -101,7 +101,7 @@ impl Action {
     }
 
     /// Whether this action, from the error policy, gives up on the failure.
-    pub(crate) const fn gives_up(&self) -> bool {
+    const fn gives_up(&self) -> bool {
         matches!(self.next, Next::AwaitChange)
     }
 }

@@ -100,7 +100,7 @@ struct Begun<C> {
 
 /// How one reconcile ended, before the policy is asked.
 #[derive(Debug)]
-pub(crate) enum Ran<E> {
+enum Ran<E> {
     /// The reconcile returned.
     Returned(Result<Action, E>),
     /// The reconcile (or the code that started it) panicked with this message.
@@ -715,7 +715,7 @@ impl<T, E, C, S> Drop for JobGuard<T, E, C, S> {
 /// Finishes a lease with `outcome`. The queue finishes the key even when the rate limiter
 /// panics, then re-raises the panic; it is caught here so that the caller survives, as it does a
 /// panicking reconcile.
-pub(crate) fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
+fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
     if let Err(message) = catch(|| lease.finish(outcome)) {
         tracing::error!(
             panic = %message,
@@ -727,7 +727,7 @@ pub(crate) fn finish_lease<T>(lease: Lease<T>, outcome: Outcome) {
 /// Completes `d` from now, or never when that instant cannot be represented: a limit that far
 /// away is no limit. (tokio's `sleep` and `timeout` would end about 30 years from now instead;
 /// `Instant + Duration` would panic.) Every configurable runner limit goes through here.
-pub(crate) async fn sleep_or_never(d: Duration) {
+async fn sleep_or_never(d: Duration) {
     match tokio::time::Instant::now().checked_add(d) {
         Some(end) => tokio::time::sleep_until(end).await,
         None => std::future::pending().await,

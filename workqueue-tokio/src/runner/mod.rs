@@ -139,7 +139,7 @@ pub use context::Context;
 pub use reconcile::Reconcile;
 pub use report::Report;
 
-pub(crate) use catch::catch;
+use catch::catch;
 
 use crate::WorkQueue;
 use crate::source::SourceItem;

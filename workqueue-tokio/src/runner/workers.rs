@@ -88,7 +88,7 @@ impl Pool {
     }
 
     /// Wakes up to `n` waiting workers, for jobs pushed without a wake.
-    pub(crate) fn wake(&self, n: usize) {
+    fn wake(&self, n: usize) {
         for _ in 0..n {
             self.ready.notify_one();
         }

@@ -238,12 +238,12 @@ impl ReplicaState {
     }
 
     #[cfg(test)]
-    pub(crate) fn token(&self) -> &Token {
+    fn token(&self) -> &Token {
         self.member.token()
     }
 
     #[cfg(test)]
-    pub(crate) fn ended(&self) -> bool {
+    fn ended(&self) -> bool {
         self.ended
     }
 

@@ -9,14 +9,14 @@ use std::collections::BTreeMap;
 use super::super::Token;
 
 #[derive(Clone, Debug)]
-pub(crate) struct Interval {
-    pub(crate) process: usize,
+struct Interval {
+    process: usize,
     pub(crate) token: Token,
     pub(crate) shard: u32,
-    pub(crate) start: u64,
-    pub(crate) end: u64,
+    start: u64,
+    end: u64,
     /// The latest deadline the belief had (real time).
-    pub(crate) until: u64,
+    until: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -37,10 +37,10 @@ pub(crate) struct Fence {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     open: BTreeMap<(usize, u32), Open>,
-    pub(crate) closed: Vec<Interval>,
+    closed: Vec<Interval>,
     pub(crate) fences: Vec<Fence>,
     /// Which process used each token.
-    pub(crate) owners: BTreeMap<Token, usize>,
+    owners: BTreeMap<Token, usize>,
 }
 
 impl Ledger {

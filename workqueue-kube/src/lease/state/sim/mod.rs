@@ -70,7 +70,7 @@ impl Fault {
 /// What a simulation runs.
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
-    pub(crate) replicas: usize,
+    replicas: usize,
     /// Replica `r` has identity `r % identities`: fewer identities than replicas share some.
     pub(crate) identities: usize,
     pub(crate) shards: u32,
@@ -248,7 +248,7 @@ pub(crate) struct World {
     /// Every decision, with its time and process.
     pub(crate) decisions: Vec<(u64, usize, Decision)>,
     /// Every request and answer, with its time and process (for debugging a failed case).
-    pub(crate) trace: Vec<(u64, usize, String)>,
+    trace: Vec<(u64, usize, String)>,
 }
 
 impl World {
