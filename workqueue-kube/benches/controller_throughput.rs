@@ -348,10 +348,10 @@ impl Sched {
         eprintln!(
             "SCHED {which} elapsed {:.1} ms, p99 {p99_ms:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms",
             elapsed.as_secs_f64() * 1e3,
-            ms(c1[0] - c0[0]),
-            ms(c1[1] - c0[1]),
-            c1[2] - c0[2],
-            c1[3] - c0[3],
+            ms(c1[0].saturating_sub(c0[0])),
+            ms(c1[1].saturating_sub(c0[1])),
+            c1[2].saturating_sub(c0[2]),
+            c1[3].saturating_sub(c0[3]),
             ms(r1[0].saturating_sub(r0[0])),
             ms(r1[1].saturating_sub(r0[1])),
         );
