@@ -24,7 +24,8 @@
 //! ran (Linux `schedstat`): a `SCHED` line with the time on a CPU and the time waiting in a run
 //! queue of the thread that polls the controller's stream (`caller`) and of the other threads
 //! together (`others`: the runtime's), and the caller's context switches (voluntary /
-//! involuntary). A series prints its runs' lines.
+//! involuntary), then each other thread's on-CPU / run-queue ms / voluntary switches. A series
+//! prints its runs' lines.
 //!
 //! Each run is a process of its own (peak memory is the process's `VmHWM`); the runs alternate
 //! between the implementations. Figures: reconciles per second, p99 of the time from an object's
@@ -296,7 +297,7 @@ fn child(which: &str, n: usize, heavy: bool) {
 /// How the kernel scheduled this process's threads so far (`W14_SCHED`): per thread, from
 /// `/proc/self/task/*/{schedstat,status}`, nanoseconds on a CPU and waiting in a run queue, and
 /// voluntary and involuntary context switches. The caller's thread is the process's first.
-struct Sched(Vec<(bool, [u64; 4])>);
+struct Sched(Vec<(bool, [u64; 4], u64)>);
 
 impl Sched {
     fn now() -> Self {
@@ -325,7 +326,12 @@ impl Sched {
                     switches("voluntary_ctxt_switches:"),
                     switches("nonvoluntary_ctxt_switches:"),
                 ];
-                threads.push((caller, [on_cpu, waiting, switched[0], switched[1]]));
+                let id = task
+                    .file_name()
+                    .to_str()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                threads.push((caller, [on_cpu, waiting, switched[0], switched[1]], id));
             }
         }
         Sched(threads)
@@ -345,8 +351,23 @@ impl Sched {
         let ms = |ns: u64| ns as f64 / 1e6;
         let (c1, c0) = (sum(self, true), sum(before, true));
         let (r1, r0) = (sum(self, false), sum(before, false));
+        // Each other thread's on-CPU / run-queue milliseconds / voluntary switches (its sleeps).
+        let each: Vec<String> = self
+            .0
+            .iter()
+            .filter(|t| !t.0)
+            .map(|t| {
+                let was = before.0.iter().find(|b| b.2 == t.2).map_or([0; 4], |b| b.1);
+                format!(
+                    "{:.1}/{:.1}/{}",
+                    ms(t.1[0].saturating_sub(was[0])),
+                    ms(t.1[1].saturating_sub(was[1])),
+                    t.1[2].saturating_sub(was[2])
+                )
+            })
+            .collect();
         eprintln!(
-            "SCHED {which} elapsed {:.1} ms, p99 {p99_ms:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms",
+            "SCHED {which} elapsed {:.1} ms, p99 {p99_ms:.1} ms; caller on-CPU {:.1} ms, run queue {:.1} ms, switches {}/{}; others on-CPU {:.1} ms, run queue {:.1} ms (each {})",
             elapsed.as_secs_f64() * 1e3,
             ms(c1[0].saturating_sub(c0[0])),
             ms(c1[1].saturating_sub(c0[1])),
@@ -354,6 +375,7 @@ impl Sched {
             c1[3].saturating_sub(c0[3]),
             ms(r1[0].saturating_sub(r0[0])),
             ms(r1[1].saturating_sub(r0[1])),
+            each.join(" "),
         );
     }
 }
