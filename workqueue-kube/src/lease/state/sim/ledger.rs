@@ -11,8 +11,8 @@ use super::super::Token;
 #[derive(Clone, Debug)]
 struct Interval {
     process: usize,
-    pub(crate) token: Token,
-    pub(crate) shard: u32,
+    token: Token,
+    shard: u32,
     start: u64,
     end: u64,
     /// The latest deadline the belief had (real time).
