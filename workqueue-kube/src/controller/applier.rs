@@ -33,7 +33,7 @@ use super::reports::{self, Inbox};
 use super::{Action, Parts};
 
 /// A stream of keys and how to add them, or an error of the stream they come from.
-pub(crate) type Keys<K, QE> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), QE>>;
+pub(super) type Keys<K, QE> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), QE>>;
 
 /// Apply a reconciler to a stream of objects to reconcile: kube-runtime's `applier`, on the work
 /// queue. `store` holds the objects (usually filled by a reflector), `queue` names the ones to
@@ -187,7 +187,7 @@ type Item<K, E, QE> = Result<(ObjectRef<K>, Action), Error<E, QE>>;
 type RunnerItem<K, E> = Result<(ObjectRef<K>, Action), runner::Error<ObjectRef<K>, Failed<E, K>>>;
 
 /// Runs a controller: the queue, the runner over it, the Lease watchdog, and the stream of items.
-pub(crate) fn run<K, QE, ReconcilerFut, Ctx>(
+pub(super) fn run<K, QE, ReconcilerFut, Ctx>(
     parts: Parts<K, QE>,
     mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
     error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,

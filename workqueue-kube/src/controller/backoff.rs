@@ -27,7 +27,7 @@ use tokio::time::{Instant, sleep_until};
 
 /// The backoff the watches of one controller share. Clones share it.
 #[derive(Clone)]
-pub(crate) struct TriggerBackoff {
+pub(super) struct TriggerBackoff {
     shared: Arc<Shared>,
 }
 
@@ -66,13 +66,13 @@ impl Default for TriggerBackoff {
 
 impl TriggerBackoff {
     /// Replaces the policy (before the controller runs).
-    pub(crate) fn set(&self, policy: impl Backoff + 'static) {
+    pub(super) fn set(&self, policy: impl Backoff + 'static) {
         self.shared.lock().policy = Box::new(policy);
     }
 
     /// `trigger`, retried with this backoff: after an error, it is not polled again before its
     /// slot; once the policy gives up, it ends.
-    pub(crate) fn apply<T: Send + 'static>(
+    pub(super) fn apply<T: Send + 'static>(
         &self,
         trigger: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
     ) -> impl Stream<Item = Result<T, watcher::Error>> + Send + 'static {

@@ -120,7 +120,7 @@ impl Config {
     }
 
     /// The controller's queue, named `name` (in metrics and spans), with these options.
-    pub(crate) fn queue<K>(&self, name: &str) -> WorkQueue<ObjectRef<K>>
+    pub(super) fn queue<K>(&self, name: &str) -> WorkQueue<ObjectRef<K>>
     where
         K: Resource + 'static,
         K::DynamicType: Eq + Hash + Clone + Send + Sync,
@@ -142,7 +142,7 @@ impl Config {
     /// cancel grace (a controller's reconcile sees no cancellation: stopping one is dropping
     /// it) and no failure log (the stream reports every failure; the caller logs them, as
     /// kube-runtime's do).
-    pub(crate) fn runner<T, R, C, S, P>(
+    pub(super) fn runner<T, R, C, S, P>(
         &self,
         runner: Runner<T, R, C, S, P>,
     ) -> Runner<T, R, C, S, P>
@@ -163,7 +163,7 @@ impl Config {
 
     /// How a trigger's key is added: after the debounce, as a debounce (each later trigger
     /// moves the reconcile to its own time plus the debounce); at once without one.
-    pub(crate) fn trigger(&self, opts: AddOptions) -> AddOptions {
+    pub(super) fn trigger(&self, opts: AddOptions) -> AddOptions {
         if self.debounce.is_zero() {
             return opts;
         }

@@ -37,7 +37,7 @@ use crate::lease::{Assignment, shard_of};
 use crate::sources::owner_keys;
 
 /// The shards whose complete list a replica's store holds.
-pub(crate) type Listed = BTreeSet<u32>;
+pub(super) type Listed = BTreeSet<u32>;
 
 /// The label that carries an object's shard, for one controller and one number of shards.
 ///
@@ -46,7 +46,7 @@ pub(crate) type Listed = BTreeSet<u32>;
 /// label of its own, so during a rolling update that changes it the old and the new replicas
 /// each watch a complete layout, and every object is relabelled once (the old label stays).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ShardLabel {
+pub(super) struct ShardLabel {
     key: Arc<str>,
     shards: u32,
 }
@@ -54,7 +54,7 @@ pub(crate) struct ShardLabel {
 impl ShardLabel {
     /// The label of `controller` (the Leases' name: a DNS label) with `shards` shards (at least
     /// one).
-    pub(crate) fn new(controller: &str, shards: u32) -> Self {
+    pub(super) fn new(controller: &str, shards: u32) -> Self {
         ShardLabel {
             key: Arc::from(format!("{controller}.workqueue-kube.io/shard-of-{shards}")),
             shards: shards.max(1),
@@ -62,7 +62,7 @@ impl ShardLabel {
     }
 
     /// The label's key.
-    pub(crate) fn key(&self) -> &str {
+    pub(super) fn key(&self) -> &str {
         &self.key
     }
 
@@ -87,7 +87,7 @@ impl ShardLabel {
     }
 
     /// The selector of the objects without a shard: no label, or a value that is no shard.
-    pub(crate) fn unlabelled(&self) -> String {
+    pub(super) fn unlabelled(&self) -> String {
         let values: Vec<String> = (0..self.shards).map(|s| s.to_string()).collect();
         format!("{} notin ({})", self.key, values.join(","))
     }
@@ -105,11 +105,11 @@ fn with_selector(wc: &watcher::Config, ours: &str) -> watcher::Config {
 /// An object whose label is missing or wrong: its kind (the labeller's index of the kinds it
 /// labels), where it is, and the shard it belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Relabel {
-    pub(crate) kind: usize,
-    pub(crate) namespace: Option<String>,
-    pub(crate) name: String,
-    pub(crate) shard: u32,
+pub(super) struct Relabel {
+    pub(super) kind: usize,
+    pub(super) namespace: Option<String>,
+    pub(super) name: String,
+    pub(super) shard: u32,
 }
 
 impl Relabel {
@@ -139,9 +139,9 @@ type ShardOf<T> = Arc<dyn Fn(&T) -> Option<u32> + Send + Sync>;
 
 /// A kind the labelling duty labels (`super::labeller`): its API resource, and its objects
 /// without a valid label (a watch started while the duty is held).
-pub(crate) struct Labelled {
-    pub(crate) resource: ApiResource,
-    pub(crate) unlabelled: Box<dyn Fn() -> BoxStream<'static, Relabel> + Send>,
+pub(super) struct Labelled {
+    pub(super) resource: ApiResource,
+    pub(super) unlabelled: Box<dyn Fn() -> BoxStream<'static, Relabel> + Send>,
 }
 
 /// How a watch runs, decided when the controller runs.
@@ -167,7 +167,7 @@ struct Division {
 
 /// A watch the controller makes (the main kind's, or an owned kind's), until it runs: whole or
 /// divided.
-pub(crate) struct PlannedWatch {
+pub(super) struct PlannedWatch {
     plan: oneshot::Sender<Plan>,
     /// Its kind's labelling (the kind's index, the label).
     labelled: Box<dyn FnOnce(usize, ShardLabel) -> Labelled + Send>,
@@ -175,7 +175,7 @@ pub(crate) struct PlannedWatch {
 
 impl PlannedWatch {
     /// The main watch: of `api` with `wc`, filling `writer`'s store; its events.
-    pub(crate) fn main<K>(
+    pub(super) fn main<K>(
         api: Api<K>,
         wc: watcher::Config,
         mut writer: Writer<K>,
@@ -226,7 +226,7 @@ impl PlannedWatch {
     /// An owned kind's watch (metadata only): of `api` with `wc`; the shard of a child is its
     /// first owner's of kind `K`; its events.
     #[allow(deprecated)] // as `Controller::owns`: an `Api<Child>` cannot become a metadata one
-    pub(crate) fn owned<K, Child>(
+    pub(super) fn owned<K, Child>(
         api: Api<Child>,
         wc: watcher::Config,
         owner_type: K::DynamicType,
@@ -279,13 +279,13 @@ impl PlannedWatch {
     }
 
     /// Runs it whole.
-    pub(crate) fn whole(self) {
+    pub(super) fn whole(self) {
         let _ = self.plan.send(Plan::Whole);
     }
 
     /// Runs it divided by the shards `assignment` holds, as the labeller's kind `kind`,
     /// publishing the shards listed on `listed` (the main watch); what the labeller needs of it.
-    pub(crate) fn divide(
+    pub(super) fn divide(
         self,
         kind: usize,
         label: &ShardLabel,
@@ -481,7 +481,7 @@ fn restarts(selected: Option<&Listed>, wanted: &Listed, listing: bool) -> bool {
 }
 
 /// The next item of `events`; never, without a watch.
-pub(crate) async fn next_of<T>(events: &mut Option<BoxStream<'static, T>>) -> Option<T> {
+pub(super) async fn next_of<T>(events: &mut Option<BoxStream<'static, T>>) -> Option<T> {
     match events {
         Some(events) => events.next().await,
         None => std::future::pending().await,

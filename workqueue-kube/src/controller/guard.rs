@@ -50,13 +50,13 @@ const EXIT_AFTER_EIGHTHS: u32 = 5;
 /// Polls under way, per shard: written by the reconciles' polls (any runtime thread), read by
 /// the guard's thread.
 #[derive(Debug)]
-pub(crate) struct ShardPolls {
+pub(super) struct ShardPolls {
     /// Reconcile polls under way per shard (index: the shard).
     under_way: Box<[AtomicU32]>,
 }
 
 impl ShardPolls {
-    pub(crate) fn new(shards: u32) -> Arc<Self> {
+    pub(super) fn new(shards: u32) -> Arc<Self> {
         Arc::new(ShardPolls {
             under_way: (0..shards.max(1)).map(|_| AtomicU32::new(0)).collect(),
         })
@@ -93,7 +93,7 @@ impl Drop for PollUnderWay {
 }
 
 /// `reconcile` with each of its polls counted as under way for `shard`.
-pub(crate) async fn counted<F: Future>(
+pub(super) async fn counted<F: Future>(
     polls: Arc<ShardPolls>,
     shard: u32,
     reconcile: F,
@@ -108,7 +108,7 @@ pub(crate) async fn counted<F: Future>(
 
 /// The guard's thread, stopped when this is dropped (the controller's run is over).
 #[derive(Debug)]
-pub(crate) struct LeaseGuard {
+pub(super) struct LeaseGuard {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -117,7 +117,7 @@ impl LeaseGuard {
     /// Starts the guard over `polls` and `assignment`, for the slack `lease_duration -
     /// renew_deadline`, on the runtime `handle` (whose clock it reads). `None` if the thread
     /// cannot be started (logged: the process then runs without the safety net).
-    pub(crate) fn start(
+    pub(super) fn start(
         polls: Arc<ShardPolls>,
         assignment: watch::Receiver<Assignment>,
         slack: Duration,

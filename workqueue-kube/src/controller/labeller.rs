@@ -40,7 +40,7 @@ const RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_
 
 /// The labelling duty, for the kinds of a controller's divided watches (see the module docs):
 /// runs until dropped (with the controller's run).
-pub(crate) struct Labeller {
+pub(super) struct Labeller {
     client: Client,
     /// The kinds, by the index a [`Relabel`] names.
     kinds: Vec<Labelled>,
@@ -60,7 +60,7 @@ enum Patched {
 }
 
 impl Labeller {
-    pub(crate) fn new(
+    pub(super) fn new(
         client: Client,
         kinds: Vec<Labelled>,
         label: ShardLabel,
@@ -79,7 +79,7 @@ impl Labeller {
     }
 
     /// Labels what needs a label, until dropped or the Lease protocol ends.
-    pub(crate) async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         let mut waiting: VecDeque<Relabel> = VecDeque::new();
         // Waiting or in flight: an object seen twice before its patch is patched once.
         let mut pending: HashSet<Relabel> = HashSet::new();

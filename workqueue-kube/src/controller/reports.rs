@@ -24,20 +24,20 @@ enum Report<QE> {
 }
 
 /// Where the producers send what the stream reports.
-pub(crate) struct Reports<QE> {
+pub(super) struct Reports<QE> {
     tx: mpsc::UnboundedSender<Report<QE>>,
     /// The runner's reports sent and not yet received: at most [`REPORTS`].
     waiting: Arc<AtomicUsize>,
 }
 
 /// Where the stream reads the reports.
-pub(crate) struct Inbox<QE> {
+pub(super) struct Inbox<QE> {
     rx: mpsc::UnboundedReceiver<Report<QE>>,
     waiting: Arc<AtomicUsize>,
 }
 
 /// A new path: its senders and its one reader.
-pub(crate) fn channel<QE>() -> (Reports<QE>, Inbox<QE>) {
+pub(super) fn channel<QE>() -> (Reports<QE>, Inbox<QE>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let waiting = Arc::new(AtomicUsize::new(0));
     let inbox = Inbox {
@@ -58,12 +58,12 @@ impl<QE> Clone for Reports<QE> {
 
 impl<QE> Reports<QE> {
     /// A trigger's error, reported as [`Error::QueueError`].
-    pub(crate) fn queue_error(&self, error: QE) {
+    pub(super) fn queue_error(&self, error: QE) {
         let _ = self.tx.send(Report::Queue(error));
     }
 
     /// One of the runner's reports, reported as [`Error::RunnerError`] unless [`REPORTS`] wait.
-    pub(crate) fn send(&self, report: RunnerError) {
+    pub(super) fn send(&self, report: RunnerError) {
         let room = self
             .waiting
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -77,7 +77,7 @@ impl<QE> Reports<QE> {
 
 impl<QE: 'static> Inbox<QE> {
     /// The next report, as the stream's item; `None` once every sender is gone. Cancel-safe.
-    pub(crate) async fn recv<E: 'static>(&mut self) -> Option<Error<E, QE>> {
+    pub(super) async fn recv<E: 'static>(&mut self) -> Option<Error<E, QE>> {
         Some(match self.rx.recv().await? {
             Report::Queue(error) => Error::QueueError(error),
             Report::Runner(report) => {

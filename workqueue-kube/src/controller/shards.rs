@@ -72,7 +72,7 @@ const TAKEN_PRIORITY: i32 = 0;
 const ACK_MARGIN: Duration = Duration::from_millis(500);
 
 /// A controller's Lease protocol, ready to start.
-pub(crate) struct Leases {
+pub(super) struct Leases {
     protocol: ShardLeases,
     assignment: watch::Receiver<Assignment>,
     hand_overs: mpsc::UnboundedReceiver<HandOver>,
@@ -91,7 +91,7 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// The Lease protocol of a controller, on `client`, or why it cannot run.
-    pub(crate) fn new<QE: Send + 'static>(
+    pub(super) fn new<QE: Send + 'static>(
         client: Option<Client>,
         config: LeaseConfig,
         clock: Option<Arc<dyn LeaseClock>>,
@@ -145,7 +145,7 @@ impl Leases {
     /// Divides the cache by the shards held (`super::divided`): the assignment the main watch
     /// follows, and where it publishes the shards its store holds the list of, which from now
     /// on a key's shard must be among to be taken.
-    pub(crate) fn divide(&mut self) -> (watch::Receiver<Assignment>, watch::Sender<Listed>) {
+    pub(super) fn divide(&mut self) -> (watch::Receiver<Assignment>, watch::Sender<Listed>) {
         let (listed, reader) = watch::channel(Listed::new());
         self.listed = Some(reader);
         (self.assignment.clone(), listed)
@@ -153,7 +153,7 @@ impl Leases {
 
     /// What each reconcile runs in: the scope [`lease::deadline`](crate::lease::deadline)
     /// answers in, and the count of its polls under way that the guard reads.
-    pub(crate) fn scope<K: Resource>(&self) -> ReconcileScope<K> {
+    pub(super) fn scope<K: Resource>(&self) -> ReconcileScope<K> {
         ReconcileScope {
             assignment: self.assignment.clone(),
             polls: self.polls.clone(),
@@ -163,7 +163,7 @@ impl Leases {
 
     /// The rule for the runner: whether a key's shard is held now (and, with divided caches,
     /// listed).
-    pub(crate) fn owns<K: Resource>(
+    pub(super) fn owns<K: Resource>(
         &self,
     ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
         let (assignment, listed) = (self.assignment.clone(), self.listed.clone());
@@ -174,7 +174,7 @@ impl Leases {
     /// shard is still held (or being handed over) and before its `valid_until`. Past it a
     /// reconcile is not polled again, whether or not the watchdog has run since (a process
     /// frozen past its deadline and thawed stops at the next poll).
-    pub(crate) fn may_run<K: Resource>(
+    pub(super) fn may_run<K: Resource>(
         &self,
     ) -> impl Fn(&ObjectRef<K>) -> bool + Send + Sync + use<K> {
         let assignment = self.assignment.clone();
@@ -186,7 +186,7 @@ impl Leases {
     /// `gate` reads `true`). `shutdown` is
     /// the controller's graceful shutdown: the protocol hands every shard over once it is
     /// cancelled, and cancels it itself when it ends on a lost Lease.
-    pub(crate) fn watchdog<K>(
+    pub(super) fn watchdog<K>(
         self,
         aborts: Aborts<ObjectRef<K>>,
         queue: WorkQueue<ObjectRef<K>>,
@@ -235,7 +235,7 @@ impl Leases {
 }
 
 /// What each reconcile of a controller on Leases runs in (see [`Leases::scope`]).
-pub(crate) struct ReconcileScope<K> {
+pub(super) struct ReconcileScope<K> {
     assignment: watch::Receiver<Assignment>,
     polls: Arc<ShardPolls>,
     _key: std::marker::PhantomData<fn(&K)>,
@@ -244,7 +244,7 @@ pub(crate) struct ReconcileScope<K> {
 impl<K: Resource> ReconcileScope<K> {
     /// `reconcile`, of `key`, in the scope `lease::deadline` reads, each of its polls counted
     /// as under way for the guard.
-    pub(crate) fn wrap<F: std::future::Future>(
+    pub(super) fn wrap<F: std::future::Future>(
         &self,
         key: &ObjectRef<K>,
         reconcile: F,
@@ -318,7 +318,7 @@ enum Event {
 }
 
 /// The task that keeps a controller's work within the shards it holds (see the module docs).
-pub(crate) struct Watchdog<K: Resource + 'static>
+pub(super) struct Watchdog<K: Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash,
 {
@@ -363,7 +363,7 @@ where
     /// leave (a run that ended by itself, its watches gone, was not shut down) and acknowledges
     /// every hand-over until the protocol ends (it releases the Leases acknowledged: a fast
     /// failover). Dropping it (a forced stop) aborts the protocol: the Leases lapse.
-    pub(crate) async fn run(mut self, finish: oneshot::Receiver<()>) {
+    pub(super) async fn run(mut self, finish: oneshot::Receiver<()>) {
         let mut finish = std::pin::pin!(finish);
         loop {
             match self.next_event(finish.as_mut()).await {

@@ -19,7 +19,7 @@ use super::reports::Reports;
 use crate::sources::{Change, Prioritized, owner_keys, owners as prioritized_owners, prioritized};
 
 /// A stream of keys and how to add them, or a watch's error.
-pub(crate) type Trigger<K> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), watcher::Error>>;
+pub(super) type Trigger<K> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions), watcher::Error>>;
 
 /// The main resource's triggers: every object the watch lists or applies (not a deletion: a
 /// deleted object is not reconciled, its clean-up is a finalizer's), with controller-runtime's
@@ -34,7 +34,7 @@ pub(crate) type Trigger<K> = BoxStream<'static, Result<(ObjectRef<K>, AddOptions
 /// not hold every reconcile for as long as it fails. The watch's events reach this stage after
 /// the reflector applied them to the store, so a list's `InitDone` opens the gate only once the
 /// store holds that list.
-pub(crate) fn main<K, S>(
+pub(super) fn main<K, S>(
     events: S,
     gate: watch::Sender<bool>,
     dyntype: K::DynamicType,
@@ -70,7 +70,7 @@ where
 }
 
 /// The keys of `events`' owners of the main resource, each at the priority of the event.
-pub(crate) fn owners<K, Child, S>(
+pub(super) fn owners<K, Child, S>(
     events: S,
     dyntype: K::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
@@ -86,7 +86,7 @@ where
 /// The keys of the owners of the main resource of each object of `objects` (a stream of
 /// objects of the user's, owned or shared), at the default priority: such a stream does not tell
 /// a list from a change.
-pub(crate) fn owners_of<K, Child, T, S>(
+pub(super) fn owners_of<K, Child, T, S>(
     objects: S,
     dyntype: K::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
@@ -106,7 +106,7 @@ where
 /// A `watches` mapper of the user's, called so that a panic costs the keys of one object: the
 /// panic is reported on the controller's stream ([`RunnerError::MapperPanicked`]) and the
 /// trigger goes on with the next object.
-pub(crate) struct Relation<F, D> {
+pub(super) struct Relation<F, D> {
     mapper: F,
     /// The dynamic type of the related objects, to name one in a report.
     dyntype: D,
@@ -114,7 +114,7 @@ pub(crate) struct Relation<F, D> {
 }
 
 impl<F, D> Relation<F, D> {
-    pub(crate) fn new(mapper: F, dyntype: D, reports: Reports<watcher::Error>) -> Self {
+    pub(super) fn new(mapper: F, dyntype: D, reports: Reports<watcher::Error>) -> Self {
         Relation {
             mapper,
             dyntype,
@@ -151,7 +151,7 @@ impl<F, D> Relation<F, D> {
 
 /// The keys `relation`'s mapper relates each object an event touched to, each at the priority
 /// of the event.
-pub(crate) fn related<K, Other, S, F, I>(
+pub(super) fn related<K, Other, S, F, I>(
     events: S,
     relation: Relation<F, Other::DynamicType>,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
@@ -174,7 +174,7 @@ where
 
 /// The keys `relation`'s mapper relates each object of `objects` (a stream of the user's, owned
 /// or shared) to, at the default priority.
-pub(crate) fn related_objects<K, Other, T, S, F, I>(
+pub(super) fn related_objects<K, Other, T, S, F, I>(
     objects: S,
     relation: Relation<F, Other::DynamicType>,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>
@@ -205,7 +205,7 @@ fn of_one<K: Resource>(
 }
 
 /// Every object in `store` each time `trigger` yields, behind real changes (a resync).
-pub(crate) fn all_of<K>(
+pub(super) fn all_of<K>(
     trigger: impl Stream<Item = ()> + Send + 'static,
     store: Store<K>,
     dyntype: K::DynamicType,
@@ -229,7 +229,7 @@ where
 /// The objects of a stream of applied objects, owned or shared (`Controller::for_stream`,
 /// `Controller::for_shared_stream`), at the default priority: such a stream does not tell a
 /// list from a change.
-pub(crate) fn applied<K, T>(
+pub(super) fn applied<K, T>(
     objects: impl Stream<Item = Result<T, watcher::Error>>,
     dyntype: K::DynamicType,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, AddOptions), watcher::Error>>

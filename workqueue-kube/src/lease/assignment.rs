@@ -42,7 +42,7 @@ impl Holding {
 
     /// This holding's number.
     #[cfg(test)]
-    pub(crate) fn epoch(self) -> u64 {
+    pub(super) fn epoch(self) -> u64 {
         self.epoch
     }
 }
@@ -92,34 +92,34 @@ pub(crate) struct LeaseStats {
 
 impl LeaseStats {
     /// A shard was taken.
-    pub(crate) fn acquired(&mut self) {
+    pub(super) fn acquired(&mut self) {
         self.acquisitions += 1;
     }
 
     /// A shard was lost.
-    pub(crate) fn lost(&mut self) {
+    pub(super) fn lost(&mut self) {
         self.losses += 1;
     }
 
     /// The controller acknowledged a hand-over, after its deadline if `late`.
-    pub(crate) fn handed_over(&mut self, late: bool) {
+    pub(super) fn handed_over(&mut self, late: bool) {
         self.hand_overs += 1;
         self.hand_over_timeouts += u64::from(late);
     }
 
     /// A shard was given away.
-    pub(crate) fn released(&mut self) {
+    pub(super) fn released(&mut self) {
         self.releases += 1;
     }
 
     /// Another process was found renewing this replica's identity.
-    pub(crate) fn collided(&mut self) {
+    pub(super) fn collided(&mut self) {
         self.identity_collisions += 1;
     }
 
     /// Shards lost.
     #[cfg(test)]
-    pub(crate) fn losses(&self) -> u64 {
+    pub(super) fn losses(&self) -> u64 {
         self.losses
     }
 
@@ -131,13 +131,13 @@ impl LeaseStats {
 
     /// Hand-overs acknowledged after their deadline.
     #[cfg(test)]
-    pub(crate) fn hand_over_timeouts(&self) -> u64 {
+    pub(super) fn hand_over_timeouts(&self) -> u64 {
         self.hand_over_timeouts
     }
 
     /// Shards given away.
     #[cfg(test)]
-    pub(crate) fn releases(&self) -> u64 {
+    pub(super) fn releases(&self) -> u64 {
         self.releases
     }
 
@@ -197,7 +197,7 @@ impl Assignment {
     /// Whether this replica may still run work of `shard` at `now`: held or being given up,
     /// and valid at `now` (the tests' check; the controller stops a shard's work itself).
     #[cfg(test)]
-    pub(crate) fn may_run(&self, shard: u32, now: Instant) -> bool {
+    pub(super) fn may_run(&self, shard: u32, now: Instant) -> bool {
         self.state(shard).holding().is_some_and(|h| h.valid_at(now))
     }
 
@@ -219,7 +219,7 @@ impl Assignment {
     /// The live replicas this replica counts (those shards are divided among), itself included
     /// while it is a member (0 before it joined). Read by the tests.
     #[cfg(test)]
-    pub(crate) fn members(&self) -> u32 {
+    pub(super) fn members(&self) -> u32 {
         self.members
     }
 
@@ -301,7 +301,7 @@ pub(crate) struct HandOver {
 impl HandOver {
     /// A request to give `shard` up by `deadline`, and what resolves once it is acknowledged
     /// or dropped.
-    pub(crate) fn new(
+    pub(super) fn new(
         shard: u32,
         deadline: Instant,
         reason: HandOverReason,

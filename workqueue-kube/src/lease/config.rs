@@ -126,7 +126,7 @@ impl LeaseConfig {
 
     /// The settings the protocol runs with, or why it cannot: [`LeaseConfig::validate`], then
     /// the lease duration as the Leases carry it, computed here once.
-    pub(crate) fn settings(&self) -> Result<Settings, ConfigError> {
+    pub(super) fn settings(&self) -> Result<Settings, ConfigError> {
         self.validate()?;
         let d = self.lease_duration;
         // `leaseDurationSeconds` is an i32 of whole seconds, rounded up.
@@ -189,7 +189,7 @@ impl LeaseConfig {
 /// machine's tests, which build it with any timing ([`Settings::unchecked`]). Each field, and
 /// its reader, is the [`LeaseConfig`] field of its name, but for `lease_duration`.
 #[derive(Clone, Debug)]
-pub(crate) struct Settings {
+pub(super) struct Settings {
     name: String,
     namespace: String,
     identity: String,
@@ -203,40 +203,40 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         &self.name
     }
 
-    pub(crate) fn namespace(&self) -> &str {
+    pub(super) fn namespace(&self) -> &str {
         &self.namespace
     }
 
-    pub(crate) fn identity(&self) -> &str {
+    pub(super) fn identity(&self) -> &str {
         &self.identity
     }
 
-    pub(crate) fn shards(&self) -> u32 {
+    pub(super) fn shards(&self) -> u32 {
         self.shards
     }
 
     /// As the Leases carry it (`leaseDurationSeconds`): whole seconds, rounded up.
-    pub(crate) fn lease_duration(&self) -> Duration {
+    pub(super) fn lease_duration(&self) -> Duration {
         self.lease_duration
     }
 
-    pub(crate) fn renew_deadline(&self) -> Duration {
+    pub(super) fn renew_deadline(&self) -> Duration {
         self.renew_deadline
     }
 
-    pub(crate) fn retry_period(&self) -> Duration {
+    pub(super) fn retry_period(&self) -> Duration {
         self.retry_period
     }
 
-    pub(crate) fn hand_over_timeout(&self) -> Duration {
+    pub(super) fn hand_over_timeout(&self) -> Duration {
         self.hand_over_timeout
     }
 
-    pub(crate) fn on_loss(&self) -> OnLoss {
+    pub(super) fn on_loss(&self) -> OnLoss {
         self.on_loss
     }
 
@@ -244,7 +244,7 @@ impl Settings {
     /// any timing (lease duration, renew deadline, retry period, hand-over timeout), unchecked:
     /// the state machine's tests and simulator.
     #[cfg(test)]
-    pub(crate) fn unchecked(
+    pub(super) fn unchecked(
         identity: &str,
         shards: u32,
         [
@@ -284,11 +284,11 @@ impl Settings {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(transparent)]
-pub struct ConfigError(pub(crate) ConfigErrorKind);
+pub struct ConfigError(pub(super) ConfigErrorKind);
 
 /// What is wrong with a [`LeaseConfig`]: crate-private, the message is what a user reads.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ConfigErrorKind {
+pub(super) enum ConfigErrorKind {
     /// A name that Kubernetes would refuse in a Lease's name or label.
     #[error("the {what} {value:?} is not valid: {rule}")]
     Invalid {

@@ -48,7 +48,7 @@ pub(crate) enum Ended {
 /// The answer to one request, by id, with its verb and, if it failed, what was said.
 type Answered = (u64, Answer, &'static str, Option<(String, String)>);
 
-pub(crate) struct Driver {
+pub(super) struct Driver {
     config: Settings,
     names: Names,
     api: Api<Lease>,
@@ -77,7 +77,7 @@ fn seed() -> u64 {
 }
 
 impl Driver {
-    pub(crate) fn new(
+    pub(super) fn new(
         config: Settings,
         api: Api<Lease>,
         clock: Arc<dyn LeaseClock>,
@@ -107,7 +107,7 @@ impl Driver {
 
     /// Runs until the state machine ends: after `shutdown` or a loss with `OnLoss::Stop`, once
     /// it has left or given up leaving.
-    pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) -> Ended {
+    pub(super) async fn run(mut self, shutdown: impl Future<Output = ()>) -> Ended {
         let mut shutdown = pin!(shutdown);
         let mut shutdown_seen = false;
         let mut watch = self.watch();

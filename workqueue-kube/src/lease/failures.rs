@@ -53,17 +53,17 @@ pub(crate) enum Report {
 }
 
 /// Where reports are told.
-pub(crate) type Tell = Arc<dyn Fn(Report) + Send + Sync>;
+pub(super) type Tell = Arc<dyn Fn(Report) + Send + Sync>;
 
 /// The verbs failing now; invariant: a verb is in `failing` from its first failure that was
 /// told until a request with that verb succeeds.
-pub(crate) struct Failures {
+pub(super) struct Failures {
     failing: BTreeSet<&'static str>,
     tell: Option<Tell>,
 }
 
 impl Failures {
-    pub(crate) fn new(tell: Option<Tell>) -> Self {
+    pub(super) fn new(tell: Option<Tell>) -> Self {
         Failures {
             failing: BTreeSet::new(),
             tell,
@@ -72,7 +72,7 @@ impl Failures {
 
     /// A request failed: told (and logged as a warning) if its verb was not failing already,
     /// logged at debug level otherwise.
-    pub(crate) fn failed(&mut self, failure: RequestFailed) {
+    pub(super) fn failed(&mut self, failure: RequestFailed) {
         if !self.failing.insert(failure.verb) {
             tracing::debug!(
                 verb = failure.verb,
@@ -94,7 +94,7 @@ impl Failures {
     }
 
     /// A request with `verb` succeeded (or was answered: a conflict is an answer).
-    pub(crate) fn succeeded(&mut self, verb: &'static str) {
+    pub(super) fn succeeded(&mut self, verb: &'static str) {
         self.failing.remove(verb);
     }
 }

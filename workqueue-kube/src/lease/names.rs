@@ -8,7 +8,7 @@ use std::sync::Arc;
 /// Which Lease of the controller: a member's (`{name}-member-{identity}`) or a shard's
 /// (`{name}-shard-{index}`).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum LeaseName {
+pub(super) enum LeaseName {
     Member(Arc<str>),
     Shard(u32),
 }
@@ -24,13 +24,13 @@ impl fmt::Debug for LeaseName {
 
 /// The names of one controller's Leases.
 #[derive(Clone, Debug)]
-pub(crate) struct Names {
+pub(super) struct Names {
     member_prefix: String,
     shard_prefix: String,
 }
 
 impl Names {
-    pub(crate) fn new(controller: &str) -> Names {
+    pub(super) fn new(controller: &str) -> Names {
         Names {
             member_prefix: format!("{controller}-member-"),
             shard_prefix: format!("{controller}-shard-"),
@@ -38,7 +38,7 @@ impl Names {
     }
 
     /// The Lease `name` is, or `None` for a name the protocol does not use.
-    pub(crate) fn parse(&self, name: &str) -> Option<LeaseName> {
+    pub(super) fn parse(&self, name: &str) -> Option<LeaseName> {
         if let Some(id) = name.strip_prefix(&self.member_prefix) {
             return (!id.is_empty()).then(|| LeaseName::Member(id.into()));
         }
@@ -49,7 +49,7 @@ impl Names {
     }
 
     /// The Lease's name.
-    pub(crate) fn name(&self, lease: &LeaseName) -> String {
+    pub(super) fn name(&self, lease: &LeaseName) -> String {
         match lease {
             LeaseName::Member(id) => format!("{}{id}", self.member_prefix),
             LeaseName::Shard(i) => format!("{}{i}", self.shard_prefix),

@@ -1,17 +1,17 @@
 //! Which shard a key belongs to.
 
-pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub(super) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// FNV-1a, 64 bits, over bytes fed in pieces.
-pub(crate) fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+pub(super) fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(hash, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME))
 }
 
 /// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
-pub(crate) fn fmix64(mut h: u64) -> u64 {
+pub(super) fn fmix64(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;

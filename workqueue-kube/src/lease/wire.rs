@@ -85,7 +85,7 @@ pub(crate) fn to_lease(
 
 /// The record a Lease holds, if it is one of the controller's (`default_duration` for a Lease
 /// that declares none).
-pub(crate) fn from_lease(
+pub(super) fn from_lease(
     names: &Names,
     lease: &Lease,
     default_duration: Duration,

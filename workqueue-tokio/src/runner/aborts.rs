@@ -66,7 +66,7 @@ pub struct Aborts<T> {
 }
 
 impl<T> Aborts<T> {
-    pub(crate) fn new(registry: Arc<Registry<T>>) -> Self {
+    pub(super) fn new(registry: Arc<Registry<T>>) -> Self {
         registry.enabled.store(true, Ordering::Release);
         Aborts { registry }
     }
@@ -133,7 +133,7 @@ impl<T> fmt::Debug for Aborts<T> {
 }
 
 /// The running reconciles of a runner that has an [`Aborts`].
-pub(crate) struct Registry<T> {
+pub(super) struct Registry<T> {
     /// Whether reconciles are registered: set once an `Aborts` exists (before the run starts).
     enabled: AtomicBool,
     next: AtomicU64,
@@ -150,7 +150,7 @@ struct Ticket<T> {
 }
 
 impl<T> Registry<T> {
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         Registry {
             enabled: AtomicBool::new(false),
             next: AtomicU64::new(0),
@@ -165,7 +165,7 @@ impl<T> Registry<T> {
 
     /// Registers a reconcile of `key` (a clone, made only when an [`Aborts`] exists): `None`
     /// without one.
-    pub(crate) fn register(self: &Arc<Self>, key: impl FnOnce() -> T) -> Option<Registered<T>> {
+    pub(super) fn register(self: &Arc<Self>, key: impl FnOnce() -> T) -> Option<Registered<T>> {
         if !self.enabled.load(Ordering::Acquire) {
             return None;
         }
@@ -186,7 +186,7 @@ impl<T> Registry<T> {
 
 /// A registered reconcile: deregistered (and `stopped` waiters told) when dropped, which its job
 /// does once the reconcile's future is gone.
-pub(crate) struct Registered<T> {
+pub(super) struct Registered<T> {
     registry: Arc<Registry<T>>,
     id: u64,
     ticket: Arc<Ticket<T>>,
@@ -194,7 +194,7 @@ pub(crate) struct Registered<T> {
 
 impl<T> Registered<T> {
     /// Completes once this reconcile is aborted.
-    pub(crate) async fn aborted(&self) {
+    pub(super) async fn aborted(&self) {
         poll_fn(|cx| {
             if self.ticket.aborted.load(Ordering::Acquire) {
                 return Poll::Ready(());
@@ -210,7 +210,7 @@ impl<T> Registered<T> {
     }
 
     /// Whether this reconcile was aborted.
-    pub(crate) fn is_aborted(&self) -> bool {
+    pub(super) fn is_aborted(&self) -> bool {
         self.ticket.aborted.load(Ordering::Acquire)
     }
 }

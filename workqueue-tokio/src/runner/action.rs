@@ -212,7 +212,7 @@ where
 
 /// The result of one reconcile, as the runner saw it: the runner's verdict on a lease.
 #[derive(Debug)]
-pub(crate) enum Reconciled<E> {
+pub(super) enum Reconciled<E> {
     /// The reconcile succeeded with this action.
     Ok(Action),
     /// A failure, and the error policy's action for it.
@@ -228,7 +228,7 @@ impl<E> Reconciled<E> {
     /// `per_key_backoff`, a failure's `requeue(d)` waits the rate limiter's delay and at least
     /// `d`. What the outcome tells the outage detector is the engine's to add (it needs the failure
     /// counts and the user's classifier).
-    pub(crate) fn outcome(&self, per_key_backoff: bool) -> Outcome {
+    pub(super) fn outcome(&self, per_key_backoff: bool) -> Outcome {
         let (outcome, priority) = match self {
             Reconciled::Ok(action) => {
                 let outcome = match action.next {
@@ -257,7 +257,7 @@ impl<E> Reconciled<E> {
     }
 
     /// Whether the outcome re-adds the key (everything but `await_change()`).
-    pub(crate) fn readds(&self) -> bool {
+    pub(super) fn readds(&self) -> bool {
         match self {
             Reconciled::Ok(action) | Reconciled::Failed(_, action) => !action.gives_up(),
             Reconciled::Interrupted => true,
@@ -266,7 +266,7 @@ impl<E> Reconciled<E> {
 
     /// controller-runtime's `result` label of this verdict (see the `metrics` module): a success
     /// by the re-add it asks for, whatever its priority; `None` for an interrupted reconcile.
-    pub(crate) fn result(&self) -> Option<&'static str> {
+    pub(super) fn result(&self) -> Option<&'static str> {
         match self {
             Reconciled::Ok(action) => Some(match action.next {
                 Next::AwaitChange => "success",
@@ -279,7 +279,7 @@ impl<E> Reconciled<E> {
     }
 
     /// Whether the error policy gave up on this failure.
-    pub(crate) fn given_up(&self) -> bool {
+    pub(super) fn given_up(&self) -> bool {
         matches!(self, Reconciled::Failed(_, action) if action.gives_up())
     }
 }

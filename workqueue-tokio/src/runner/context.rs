@@ -65,14 +65,14 @@ pub struct Context<C = ()> {
 /// Invariant: once `own` is set, the token (made before or after) is cancelled: `cancel_own` sets
 /// `own` then cancels the token if it exists; `token` makes it, then cancels it if `own` is set
 /// (both sides fence, so at least one of them sees the other's write).
-pub(crate) struct Cancel {
+pub(super) struct Cancel {
     run: Arc<CancellationToken>,
     own: AtomicBool,
     token: OnceLock<CancellationToken>,
 }
 
 impl Cancel {
-    pub(crate) fn new(run: Arc<CancellationToken>) -> Arc<Self> {
+    pub(super) fn new(run: Arc<CancellationToken>) -> Arc<Self> {
         Arc::new(Cancel {
             run,
             own: AtomicBool::new(false),
@@ -81,7 +81,7 @@ impl Cancel {
     }
 
     /// Cancels this reconcile alone (its timeout).
-    pub(crate) fn cancel_own(&self) {
+    pub(super) fn cancel_own(&self) {
         self.own.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if let Some(token) = self.token.get() {
@@ -105,7 +105,7 @@ impl Cancel {
 }
 
 impl<C> Context<C> {
-    pub(crate) fn new(
+    pub(super) fn new(
         data: Arc<C>,
         cancel: Arc<Cancel>,
         rate_limited_retries: u32,
@@ -166,7 +166,7 @@ impl<C> Context<C> {
     }
 
     /// The shared cancellation (for the runner's timeout).
-    pub(crate) fn cancel(&self) -> &Cancel {
+    pub(super) fn cancel(&self) -> &Cancel {
         &self.cancel
     }
 }

@@ -45,7 +45,7 @@ use super::{Action, Context, Error, Failure, Reconcile, Runner, Settings};
 const GET_PANIC_PAUSE: Duration = Duration::from_millis(100);
 
 /// One item of a runner's stream.
-pub(crate) type Item<T, E> = Result<(T, Action), Error<T, E>>;
+pub(super) type Item<T, E> = Result<(T, Action), Error<T, E>>;
 
 /// Where the dispatcher is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ enum Event<T> {
     Deadline,
 }
 
-pub(crate) struct Dispatcher<T, R, C, S, P>
+pub(super) struct Dispatcher<T, R, C, S, P>
 where
     R: Reconcile<T, C>,
 {
@@ -137,7 +137,7 @@ where
 {
     /// The dispatcher of `runner`'s run; `items`: whether it yields items (and ends with its
     /// sources).
-    pub(crate) fn new(
+    pub(super) fn new(
         runner: Runner<T, R, C, S, P>,
         shutdown: CancellationToken,
         items: bool,
@@ -184,7 +184,7 @@ where
 
     /// The next item; `None` once the run is over. In a run without items (`Runner::run`), it
     /// returns `None` only then.
-    pub(crate) async fn next(&mut self) -> Option<Item<T, R::Error>> {
+    pub(super) async fn next(&mut self) -> Option<Item<T, R::Error>> {
         if self.ended {
             return None;
         }
@@ -211,7 +211,7 @@ where
     }
 
     /// What the run did (once it is over).
-    pub(crate) fn report(&self) -> Report {
+    pub(super) fn report(&self) -> Report {
         let queue = self.engine.queue();
         let outage = (
             queue.parked_len(),

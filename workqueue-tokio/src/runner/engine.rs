@@ -39,7 +39,7 @@ use super::{Action, Belongs, Context, Error, Failure, Rules, Settings};
 use crate::WorkQueue;
 
 /// How a job ended, for the dispatcher.
-pub(crate) enum End<T, E, C> {
+pub(super) enum End<T, E, C> {
     /// The lease was finished in the job (a success, an interrupted reconcile); what the stream
     /// yields for it, if anything.
     Finished(Option<(T, Action)>),
@@ -48,14 +48,14 @@ pub(crate) enum End<T, E, C> {
 }
 
 /// A failed reconcile on its way to the error policy.
-pub(crate) struct Failed<T, E, C> {
+pub(super) struct Failed<T, E, C> {
     lease: Lease<T>,
     begun: Begun<C>,
     failure: Failure<E>,
 }
 
 /// Everything the per-lease steps share.
-pub(crate) struct Engine<T, E, C, S> {
+pub(super) struct Engine<T, E, C, S> {
     queue: WorkQueue<T, S>,
     data: Arc<C>,
     settings: Settings,
@@ -113,37 +113,37 @@ enum Ran<E> {
 
 impl<T, E, C, S> Engine<T, E, C, S> {
     /// The queue.
-    pub(crate) fn queue(&self) -> &WorkQueue<T, S> {
+    pub(super) fn queue(&self) -> &WorkQueue<T, S> {
         &self.queue
     }
 
     /// Cancelled when intake stops.
-    pub(crate) fn intake(&self) -> &CancellationToken {
+    pub(super) fn intake(&self) -> &CancellationToken {
         &self.intake
     }
 
     /// Asks running reconciles to stop (cancels their contexts).
-    pub(crate) fn abort(&self) {
+    pub(super) fn abort(&self) {
         self.abort.cancel();
     }
 
     /// Drops running reconciles (their jobs end as interrupted).
-    pub(crate) fn hard_stop(&self) {
+    pub(super) fn hard_stop(&self) {
         self.hard_stop.cancel();
     }
 
     /// Whether intake stopped (the shutdown token was cancelled).
-    pub(crate) fn intake_closed(&self) -> bool {
+    pub(super) fn intake_closed(&self) -> bool {
         self.intake_closed.load(Ordering::Acquire)
     }
 
     /// Marks intake stopped (the dispatcher saw the shutdown).
-    pub(crate) fn close_intake(&self) {
+    pub(super) fn close_intake(&self) {
         self.intake_closed.store(true, Ordering::Release);
     }
 
     /// Marks intake stopped once the shutdown token is cancelled.
-    pub(crate) fn intake_watcher(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(super) fn intake_watcher(&self) -> impl Future<Output = ()> + Send + 'static {
         let (token, closed) = (self.intake.clone(), self.intake_closed.clone());
         async move {
             token.cancelled().await;
@@ -152,27 +152,27 @@ impl<T, E, C, S> Engine<T, E, C, S> {
     }
 
     /// Whether the run yields items (a `Runner::results` stream, which ends with its sources).
-    pub(crate) fn yields_items(&self) -> bool {
+    pub(super) fn yields_items(&self) -> bool {
         self.items
     }
 
     /// The report's counters.
-    pub(crate) fn counters(&self) -> &Counters {
+    pub(super) fn counters(&self) -> &Counters {
         &self.counters
     }
 
     /// Why keys were queued.
-    pub(crate) fn reasons(&self) -> &Reasons<T> {
+    pub(super) fn reasons(&self) -> &Reasons<T> {
         &self.reasons
     }
 
     /// The runner's metrics.
-    pub(crate) fn metrics(&self) -> &RunnerMetrics {
+    pub(super) fn metrics(&self) -> &RunnerMetrics {
         &self.metrics
     }
 
     /// Where the jobs send their ends.
-    pub(crate) fn ends(&self) -> &Arc<Ends<End<T, E, C>>> {
+    pub(super) fn ends(&self) -> &Arc<Ends<End<T, E, C>>> {
         &self.ends
     }
 }
@@ -186,7 +186,7 @@ where
 {
     /// The engine of a run: `intake` is the shutdown token; `items`, whether the run yields
     /// them (a `Runner::results` stream).
-    pub(crate) fn new(
+    pub(super) fn new(
         queue: WorkQueue<T, S>,
         data: Arc<C>,
         settings: Settings,
@@ -228,7 +228,7 @@ where
 
     /// The stream's sources ended: from now on re-adds are dropped, and so are the keys that
     /// wait only for one (a requeue, a retry); what the sources (or direct adds) queued stays.
-    pub(crate) fn drain(&self) {
+    pub(super) fn drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
         let dropped = catch(|| self.queue.retain(|key| !self.reasons.readds_only(key)));
         if let Err(message) = dropped {
@@ -238,7 +238,7 @@ where
 
     /// Whether `key` belongs to this runner (always, without a rule). A rule that panics says
     /// no (the panic is logged): a key this replica may not own is not run.
-    pub(crate) fn belongs(&self, key: &T) -> bool {
+    pub(super) fn belongs(&self, key: &T) -> bool {
         self.rules
             .belongs
             .as_ref()
@@ -246,7 +246,7 @@ where
     }
 
     /// Counts a panic of the queue's `get` (no lease was taken).
-    pub(crate) fn get_panicked(&self, message: &str) {
+    pub(super) fn get_panicked(&self, message: &str) {
         self.counters.get_panicked();
         tracing::error!(
             panic = %message,
@@ -258,7 +258,7 @@ where
     /// Finishes a lease that is not reconciled at all (its key does not belong here): the
     /// limiter and the runner forget the key, and its pending reasons are dropped. Counted
     /// nowhere.
-    pub(crate) fn discard(&self, lease: Lease<T>) {
+    pub(super) fn discard(&self, lease: Lease<T>) {
         let key = lease.key();
         let _ = catch(|| self.reasons.take(key));
         let _ = catch(|| {
@@ -271,7 +271,7 @@ where
     /// Gives a lease that was never reconciled back to the queue as it was (held while the
     /// store could not be read, or not started because intake stopped): re-added at its
     /// priority, its backoff untouched. Its reasons stay for its next lease.
-    pub(crate) fn put_back(&self, lease: Lease<T>) {
+    pub(super) fn put_back(&self, lease: Lease<T>) {
         let priority = lease.priority();
         let readd = catch(|| {
             // Added while leased: the queue runs it again once this lease is done.
@@ -347,7 +347,7 @@ where
     /// Begins `lease` and calls the reconcile function for it (`call`, in its span): the job
     /// that runs the rest, or the failure of user code before the reconcile could start (for
     /// the error policy). The reconcile counts as active from before the call.
-    pub(crate) fn start<F>(
+    pub(super) fn start<F>(
         self: &Arc<Self>,
         lease: Lease<T>,
         call: impl FnOnce(T, Context<C>) -> F,
@@ -516,7 +516,7 @@ where
     /// key's failure, about which it is asked once more; a second panic backs off), then the
     /// failure event and the metrics. Never panics: a recorder or a logger that panics after the
     /// policy answered makes this ask the policy about that panic, and the later answer counts.
-    pub(crate) fn judge(
+    pub(super) fn judge(
         &self,
         failed: Failed<T, E, C>,
         mut policy: impl FnMut(&T, &Failure<E>, &Context<C>) -> Action,

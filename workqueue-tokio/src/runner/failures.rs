@@ -21,7 +21,7 @@ use super::reasons::release_if_large;
 /// to one worker at a time, so a read at the start of its reconcile and the update at its end
 /// never race for one key.
 #[derive(Debug)]
-pub(crate) struct FailureCounts<T> {
+pub(super) struct FailureCounts<T> {
     counts: Mutex<HashMap<T, u32, DefaultHashBuilder>>,
     /// Whether `counts` may hold entries: false only while it is empty (written under its lock),
     /// so that while no key is failing, a reconcile takes no lock here. A key's entry is written
@@ -31,7 +31,7 @@ pub(crate) struct FailureCounts<T> {
 }
 
 impl<T: Hash + Eq + Clone> FailureCounts<T> {
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         FailureCounts {
             counts: Mutex::new(HashMap::default()),
             any: AtomicBool::new(false),
@@ -39,7 +39,7 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
     }
 
     /// Failures in a row of `key` so far.
-    pub(crate) fn get(&self, key: &T) -> u32 {
+    pub(super) fn get(&self, key: &T) -> u32 {
         if !self.any.load(Ordering::Acquire) {
             return 0;
         }
@@ -49,7 +49,7 @@ impl<T: Hash + Eq + Clone> FailureCounts<T> {
 
     /// Records `key`'s verdict: a success or a give-up resets, any other failure counts, an
     /// interrupted reconcile changes nothing.
-    pub(crate) fn record<E>(&self, key: &T, verdict: &Reconciled<E>) {
+    pub(super) fn record<E>(&self, key: &T, verdict: &Reconciled<E>) {
         match verdict {
             Reconciled::Ok(_) => self.reset(key),
             Reconciled::Failed(..) if verdict.given_up() => self.reset(key),

@@ -21,14 +21,14 @@ use crate::source::{BATCH, SourceItem};
 type Item<T> = Result<(T, AddOptions), String>;
 
 /// A named stream of keys given to [`Runner::source`](super::Runner::source).
-pub(crate) struct Source<T> {
+pub(super) struct Source<T> {
     name: Arc<str>,
     stream: BoxStream<'static, Item<T>>,
 }
 
 impl<T: Send + 'static> Source<T> {
     /// A source named `name` (in logs, reasons and metrics) reading `stream`.
-    pub(crate) fn new<St>(name: &str, stream: St) -> Self
+    pub(super) fn new<St>(name: &str, stream: St) -> Self
     where
         St: Stream + Send + 'static,
         St::Item: SourceItem<T>,
@@ -46,7 +46,7 @@ impl<T: Send + 'static> Source<T> {
 
 impl<T> Source<T> {
     /// The source's name.
-    pub(crate) fn name(&self) -> &Arc<str> {
+    pub(super) fn name(&self) -> &Arc<str> {
         &self.name
     }
 
@@ -94,13 +94,13 @@ enum Read {
 ///
 /// Invariants: `batch` is empty between reads (a read's items are added before the next read);
 /// an ended source is `None` and never polled again.
-pub(crate) struct Sources<T> {
+pub(super) struct Sources<T> {
     sources: Vec<Option<Source<T>>>,
     batch: Vec<Item<T>>,
 }
 
 impl<T> Sources<T> {
-    pub(crate) fn new(sources: Vec<Source<T>>) -> Self {
+    pub(super) fn new(sources: Vec<Source<T>>) -> Self {
         Sources {
             sources: sources.into_iter().map(Some).collect(),
             batch: Vec::new(),
@@ -108,7 +108,7 @@ impl<T> Sources<T> {
     }
 
     /// Whether some source is still read.
-    pub(crate) fn open(&self) -> bool {
+    pub(super) fn open(&self) -> bool {
         self.sources.iter().any(Option::is_some)
     }
 
@@ -118,7 +118,7 @@ impl<T> Sources<T> {
     /// ended. Cancel-safe: it adds what it read before it returns. Each read is a unit of the
     /// task's cooperative budget: sources that are always ready let the runtime run other
     /// tasks, as a channel that is always ready does.
-    pub(crate) async fn feed<E, C, S>(&mut self, engine: &Engine<T, E, C, S>) -> bool
+    pub(super) async fn feed<E, C, S>(&mut self, engine: &Engine<T, E, C, S>) -> bool
     where
         T: Hash + Eq + Clone + Send + Sync + fmt::Display + 'static,
         S: BuildHasher + Send + Sync + 'static,
@@ -177,7 +177,7 @@ impl<T> Sources<T> {
     }
 
     /// Drops every source (at the end of the run).
-    pub(crate) fn close(&mut self) {
+    pub(super) fn close(&mut self) {
         for index in 0..self.sources.len() {
             self.end(index);
         }

@@ -88,7 +88,7 @@ pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
 
 /// The runner's metrics (a no-op without the `metrics` feature).
 #[derive(Debug)]
-pub(crate) struct RunnerMetrics {
+pub(super) struct RunnerMetrics {
     #[cfg(feature = "metrics")]
     controller: metrics::SharedString,
     /// The `reason` label of each source, by index (built once: no formatting per reconcile).
@@ -150,7 +150,7 @@ fn describe() {
 }
 
 impl RunnerMetrics {
-    pub(crate) fn new(controller: Option<&str>, sources: &[Arc<str>]) -> Self {
+    pub(super) fn new(controller: Option<&str>, sources: &[Arc<str>]) -> Self {
         #[cfg(not(feature = "metrics"))]
         let _ = (controller, sources);
         RunnerMetrics {
@@ -165,7 +165,7 @@ impl RunnerMetrics {
     }
 
     /// A key was handed out for `reasons`.
-    pub(crate) fn queued_for(&self, reasons: &ReasonSet) {
+    pub(super) fn queued_for(&self, reasons: &ReasonSet) {
         #[cfg(feature = "metrics")]
         reasons.for_each_label(|label| {
             let reason: metrics::SharedString = match label {
@@ -190,7 +190,7 @@ impl RunnerMetrics {
     }
 
     /// The run started with `workers` workers: sets the maximum and zeroes every counter.
-    pub(crate) fn start(&self, workers: usize) {
+    pub(super) fn start(&self, workers: usize) {
         #[cfg(feature = "metrics")]
         {
             use metrics::{counter, gauge};
@@ -216,7 +216,7 @@ impl RunnerMetrics {
     }
 
     /// A worker started (`+1`) or stopped (`-1`) reconciling.
-    pub(crate) fn active(&self, delta: f64) {
+    pub(super) fn active(&self, delta: f64) {
         #[cfg(feature = "metrics")]
         metrics::gauge!(ACTIVE_WORKERS, CONTROLLER_LABEL => self.controller.clone())
             .increment(delta);
@@ -226,7 +226,7 @@ impl RunnerMetrics {
 
     /// A reconcile ended with `verdict` after `elapsed` (nothing for one interrupted at
     /// shutdown).
-    pub(crate) fn reconciled<E>(&self, verdict: &Reconciled<E>, elapsed: Duration) {
+    pub(super) fn reconciled<E>(&self, verdict: &Reconciled<E>, elapsed: Duration) {
         let Some(result) = verdict.result() else {
             return;
         };

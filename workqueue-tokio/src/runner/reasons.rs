@@ -10,15 +10,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use workqueue_core::state::DefaultHashBuilder;
 
 /// A reason bit: a requeue the reconcile asked for.
-pub(crate) const REQUEUE: u64 = 1;
+pub(super) const REQUEUE: u64 = 1;
 /// A reason bit: a retry after a failure (or after a reconcile interrupted at shutdown).
-pub(crate) const RETRY: u64 = 1 << 1;
+pub(super) const RETRY: u64 = 1 << 1;
 /// The first source's bit; sources from [`SHARED_SOURCE_BIT`] on share the last bit.
 const FIRST_SOURCE_BIT: u32 = 2;
 const SHARED_SOURCE_BIT: u32 = 63;
 
 /// The reason bit of the source at `index`.
-pub(crate) fn source_bit(index: usize) -> u64 {
+pub(super) fn source_bit(index: usize) -> u64 {
     let bit = u32::try_from(index)
         .unwrap_or(u32::MAX)
         .saturating_add(FIRST_SOURCE_BIT)
@@ -31,7 +31,7 @@ pub(crate) fn source_bit(index: usize) -> u64 {
 const KEEP_ROOM: usize = 1024;
 
 /// Drops `map`'s table if it is empty and larger than [`KEEP_ROOM`].
-pub(crate) fn release_if_large<K, V, S: Default>(map: &mut HashMap<K, V, S>) {
+pub(super) fn release_if_large<K, V, S: Default>(map: &mut HashMap<K, V, S>) {
     if map.is_empty() && map.capacity() > KEEP_ROOM {
         *map = HashMap::default();
     }
@@ -51,7 +51,7 @@ pub(crate) fn release_if_large<K, V, S: Default>(map: &mut HashMap<K, V, S>) {
 /// Two keys whose hashes collide share one entry: a lease of one may show the other's reasons
 /// too, or none (`direct`); a drained stream then keeps both keys (a shared entry has more bits,
 /// never fewer), never drops one it should run.
-pub(crate) struct Reasons<T> {
+pub(super) struct Reasons<T> {
     pending: Mutex<HashMap<u64, u64, DefaultHashBuilder>>,
     hasher: DefaultHashBuilder,
     key: PhantomData<fn(&T)>,
@@ -65,7 +65,7 @@ pub(crate) struct Reasons<T> {
 }
 
 impl<T: Hash> Reasons<T> {
-    pub(crate) fn new(names: Arc<[Arc<str>]>) -> Self {
+    pub(super) fn new(names: Arc<[Arc<str>]>) -> Self {
         Reasons {
             pending: Mutex::new(HashMap::default()),
             hasher: DefaultHashBuilder::default(),
@@ -76,7 +76,7 @@ impl<T: Hash> Reasons<T> {
     }
 
     /// Adds `bit` to the reasons of every key.
-    pub(crate) fn mark<'a>(&self, keys: impl IntoIterator<Item = &'a T>, bit: u64)
+    pub(super) fn mark<'a>(&self, keys: impl IntoIterator<Item = &'a T>, bit: u64)
     where
         T: 'a,
     {
@@ -90,7 +90,7 @@ impl<T: Hash> Reasons<T> {
     }
 
     /// Takes the reasons of a key that was just handed out.
-    pub(crate) fn take(&self, key: &T) -> ReasonSet {
+    pub(super) fn take(&self, key: &T) -> ReasonSet {
         let bits = if self.any.load(Ordering::Acquire) {
             let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
             let bits = pending.remove(&self.hasher.hash_one(key)).unwrap_or(0);
@@ -110,7 +110,7 @@ impl<T: Hash> Reasons<T> {
 
     /// Whether `key` waits only for re-adds the runner made (a requeue, a retry): no source and
     /// no direct add queued it since it was last handed out.
-    pub(crate) fn readds_only(&self, key: &T) -> bool {
+    pub(super) fn readds_only(&self, key: &T) -> bool {
         if !self.any.load(Ordering::Acquire) {
             return false;
         }
@@ -121,7 +121,7 @@ impl<T: Hash> Reasons<T> {
     }
 
     /// The reasons of a key whose `take` panicked (its `Hash` or `Eq`).
-    pub(crate) fn unknown(&self) -> ReasonSet {
+    pub(super) fn unknown(&self) -> ReasonSet {
         ReasonSet {
             bits: None,
             names: self.names.clone(),
@@ -131,7 +131,7 @@ impl<T: Hash> Reasons<T> {
 
 /// The reasons of one lease, shown as `source:NAME,requeue,retry` in the reconcile's span
 /// (`direct`: added to the queue directly, not through the runner; `unknown`: the key panicked).
-pub(crate) struct ReasonSet {
+pub(super) struct ReasonSet {
     bits: Option<u64>,
     names: Arc<[Arc<str>]>,
 }
@@ -139,7 +139,7 @@ pub(crate) struct ReasonSet {
 /// One reason of a [`ReasonSet`], for metrics.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))] // only metrics read it
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Label {
+pub(super) enum Label {
     Direct,
     Unknown,
     Requeue,
@@ -151,7 +151,7 @@ pub(crate) enum Label {
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))] // only metrics read it
 impl ReasonSet {
     /// Calls `f` with each reason in the set (`Direct` or `Unknown` alone when it has none).
-    pub(crate) fn for_each_label(&self, mut f: impl FnMut(Label)) {
+    pub(super) fn for_each_label(&self, mut f: impl FnMut(Label)) {
         let bits = match self.bits {
             None => return f(Label::Unknown),
             Some(0) => return f(Label::Direct),

@@ -68,7 +68,7 @@ pub struct Report {
 /// The [`Report`]'s counters while the run goes on (the jobs, the dispatcher and the sources'
 /// readers count concurrently).
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub(super) struct Counters {
     processed: AtomicU64,
     retried: AtomicU64,
     given_up: AtomicU64,
@@ -89,23 +89,23 @@ impl Counters {
     }
 
     /// A panic escaped the queue's `get`.
-    pub(crate) fn get_panicked(&self) {
+    pub(super) fn get_panicked(&self) {
         Self::bump(&self.get_panics);
     }
 
     /// A source added `n` keys.
-    pub(crate) fn source_items(&self, n: usize) {
+    pub(super) fn source_items(&self, n: usize) {
         let n = u64::try_from(n).unwrap_or(u64::MAX);
         self.source_items.fetch_add(n, Ordering::Relaxed);
     }
 
     /// A source yielded an error.
-    pub(crate) fn source_error(&self) {
+    pub(super) fn source_error(&self) {
         Self::bump(&self.source_errors);
     }
 
     /// A source ended; `panicked`: by a panic.
-    pub(crate) fn source_ended(&self, panicked: bool) {
+    pub(super) fn source_ended(&self, panicked: bool) {
         Self::bump(&self.sources_ended);
         if panicked {
             Self::bump(&self.source_panics);
@@ -114,7 +114,7 @@ impl Counters {
 
     /// Counts one lease's verdict: exactly one of processed, interrupted, or a failure (error,
     /// panic or timeout) with its decision (retried or given up).
-    pub(crate) fn count<E>(&self, verdict: &Reconciled<E>) {
+    pub(super) fn count<E>(&self, verdict: &Reconciled<E>) {
         match verdict {
             Reconciled::Ok(_) => Self::bump(&self.processed),
             Reconciled::Interrupted => Self::bump(&self.interrupted),
@@ -133,7 +133,7 @@ impl Counters {
         }
     }
 
-    pub(crate) fn report(
+    pub(super) fn report(
         &self,
         still_queued: usize,
         worker_panics: u64,

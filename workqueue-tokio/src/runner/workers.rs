@@ -52,7 +52,7 @@ use tokio::sync::Notify;
 
 /// A reconcile's whole life after its future was made: drive it, judge it, finish its lease, send
 /// its end.
-pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(super) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The jobs not yet taken by a worker.
 ///
@@ -61,7 +61,7 @@ pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// the dispatcher's turn ends with a wake after its last push whenever jobs are still queued
 /// ([`Pool::end_turn`]); each wake reaches a waiting worker or leaves `ready` a permit.
 #[derive(Default)]
-pub(crate) struct Pool {
+pub(super) struct Pool {
     jobs: Mutex<Jobs>,
     ready: Notify,
 }
@@ -80,7 +80,7 @@ impl Pool {
 
     /// Queues a job for the next worker free; `wake`: wakes a waiting worker for it now (else
     /// [`Pool::wake`] does later).
-    pub(crate) fn push(&self, job: Job, wake: bool) {
+    pub(super) fn push(&self, job: Job, wake: bool) {
         self.lock_jobs().queue.push_back(job);
         if wake {
             self.ready.notify_one();
@@ -99,7 +99,7 @@ impl Pool {
     /// the worker woken for the turn's first job may have run it on another thread and gone back
     /// to waiting before the others were pushed; without a wake after the last push, they would
     /// wait for the next turn, which may never come (every slot taken by them).
-    pub(crate) fn end_turn(&self, unwoken: usize, threads: usize) {
+    pub(super) fn end_turn(&self, unwoken: usize, threads: usize) {
         if unwoken > 0 && self.queued() {
             self.wake(unwoken.min(threads.saturating_sub(1).max(1)));
         }
@@ -107,7 +107,7 @@ impl Pool {
 
     /// No more jobs: the workers end once they finish their jobs, and the jobs not yet taken are
     /// dropped (their leases end as dropped leases do; their ends are sent by their guards).
-    pub(crate) fn close(&self) {
+    pub(super) fn close(&self) {
         let queued = {
             let mut jobs = self.lock_jobs();
             jobs.closed = true;
@@ -151,7 +151,7 @@ impl Pool {
 /// dispatcher for the ends that wait before it waits itself (see the module docs). A job catches
 /// every panic of user code; one that still panics ends the worker (the dispatcher starts
 /// another).
-pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
+pub(super) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
     loop {
         let mut job = match pool.try_next() {
             Some(job) => job,
@@ -179,13 +179,13 @@ pub(crate) async fn worker<M: Send>(pool: Arc<Pool>, ends: Arc<Ends<M>>) {
 
 /// The ends of jobs on their way to the dispatcher, which is woken only by [`Ends::wake`] (see
 /// the module docs).
-pub(crate) struct Ends<M> {
+pub(super) struct Ends<M> {
     queue: Mutex<Vec<M>>,
     dispatcher: AtomicWaker,
 }
 
 impl<M> Ends<M> {
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         Ends {
             queue: Mutex::new(Vec::new()),
             dispatcher: AtomicWaker::new(),
@@ -198,12 +198,12 @@ impl<M> Ends<M> {
     }
 
     /// Adds an end, without waking the dispatcher.
-    pub(crate) fn push(&self, end: M) {
+    pub(super) fn push(&self, end: M) {
         self.lock_queue().push(end);
     }
 
     /// Wakes the dispatcher if ends wait.
-    pub(crate) fn wake(&self) {
+    pub(super) fn wake(&self) {
         if !self.lock_queue().is_empty() {
             self.dispatcher.wake();
         }
@@ -211,12 +211,12 @@ impl<M> Ends<M> {
 
     /// Moves the ends that wait into `into` (empty: the buffers are swapped, so neither side
     /// allocates again in a steady run).
-    pub(crate) fn take(&self, into: &mut Vec<M>) {
+    pub(super) fn take(&self, into: &mut Vec<M>) {
         std::mem::swap(&mut *self.lock_queue(), into);
     }
 
     /// Ready once ends wait; the dispatcher's waker is kept for [`Ends::wake`].
-    pub(crate) fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         self.dispatcher.register(cx.waker());
         if self.lock_queue().is_empty() {
             Poll::Pending

@@ -42,7 +42,7 @@ use super::view::Seen;
 
 /// Where the membership stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
+pub(super) enum Phase {
     /// Not a member yet: the next write makes it one, once the record is free to take.
     Joining,
     /// A member: a renewal of the current token has been seen.
@@ -57,7 +57,7 @@ pub(crate) enum Phase {
 
 /// What an observation of the membership record changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Change {
+pub(super) enum Change {
     Joined,
     /// The membership ended: `old` is the token it had (never used again).
     Lost {
@@ -76,7 +76,7 @@ pub(crate) enum Change {
 
 /// A write of the membership Lease to send.
 #[derive(Clone, Debug)]
-pub(crate) struct MemberWrite {
+pub(super) struct MemberWrite {
     /// `None`: create it.
     pub(crate) rv: Option<Rv>,
     pub(crate) content: Content,
@@ -105,7 +105,7 @@ struct Blocker {
 }
 
 #[derive(Debug)]
-pub(crate) struct Membership {
+pub(super) struct Membership {
     identity: Arc<str>,
     settings: Settings,
     seed: u64,
@@ -161,7 +161,7 @@ pub(crate) struct Membership {
 const SENT_KEPT: usize = 16;
 
 impl Membership {
-    pub(crate) fn new(seed: u64, settings: Settings) -> Membership {
+    pub(super) fn new(seed: u64, settings: Settings) -> Membership {
         Membership {
             identity: settings.identity().into(),
             token: Token::new(settings.identity(), fmix64(seed)),
@@ -193,21 +193,21 @@ impl Membership {
         }
     }
 
-    pub(crate) fn token(&self) -> &Token {
+    pub(super) fn token(&self) -> &Token {
         &self.token
     }
 
-    pub(crate) fn identity(&self) -> &Arc<str> {
+    pub(super) fn identity(&self) -> &Arc<str> {
         &self.identity
     }
 
-    pub(crate) fn phase(&self) -> Phase {
+    pub(super) fn phase(&self) -> Phase {
         self.phase
     }
 
     /// Until when this replica may believe it holds what its records name it the holder of
     /// (`None`: nothing).
-    pub(crate) fn valid_until(&self) -> Option<LocalInstant> {
+    pub(super) fn valid_until(&self) -> Option<LocalInstant> {
         match self.phase {
             Phase::Member | Phase::Leaving => {
                 self.confirmed.map(|c| c + self.settings.renew_deadline())
@@ -217,7 +217,7 @@ impl Membership {
     }
 
     /// Whether a member (not leaving) whose belief is valid at `now`.
-    pub(crate) fn serving(&self, now: LocalInstant) -> bool {
+    pub(super) fn serving(&self, now: LocalInstant) -> bool {
         self.phase == Phase::Member && self.valid_until().is_some_and(|v| now < v)
     }
 
@@ -229,7 +229,7 @@ impl Membership {
     /// Whether the view is stale: a stored write of the current token was not shown within a
     /// retry period of its answer. Reported once per write; the driver then reads afresh (a
     /// list is a consistent read, which shows it).
-    pub(crate) fn stale(&mut self, now: LocalInstant) -> bool {
+    pub(super) fn stale(&mut self, now: LocalInstant) -> bool {
         let stored = self.expected.is_some_and(|(_, due)| now >= due);
         let refused = self
             .expected_change
@@ -246,7 +246,7 @@ impl Membership {
 
     /// Steps down when a stored write has not been shown within the renew deadline of its
     /// start while its records say it may hold shards (see the invariants).
-    pub(crate) fn step_down(&mut self, now: LocalInstant) -> Option<Change> {
+    pub(super) fn step_down(&mut self, now: LocalInstant) -> Option<Change> {
         // Believing again on that write or a later one: it was read back in time.
         if let Some((_, start, _)) = self.unseen
             && self.confirmed.is_some_and(|c| c >= start)
@@ -284,7 +284,7 @@ impl Membership {
     }
 
     /// Shutting down: renewals say `leaving` from now on.
-    pub(crate) fn leave(&mut self) {
+    pub(super) fn leave(&mut self) {
         match self.phase {
             Phase::Member => self.phase = Phase::Leaving,
             // Never joined: whatever write is out, its record (if any) is vacated.
@@ -294,7 +294,7 @@ impl Membership {
     }
 
     /// Nothing is held any more: vacate the record (or stop, if none names this token).
-    pub(crate) fn vacate(&mut self) {
+    pub(super) fn vacate(&mut self) {
         if self.phase == Phase::Leaving {
             self.phase = Phase::Vacating;
         }
@@ -302,12 +302,12 @@ impl Membership {
 
     /// Stops at once (after a loss, when the configuration says to stop): nothing more is
     /// written.
-    pub(crate) fn stop(&mut self) {
+    pub(super) fn stop(&mut self) {
         self.phase = Phase::Left;
     }
 
     /// Reads this identity's membership record as the view shows it now.
-    pub(crate) fn observe(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<Change> {
+    pub(super) fn observe(&mut self, seen: Option<&Seen>, now: LocalInstant) -> Option<Change> {
         let record = seen.map(|s| s.record());
         if self
             .expected_change
@@ -439,7 +439,7 @@ impl Membership {
     /// after it, another goes out under the same resourceVersion, so a lost request costs one
     /// retry period, not the renew deadline; both being conditional on one resourceVersion,
     /// at most one is written. Each may take until the belief it would extend ends.
-    pub(crate) fn next_write(
+    pub(super) fn next_write(
         &mut self,
         seen: Option<&Seen>,
         synced: bool,
@@ -504,7 +504,7 @@ impl Membership {
     }
 
     /// The tokens this process gave up since the last call: nothing believes under them.
-    pub(crate) fn take_buried(&mut self) -> Vec<Token> {
+    pub(super) fn take_buried(&mut self) -> Vec<Token> {
         std::mem::take(&mut self.buried)
     }
 
@@ -589,7 +589,7 @@ impl Membership {
 
     /// The answer to the write in flight: the stored record, `Conflict` (409), `NotFound`
     /// (404), or no answer / an error (`None`: it may or may not have been written).
-    pub(crate) fn answered(
+    pub(super) fn answered(
         &mut self,
         counter: u64,
         answer: Answered,
@@ -646,7 +646,7 @@ impl Membership {
 
     /// The instants at which the membership has something to do by time alone (some may
     /// have passed).
-    pub(crate) fn next_wakes(&self, seen: Option<&Seen>) -> Vec<LocalInstant> {
+    pub(super) fn next_wakes(&self, seen: Option<&Seen>) -> Vec<LocalInstant> {
         let mut wakes: Vec<LocalInstant> = self.valid_until().into_iter().collect();
         wakes.extend(self.expected.map(|(_, due)| due));
         wakes.extend(self.expected_change.as_ref().map(|(_, due)| *due));
@@ -674,7 +674,7 @@ impl Membership {
 
 /// What the state machine learned from the answer to a membership write.
 #[derive(Clone, Debug)]
-pub(crate) enum Answered {
+pub(super) enum Answered {
     Stored {
         rv: Rv,
         counter: u64,

@@ -58,7 +58,7 @@ enum Purpose {
 
 /// One replica's protocol.
 #[derive(Debug)]
-pub(crate) struct ReplicaState {
+pub(super) struct ReplicaState {
     config: Settings,
     view: View,
     member: Membership,
@@ -88,7 +88,7 @@ pub(crate) struct ReplicaState {
 
 impl ReplicaState {
     /// A replica that has seen nothing yet. `seed` makes its instance ids (random per process).
-    pub(crate) fn new(config: Settings, seed: u64) -> ReplicaState {
+    pub(super) fn new(config: Settings, seed: u64) -> ReplicaState {
         ReplicaState {
             view: View::new(config.shards(), config.lease_duration()),
             member: Membership::new(seed, config.clone()),
@@ -112,25 +112,25 @@ impl ReplicaState {
     // Events.
 
     /// A full list of the controller's Leases (the first, or after the watch broke).
-    pub(crate) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
+    pub(super) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
         self.view.listed(records, now);
         self.settle(now);
     }
 
     /// A watch event: the Lease's new version.
-    pub(crate) fn applied(&mut self, lease: LeaseName, record: Record, now: LocalInstant) {
+    pub(super) fn applied(&mut self, lease: LeaseName, record: Record, now: LocalInstant) {
         self.view.applied(lease, record, now);
         self.settle(now);
     }
 
     /// A watch event: the Lease was deleted.
-    pub(crate) fn deleted(&mut self, lease: LeaseName, now: LocalInstant) {
+    pub(super) fn deleted(&mut self, lease: LeaseName, now: LocalInstant) {
         self.view.deleted(lease, now);
         self.settle(now);
     }
 
     /// The answer to request `id`.
-    pub(crate) fn answered(&mut self, id: u64, answer: Answer, now: LocalInstant) {
+    pub(super) fn answered(&mut self, id: u64, answer: Answer, now: LocalInstant) {
         if self.gave_up(now) {
             return;
         }
@@ -162,7 +162,7 @@ impl ReplicaState {
     }
 
     /// The controller stopped all work of `shard` after a [`Decision::HandOver`].
-    pub(crate) fn drained(&mut self, shard: u32, now: LocalInstant) {
+    pub(super) fn drained(&mut self, shard: u32, now: LocalInstant) {
         if self.gave_up(now) {
             return;
         }
@@ -186,13 +186,13 @@ impl ReplicaState {
     }
 
     /// Time passed (the driver calls it at [`ReplicaState::next_wake`], or whenever).
-    pub(crate) fn tick(&mut self, now: LocalInstant) {
+    pub(super) fn tick(&mut self, now: LocalInstant) {
         self.view.prune(now);
         self.settle(now);
     }
 
     /// Leave: hand every shard over, then vacate the membership.
-    pub(crate) fn shut_down(&mut self, now: LocalInstant) {
+    pub(super) fn shut_down(&mut self, now: LocalInstant) {
         if self.ending.is_none() {
             self.ending = Some(Ending::Shutdown);
             self.member.leave();
@@ -203,12 +203,12 @@ impl ReplicaState {
     // Outputs and queries.
 
     /// The next output, oldest first.
-    pub(crate) fn poll(&mut self) -> Option<Output> {
+    pub(super) fn poll(&mut self) -> Option<Output> {
         self.out.pop_front()
     }
 
     /// Whether this replica believes it holds `shard` at `now`.
-    pub(crate) fn believes(&self, shard: u32, now: LocalInstant) -> bool {
+    pub(super) fn believes(&self, shard: u32, now: LocalInstant) -> bool {
         let Some(slot) = self.slots.get(shard as usize) else {
             return false;
         };
@@ -218,22 +218,22 @@ impl ReplicaState {
     }
 
     /// The number of `shard`'s current belief (`None`: not believed).
-    pub(crate) fn epoch(&self, shard: u32) -> Option<u64> {
+    pub(super) fn epoch(&self, shard: u32) -> Option<u64> {
         self.slots.get(shard as usize)?.epoch()
     }
 
     /// The belief deadline (`None`: nothing may be believed).
-    pub(crate) fn deadline(&self) -> Option<LocalInstant> {
+    pub(super) fn deadline(&self) -> Option<LocalInstant> {
         self.member.valid_until()
     }
 
     /// The shards whose keys this replica takes at `now`: believed and not being handed over.
-    pub(crate) fn accepts(&self, shard: u32, now: LocalInstant) -> bool {
+    pub(super) fn accepts(&self, shard: u32, now: LocalInstant) -> bool {
         self.believes(shard, now) && self.slots[shard as usize].idle()
     }
 
     /// The live members this replica counts (itself included when it serves).
-    pub(crate) fn members(&self) -> usize {
+    pub(super) fn members(&self) -> usize {
         self.targets.members().len()
     }
 
@@ -248,7 +248,7 @@ impl ReplicaState {
     }
 
     /// When [`ReplicaState::tick`] is next due: something happens by time alone then.
-    pub(crate) fn next_wake(&self, now: LocalInstant) -> Option<LocalInstant> {
+    pub(super) fn next_wake(&self, now: LocalInstant) -> Option<LocalInstant> {
         let me = self.view.member(self.member.identity());
         let mut wake = None;
         let mut at = |t: LocalInstant| {

@@ -22,7 +22,7 @@ pub(crate) struct Token(Arc<str>);
 
 impl Token {
     /// The token of `identity`'s incarnation `instance`.
-    pub(crate) fn new(identity: &str, instance: u64) -> Token {
+    pub(super) fn new(identity: &str, instance: u64) -> Token {
         Token(format!("{identity}_{instance:016x}").into())
     }
 

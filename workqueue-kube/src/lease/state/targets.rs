@@ -15,7 +15,7 @@ use super::super::shard::{FNV_OFFSET, fmix64, fnv1a};
 
 /// The assignment for one set of members.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Targets {
+pub(super) struct Targets {
     /// The members, sorted.
     members: Vec<Arc<str>>,
     /// Each shard's member, an index into `members`.
@@ -32,7 +32,7 @@ fn score(identity: u64, shard: u32) -> u64 {
 
 impl Targets {
     /// The targets of `shards` shards among `members` (sorted, distinct). No member: none.
-    pub(crate) fn compute(members: Vec<Arc<str>>, shards: u32) -> Targets {
+    pub(super) fn compute(members: Vec<Arc<str>>, shards: u32) -> Targets {
         debug_assert!(members.windows(2).all(|w| w[0] < w[1]));
         let k = members.len();
         if k == 0 {
@@ -71,12 +71,12 @@ impl Targets {
     }
 
     /// The members these targets were computed for.
-    pub(crate) fn members(&self) -> &[Arc<str>] {
+    pub(super) fn members(&self) -> &[Arc<str>] {
         &self.members
     }
 
     /// The member `shard` should go to (`None` without members).
-    pub(crate) fn of(&self, shard: u32) -> Option<&str> {
+    pub(super) fn of(&self, shard: u32) -> Option<&str> {
         let m = *self.of.get(shard as usize)?;
         Some(&self.members[m as usize])
     }

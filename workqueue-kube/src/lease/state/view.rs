@@ -34,7 +34,7 @@ use super::record::{Record, Token};
 /// A record and when this replica first saw it. Only the view makes one, from the records
 /// it saw before: the instants and the duration follow the record's history.
 #[derive(Clone, Debug)]
-pub(crate) struct Seen {
+pub(super) struct Seen {
     record: Record,
     /// When this replica first saw the record's holder and counter.
     since: LocalInstant,
@@ -46,23 +46,23 @@ pub(crate) struct Seen {
 
 impl Seen {
     /// The record.
-    pub(crate) fn record(&self) -> &Record {
+    pub(super) fn record(&self) -> &Record {
         &self.record
     }
 
     /// When a member record expires, unless it changes before.
-    pub(crate) fn expires(&self) -> LocalInstant {
+    pub(super) fn expires(&self) -> LocalInstant {
         self.unchanged_for(self.duration)
     }
 
     /// When the record (its holder and counter) will have been unchanged for `duration`,
     /// unless it changes before.
-    pub(crate) fn unchanged_for(&self, duration: Duration) -> LocalInstant {
+    pub(super) fn unchanged_for(&self, duration: Duration) -> LocalInstant {
         self.since + duration
     }
 
     /// When the record will have named its holder for `duration`, unless it changes before.
-    pub(crate) fn holder_for(&self, duration: Duration) -> LocalInstant {
+    pub(super) fn holder_for(&self, duration: Duration) -> LocalInstant {
         self.holder_since + duration
     }
 
@@ -76,7 +76,7 @@ impl Seen {
 
 /// A shard's Lease in the view.
 #[derive(Clone, Debug)]
-pub(crate) enum ShardSeen {
+pub(super) enum ShardSeen {
     Present(Seen),
     /// Not in the view. Free once `free_from` has passed, or at once when `last`, the holder it
     /// vanished from, is dead.
@@ -88,7 +88,7 @@ pub(crate) enum ShardSeen {
 
 /// Whether a holder may still believe it holds what its records name it the holder of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
+pub(super) enum Status {
     /// Its member record names it; `expires` is that record's expiry by this replica's clock.
     Live { expires: LocalInstant },
     /// It cannot hold anything: its member record was fenced, vacated or rejoined over it.
@@ -99,7 +99,7 @@ pub(crate) enum Status {
 
 /// The view.
 #[derive(Debug)]
-pub(crate) struct View {
+pub(super) struct View {
     lease_duration: Duration,
     synced: bool,
     members: BTreeMap<Arc<str>, Seen>,
@@ -113,7 +113,7 @@ pub(crate) struct View {
 }
 
 impl View {
-    pub(crate) fn new(shards: u32, lease_duration: Duration) -> View {
+    pub(super) fn new(shards: u32, lease_duration: Duration) -> View {
         View {
             lease_duration,
             synced: false,
@@ -133,29 +133,29 @@ impl View {
     }
 
     /// Whether a list has arrived.
-    pub(crate) fn synced(&self) -> bool {
+    pub(super) fn synced(&self) -> bool {
         self.synced
     }
 
-    pub(crate) fn member(&self, identity: &str) -> Option<&Seen> {
+    pub(super) fn member(&self, identity: &str) -> Option<&Seen> {
         self.members.get(identity)
     }
 
-    pub(crate) fn members(&self) -> impl Iterator<Item = (&Arc<str>, &Seen)> {
+    pub(super) fn members(&self) -> impl Iterator<Item = (&Arc<str>, &Seen)> {
         self.members.iter()
     }
 
-    pub(crate) fn shard(&self, shard: u32) -> &ShardSeen {
+    pub(super) fn shard(&self, shard: u32) -> &ShardSeen {
         &self.shards[shard as usize]
     }
 
     /// The shard Leases beyond this replica's number of shards.
-    pub(crate) fn extra(&self) -> impl Iterator<Item = (u32, &Seen)> {
+    pub(super) fn extra(&self) -> impl Iterator<Item = (u32, &Seen)> {
         self.extra.iter().map(|(&i, seen)| (i, seen))
     }
 
     /// The present shard records, extra ones included.
-    pub(crate) fn shard_records(&self) -> impl Iterator<Item = &Seen> {
+    pub(super) fn shard_records(&self) -> impl Iterator<Item = &Seen> {
         let shards = self.shards.iter().filter_map(|s| match s {
             ShardSeen::Present(seen) => Some(seen),
             ShardSeen::Absent { .. } => None,
@@ -164,7 +164,7 @@ impl View {
     }
 
     /// The holder of a shard's record (`None`: vacant or absent).
-    pub(crate) fn shard_holder(&self, shard: u32) -> Option<&Token> {
+    pub(super) fn shard_holder(&self, shard: u32) -> Option<&Token> {
         match self.shard(shard) {
             ShardSeen::Present(seen) => seen.record.holder(),
             ShardSeen::Absent { .. } => None,
@@ -173,7 +173,7 @@ impl View {
 
     // Status.
 
-    pub(crate) fn status(&self, token: &Token, now: LocalInstant) -> Status {
+    pub(super) fn status(&self, token: &Token, now: LocalInstant) -> Status {
         if let Some(member) = self.members.get(token.identity()) {
             if member.record.holder() == Some(token) {
                 return Status::Live {
@@ -198,7 +198,7 @@ impl View {
 
     /// Whether nobody can believe it holds `shard` by its record: vacant, held by a dead
     /// holder, or absent long enough.
-    pub(crate) fn shard_free(&self, shard: u32, now: LocalInstant) -> bool {
+    pub(super) fn shard_free(&self, shard: u32, now: LocalInstant) -> bool {
         match self.shard(shard) {
             ShardSeen::Present(seen) => seen
                 .record
@@ -214,7 +214,7 @@ impl View {
     }
 
     /// The next instant at which a shard may become free by time alone.
-    pub(crate) fn next_free(&self, now: LocalInstant) -> Option<LocalInstant> {
+    pub(super) fn next_free(&self, now: LocalInstant) -> Option<LocalInstant> {
         if !self.synced {
             return None;
         }
@@ -240,7 +240,7 @@ impl View {
     }
 
     /// A holder this replica knows has stopped (its own earlier incarnation).
-    pub(crate) fn bury(&mut self, token: Token, now: LocalInstant) {
+    pub(super) fn bury(&mut self, token: Token, now: LocalInstant) {
         self.dead.insert(token, now);
     }
 
@@ -248,7 +248,7 @@ impl View {
 
     /// A full list (the first, or after the watch broke): replaces the view. What changed
     /// unseen while the watch was broken is judged as the invariants say.
-    pub(crate) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
+    pub(super) fn listed(&mut self, records: Vec<(LeaseName, Record)>, now: LocalInstant) {
         // A first deployment: nobody may hold a shard (no shard Lease names a holder, no member
         // says it may hold one), so a missing shard Lease was never created.
         let first_deployment = !self.synced
@@ -310,7 +310,7 @@ impl View {
     }
 
     /// A watch event: `record` is the Lease's new version.
-    pub(crate) fn applied(&mut self, name: LeaseName, record: Record, now: LocalInstant) {
+    pub(super) fn applied(&mut self, name: LeaseName, record: Record, now: LocalInstant) {
         match name {
             LeaseName::Member(id) => {
                 let before = self.members.get(&id).map(|s| s.record.clone());
@@ -336,7 +336,7 @@ impl View {
     }
 
     /// A watch event: the Lease was deleted.
-    pub(crate) fn deleted(&mut self, name: LeaseName, now: LocalInstant) {
+    pub(super) fn deleted(&mut self, name: LeaseName, now: LocalInstant) {
         match name {
             LeaseName::Member(id) => {
                 if let Some(before) = self.members.remove(&id) {
@@ -363,7 +363,7 @@ impl View {
     }
 
     /// Forgets what no record refers to any more, a while after it was learned.
-    pub(crate) fn prune(&mut self, now: LocalInstant) {
+    pub(super) fn prune(&mut self, now: LocalInstant) {
         let keep = self.lease_duration * 2;
         let referenced: Vec<Token> = self
             .shards

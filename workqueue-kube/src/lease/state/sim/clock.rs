@@ -8,20 +8,20 @@ use super::super::super::clock::LocalInstant;
 /// A replica's clock: `offset + real * (1 + ppm / 1e6)`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SimClock {
-    pub(crate) offset: u64,
-    pub(crate) ppm: i64,
+    pub(super) offset: u64,
+    pub(super) ppm: i64,
 }
 
 const MILLION: i128 = 1_000_000;
 
 impl SimClock {
-    pub(crate) fn local(&self, real: u64) -> LocalInstant {
+    pub(super) fn local(&self, real: u64) -> LocalInstant {
         let scaled = i128::from(real) * (MILLION + i128::from(self.ppm)) / MILLION;
         LocalInstant::from_duration(Duration::from_nanos(self.offset + scaled as u64))
     }
 
     /// The first real instant at which this clock reads `local` or later.
-    pub(crate) fn real(&self, local: LocalInstant) -> u64 {
+    pub(super) fn real(&self, local: LocalInstant) -> u64 {
         let l = local.as_duration().as_nanos() as i128 - i128::from(self.offset);
         if l <= 0 {
             return 0;
@@ -44,11 +44,11 @@ impl SimClock {
 pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
+    pub(super) fn new(seed: u64) -> Rng {
         Rng(seed)
     }
 
-    pub(crate) fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -57,7 +57,7 @@ impl Rng {
     }
 
     /// Uniform in `lo..=hi`.
-    pub(crate) fn between(&mut self, lo: u64, hi: u64) -> u64 {
+    pub(super) fn between(&mut self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             return lo;
         }
@@ -65,7 +65,7 @@ impl Rng {
     }
 
     /// True with probability `per_mille / 1000`.
-    pub(crate) fn chance(&mut self, per_mille: u32) -> bool {
+    pub(super) fn chance(&mut self, per_mille: u32) -> bool {
         self.next() % 1000 < u64::from(per_mille)
     }
 }

@@ -29,9 +29,9 @@ struct Open {
 /// A write that replaced holder `token` in its membership record, by another process.
 #[derive(Clone, Debug)]
 pub(crate) struct Fence {
-    pub(crate) at: u64,
-    pub(crate) token: Token,
-    pub(crate) writer: usize,
+    pub(super) at: u64,
+    pub(super) token: Token,
+    pub(super) writer: usize,
 }
 
 #[derive(Debug, Default)]
@@ -46,7 +46,7 @@ pub(crate) struct Ledger {
 impl Ledger {
     /// What `process` believes about `shard` after an event at `now`: `until` is its deadline
     /// in real time when it believes.
-    pub(crate) fn observe(
+    pub(super) fn observe(
         &mut self,
         process: usize,
         token: &Token,
@@ -97,7 +97,7 @@ impl Ledger {
     }
 
     /// The process died at `now`: its work with it.
-    pub(crate) fn died(&mut self, process: usize, now: u64) {
+    pub(super) fn died(&mut self, process: usize, now: u64) {
         let keys: Vec<(usize, u32)> = self
             .open
             .keys()

@@ -21,7 +21,7 @@ const MS: u64 = 1_000_000;
 
 /// A fault, at a time of the plan.
 #[derive(Clone, Debug)]
-pub(crate) enum Fault {
+pub(super) enum Fault {
     /// The process dies; a new one with the same identity starts `down` ms later.
     Crash { replica: usize, down: u64 },
     /// The process shuts down gracefully; a new one starts `down` ms after it ended.
@@ -69,37 +69,37 @@ impl Fault {
 
 /// What a simulation runs.
 #[derive(Clone, Debug)]
-pub(crate) struct Plan {
+pub(super) struct Plan {
     replicas: usize,
     /// Replica `r` has identity `r % identities`: fewer identities than replicas share some.
-    pub(crate) identities: usize,
+    pub(super) identities: usize,
     pub(crate) shards: u32,
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
+    pub(super) lease_duration: Duration,
+    pub(super) renew_deadline: Duration,
+    pub(super) retry_period: Duration,
     /// Each way, per request and per watch event, uniform in this range (ms).
-    pub(crate) latency: (u64, u64),
+    pub(super) latency: (u64, u64),
     /// Requests lost on the way there or back, per mille, until the last fault's effects end
     /// (lost requests are a fault too).
-    pub(crate) drops: u32,
+    pub(super) drops: u32,
     /// The largest clock rate deviation, in parts per million either way.
-    pub(crate) ppm: i64,
+    pub(super) ppm: i64,
     /// A hand-over's drain takes up to this long (ms).
-    pub(crate) drain: u64,
+    pub(super) drain: u64,
     /// The hand-over's deadline, after its request.
-    pub(crate) hand_over_timeout: Duration,
-    pub(crate) seed: u64,
+    pub(super) hand_over_timeout: Duration,
+    pub(super) seed: u64,
     /// Faults at times (ms).
-    pub(crate) faults: Vec<(u64, Fault)>,
+    pub(super) faults: Vec<(u64, Fault)>,
     /// How long the world runs after the last fault's effects end (ms).
-    pub(crate) calm: u64,
+    pub(super) calm: u64,
     /// Replicas configured with other durations: lease duration, renew deadline and retry
     /// period, by replica.
-    pub(crate) timing: BTreeMap<usize, (Duration, Duration, Duration)>,
+    pub(super) timing: BTreeMap<usize, (Duration, Duration, Duration)>,
 }
 
 impl Plan {
-    pub(crate) fn new(replicas: usize, shards: u32) -> Plan {
+    pub(super) fn new(replicas: usize, shards: u32) -> Plan {
         Plan {
             replicas,
             identities: replicas,
@@ -120,7 +120,7 @@ impl Plan {
     }
 
     /// When the last fault's effects end (ms).
-    pub(crate) fn quiet_from(&self) -> u64 {
+    pub(super) fn quiet_from(&self) -> u64 {
         self.faults
             .iter()
             .map(|(t, f)| t + f.lasts())
@@ -130,7 +130,7 @@ impl Plan {
 
     /// The smallest slack the fence argument promises between a fenced holder's last belief
     /// deadline and the fence, with clock rates within `ppm` (ns).
-    pub(crate) fn margin(&self) -> u64 {
+    pub(super) fn margin(&self) -> u64 {
         let ld = Duration::from_secs(self.lease_duration.as_secs_f64().ceil() as u64);
         let e = self.ppm as f64 / 1e6;
         let m =
@@ -235,8 +235,8 @@ impl Ev {
 
 /// The world.
 #[derive(Debug)]
-pub(crate) struct World {
-    pub(crate) plan: Plan,
+pub(super) struct World {
+    pub(super) plan: Plan,
     now: u64,
     seq: u64,
     queue: BTreeMap<(u64, u64), Ev>,
@@ -244,15 +244,15 @@ pub(crate) struct World {
     replicas: Vec<Replica>,
     processes: usize,
     rng: Rng,
-    pub(crate) ledger: Ledger,
+    pub(super) ledger: Ledger,
     /// Every decision, with its time and process.
-    pub(crate) decisions: Vec<(u64, usize, Decision)>,
+    pub(super) decisions: Vec<(u64, usize, Decision)>,
     /// Every request and answer, with its time and process (for debugging a failed case).
     trace: Vec<(u64, usize, String)>,
 }
 
 impl World {
-    pub(crate) fn new(plan: Plan) -> World {
+    pub(super) fn new(plan: Plan) -> World {
         let mut rng = Rng::new(plan.seed);
         let replicas = (0..plan.replicas)
             .map(|r| {
@@ -329,12 +329,12 @@ impl World {
         self.latency() + extra
     }
 
-    pub(crate) fn now(&self) -> u64 {
+    pub(super) fn now(&self) -> u64 {
         self.now
     }
 
     /// Runs until `until` (ns).
-    pub(crate) fn run_until(&mut self, until: u64) {
+    pub(super) fn run_until(&mut self, until: u64) {
         let mut budget: u64 = 2_000_000;
         while let Some(entry) = self.queue.first_entry() {
             budget -= 1;
@@ -365,7 +365,7 @@ impl World {
     }
 
     /// Runs the plan to its end and closes the ledger.
-    pub(crate) fn run(&mut self) {
+    pub(super) fn run(&mut self) {
         let end = (self.plan.quiet_from() + self.plan.calm) * MS;
         self.run_until(end);
         self.ledger.finish(end);
@@ -833,17 +833,17 @@ impl World {
     }
 
     /// The processes alive now, by replica.
-    pub(crate) fn alive(&self) -> Vec<bool> {
+    pub(super) fn alive(&self) -> Vec<bool> {
         self.replicas.iter().map(|r| r.state.is_some()).collect()
     }
 
     /// Writes sent by each replica, by kind.
-    pub(crate) fn writes(&self) -> Vec<BTreeMap<&'static str, u64>> {
+    pub(super) fn writes(&self) -> Vec<BTreeMap<&'static str, u64>> {
         self.replicas.iter().map(|r| r.writes.clone()).collect()
     }
 
     /// Whether the replica's process believes it holds `shard` now.
-    pub(crate) fn believes(&self, replica: usize, shard: u32) -> bool {
+    pub(super) fn believes(&self, replica: usize, shard: u32) -> bool {
         let r = &self.replicas[replica];
         r.state
             .as_ref()
@@ -851,7 +851,7 @@ impl World {
     }
 
     /// The shards each replica believes it holds now.
-    pub(crate) fn held(&self) -> Vec<Vec<u32>> {
+    pub(super) fn held(&self) -> Vec<Vec<u32>> {
         (0..self.replicas.len())
             .map(|r| {
                 (0..self.plan.shards)
@@ -862,22 +862,22 @@ impl World {
     }
 
     /// A fault now.
-    pub(crate) fn inject(&mut self, fault: Fault) {
+    pub(super) fn inject(&mut self, fault: Fault) {
         self.fault(fault);
     }
 
     /// A Lease as stored now.
-    pub(crate) fn stored(&self, lease: &LeaseName) -> Option<super::Record> {
+    pub(super) fn stored(&self, lease: &LeaseName) -> Option<super::Record> {
         self.store.get(lease).cloned()
     }
 
     /// The Leases stored now.
-    pub(crate) fn stored_names(&self) -> Vec<LeaseName> {
+    pub(super) fn stored_names(&self) -> Vec<LeaseName> {
         self.store.names()
     }
 
     /// A write by a third party (a person with kubectl), seen by every watch.
-    pub(crate) fn write(&mut self, lease: &LeaseName, op: &Op) -> Answer {
+    pub(super) fn write(&mut self, lease: &LeaseName, op: &Op) -> Answer {
         let answer = self.store.write(lease, op);
         if matches!(answer, Answer::Done(_)) {
             self.fan_out();
@@ -887,26 +887,26 @@ impl World {
 
     /// A third party's write that the protocol does not read (a label or an annotation): a new
     /// resourceVersion, the same record.
-    pub(crate) fn touch(&mut self, lease: &LeaseName) {
+    pub(super) fn touch(&mut self, lease: &LeaseName) {
         if self.store.touch(lease) {
             self.fan_out();
         }
     }
 
     /// A delete by a third party, unconditional.
-    pub(crate) fn write_delete(&mut self, lease: &LeaseName) {
+    pub(super) fn write_delete(&mut self, lease: &LeaseName) {
         if self.store.delete(lease) {
             self.fan_out();
         }
     }
 
     /// The process running as `replica` now (0: none yet).
-    pub(crate) fn process(&self, replica: usize) -> usize {
+    pub(super) fn process(&self, replica: usize) -> usize {
         self.replicas[replica].process
     }
 
     /// Sets a replica's latency range (ms), from now on.
-    pub(crate) fn set_latency(&mut self, latency: (u64, u64)) {
+    pub(super) fn set_latency(&mut self, latency: (u64, u64)) {
         self.plan.latency = latency;
     }
 }

@@ -8,17 +8,17 @@ use super::super::{Answer, Content, LeaseName, Op, Record, Rv};
 
 /// A change, as a watch delivers it.
 #[derive(Clone, Debug)]
-pub(crate) enum Change {
+pub(super) enum Change {
     Applied(LeaseName, Record),
     Deleted(LeaseName),
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Store {
+pub(super) struct Store {
     version: u64,
     leases: BTreeMap<LeaseName, Record>,
     /// Every change, in commit order.
-    pub(crate) log: Vec<Change>,
+    pub(super) log: Vec<Change>,
 }
 
 impl Store {
@@ -27,19 +27,19 @@ impl Store {
         Rv::new(&self.version.to_string())
     }
 
-    pub(crate) fn get(&self, lease: &LeaseName) -> Option<&Record> {
+    pub(super) fn get(&self, lease: &LeaseName) -> Option<&Record> {
         self.leases.get(lease)
     }
 
     /// Every Lease now, as a consistent list returns them.
-    pub(crate) fn list(&self) -> Vec<(LeaseName, Record)> {
+    pub(super) fn list(&self) -> Vec<(LeaseName, Record)> {
         self.leases
             .iter()
             .map(|(name, r)| (name.clone(), r.clone()))
             .collect()
     }
 
-    pub(crate) fn write(&mut self, lease: &LeaseName, op: &Op) -> Answer {
+    pub(super) fn write(&mut self, lease: &LeaseName, op: &Op) -> Answer {
         match op {
             Op::Create(content) => {
                 if self.leases.contains_key(lease) {
@@ -78,7 +78,7 @@ impl Store {
 
     /// A write of fields the protocol does not read (a third party's label): a new
     /// resourceVersion, the same content.
-    pub(crate) fn touch(&mut self, lease: &LeaseName) -> bool {
+    pub(super) fn touch(&mut self, lease: &LeaseName) -> bool {
         let Some(content) = self.leases.get(lease).map(|r| r.content.clone()) else {
             return false;
         };
@@ -87,7 +87,7 @@ impl Store {
     }
 
     /// A delete, by the protocol or by a third party (unconditional).
-    pub(crate) fn delete(&mut self, lease: &LeaseName) -> bool {
+    pub(super) fn delete(&mut self, lease: &LeaseName) -> bool {
         if self.leases.remove(lease).is_none() {
             return false;
         }
@@ -96,7 +96,7 @@ impl Store {
         true
     }
 
-    pub(crate) fn names(&self) -> Vec<LeaseName> {
+    pub(super) fn names(&self) -> Vec<LeaseName> {
         self.leases.keys().cloned().collect()
     }
 }
