@@ -75,8 +75,8 @@
 //! multi-thread runtime the two are often on different OS threads, so reconciles start in batches
 //! of at most [`Runner::workers`], each a hand-over from one thread to the other and back. When
 //! every CPU is busy, each hand-over may wait for the kernel to give the woken thread a CPU, so
-//! the rate of reconciles that finish at once varies from run to run with where the kernel
-//! places the threads. A `current_thread` runtime has no such hand-over, at the price above.
+//! the rate of reconciles that finish at once varies from run to run with how the kernel
+//! schedules the threads. A `current_thread` runtime has no such hand-over, at the price above.
 //!
 //! Hooks for a caller that runs several replicas or waits for a cache:
 //! [`Runner::readiness`] (hold reconciles until a gate opens), [`Runner::belongs`] (the one rule
