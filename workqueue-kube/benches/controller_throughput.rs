@@ -301,7 +301,7 @@ struct Sched(Vec<(bool, [u64; 4], u64)>);
 
 impl Sched {
     fn now() -> Self {
-        let pid = std::process::id().to_string();
+        let pid = u64::from(std::process::id());
         let mut threads = Vec::new();
         for task in std::fs::read_dir("/proc/self/task")
             .into_iter()
@@ -313,25 +313,23 @@ impl Sched {
                 .split_whitespace()
                 .filter_map(|x| x.parse().ok())
                 .collect();
+            let status = read("status");
             let switches = |field: &str| {
-                read("status")
+                status
                     .lines()
                     .find_map(|l| l.strip_prefix(field))
                     .and_then(|v| v.trim().parse().ok())
                     .unwrap_or(0)
             };
+            let id: u64 = task
+                .file_name()
+                .to_str()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0);
             if let [on_cpu, waiting, ..] = stat[..] {
-                let caller = task.file_name().to_str() == Some(pid.as_str());
-                let switched = [
-                    switches("voluntary_ctxt_switches:"),
-                    switches("nonvoluntary_ctxt_switches:"),
-                ];
-                let id = task
-                    .file_name()
-                    .to_str()
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(0);
-                threads.push((caller, [on_cpu, waiting, switched[0], switched[1]], id));
+                let voluntary = switches("voluntary_ctxt_switches:");
+                let involuntary = switches("nonvoluntary_ctxt_switches:");
+                threads.push((id == pid, [on_cpu, waiting, voluntary, involuntary], id));
             }
         }
         Sched(threads)
